@@ -1,0 +1,197 @@
+"""An incremental Server-Sent Events framer (WHATWG ``text/event-stream`` rules).
+
+Bytes go in, split anywhere (inside a line, inside a CRLF pair, inside a UTF-8 character, inside
+the BOM); complete events come out. It works on bytes and never decodes the data: UTF-8
+continuation bytes can never be ``\\r`` or ``\\n``, so splitting lines on bytes is exact, and the
+JSON decoder gets the payload as bytes.
+
+Rules implemented: lines end with ``\\n``, ``\\r\\n`` or ``\\r``; a blank line dispatches the
+event; ``data:`` with or without one leading space; several ``data:`` lines join with ``\\n``;
+lines starting with ``:`` are comments; ``event:``, ``id:`` and ``retry:`` fields; unknown fields
+are ignored; a UTF-8 BOM at the very start is skipped; an event with no data is not dispatched,
+except one named ``error`` (an error must never vanish). An incomplete event at end of input is
+discarded, as the standard says, and reported by :meth:`SSEFramer.close`.
+
+The work per call is linear in the bytes given: an incomplete line is kept as a list of pieces and
+joined once, when its end arrives.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["EventTooLargeError", "SSEEvent", "SSEFramer"]
+
+_BOM: Final = b"\xef\xbb\xbf"
+_LINE_SEP: Final = re.compile(rb"(\r\n|\r|\n)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SSEEvent:
+    """One dispatched event: its type (``""`` when no ``event:`` field), its data, and the byte
+    offset of its first line in the stream."""
+
+    event: str
+    data: bytes
+    offset: int
+
+
+class EventTooLargeError(Exception):
+    """An event grew past ``max_event_bytes``; ``offset`` is where it started."""
+
+    def __init__(self, limit: int, offset: int) -> None:
+        self.limit = limit
+        self.offset = offset
+        super().__init__(f"an SSE event starting at byte {offset} exceeds {limit} bytes")
+
+
+class SSEFramer:
+    """Turns a byte stream into SSE events. One instance per stream.
+
+    :meth:`feed` returns ``(event_type, data, offset)`` tuples (cheap to make; the parser's hot
+    path uses them); :meth:`events` wraps the same in :class:`SSEEvent` objects.
+    """
+
+    __slots__ = (
+        "_bom_buf",
+        "_bom_checking",
+        "_data",
+        "_data_len",
+        "_event",
+        "_event_start",
+        "_line_start",
+        "_pending",
+        "_pending_len",
+        "_skip_lf",
+        "last_event_id",
+        "max_event_bytes",
+        "retry",
+    )
+
+    def __init__(self, max_event_bytes: int = 16 * 1024 * 1024) -> None:
+        self.max_event_bytes = max_event_bytes
+        #: The last ``id:`` field seen (``None`` until one is).
+        self.last_event_id: str | None = None
+        #: The last valid ``retry:`` field, in milliseconds.
+        self.retry: int | None = None
+        self._bom_checking = True
+        self._bom_buf = b""
+        self._pending: list[bytes] = []
+        self._pending_len = 0
+        self._data: list[bytes] = []
+        self._data_len = 0
+        self._event = ""
+        self._event_start = -1
+        self._line_start = 0
+        self._skip_lf = False
+
+    def feed(self, data: bytes) -> list[tuple[str, bytes, int]]:
+        """Consume ``data``; return every event completed by it, in order."""
+        if self._bom_checking:
+            head = self._bom_buf + data
+            if len(head) < 3 and _BOM.startswith(head):
+                self._bom_buf = head
+                return []
+            self._bom_checking = False
+            self._bom_buf = b""
+            if head.startswith(_BOM):
+                head = head[3:]
+                self._line_start = 3
+            data = head
+        if not data:
+            return []
+        if self._skip_lf:
+            self._skip_lf = False
+            if data[0] == 10:  # the "\n" of a "\r\n" split across two feeds
+                data = data[1:]
+                self._line_start += 1
+                if not data:
+                    return []
+        if b"\r" in data:
+            parts = _LINE_SEP.split(data)
+            lines = parts[0::2]
+            seps = [len(s) for s in parts[1::2]]
+            self._skip_lf = data[-1] == 13
+        else:
+            lines = data.split(b"\n")
+            seps = None
+        out: list[tuple[str, bytes, int]] = []
+        last = len(lines) - 1
+        if last and self._pending:
+            self._pending.append(lines[0])
+            lines[0] = b"".join(self._pending)
+            self._pending = []
+            self._pending_len = 0
+        line_start = self._line_start
+        for i in range(last):
+            line = lines[i]
+            if line.startswith(b"data:"):
+                value = line[5:]
+                if value[:1] == b" ":
+                    value = value[1:]
+                if self._event_start < 0:
+                    self._event_start = line_start
+                self._data.append(value)
+                self._data_len += len(value)
+                if self._data_len > self.max_event_bytes:
+                    raise EventTooLargeError(self.max_event_bytes, self._event_start)
+            elif not line:
+                if self._data or self._event == "error":
+                    out.append((self._event, b"\n".join(self._data), self._event_start))
+                self._data = []
+                self._data_len = 0
+                self._event = ""
+                self._event_start = -1
+            elif line[0] != 58:  # not a ":" comment
+                self._field(line, line_start)
+            line_start += len(line) + (1 if seps is None else seps[i])
+        self._line_start = line_start
+        tail = lines[last]
+        if tail:
+            self._pending.append(tail)
+            self._pending_len += len(tail)
+            if self._pending_len + self._data_len > self.max_event_bytes:
+                start = self._event_start if self._event_start >= 0 else line_start
+                raise EventTooLargeError(self.max_event_bytes, start)
+        return out
+
+    def _field(self, line: bytes, line_start: int) -> None:
+        colon = line.find(b":")
+        if colon < 0:
+            name, value = line, b""
+        else:
+            name, value = line[:colon], line[colon + 1 :]
+            if value[:1] == b" ":
+                value = value[1:]
+        if name == b"event":
+            if self._event_start < 0:
+                self._event_start = line_start
+            self._event = value.decode("utf-8", "replace")
+        elif name == b"id":
+            if b"\0" not in value:
+                self.last_event_id = value.decode("utf-8", "replace")
+        elif name == b"retry" and value.isdigit():
+            self.retry = int(value)
+        # "data" with no colon is an empty data line: append it
+        elif name == b"data":
+            if self._event_start < 0:
+                self._event_start = line_start
+            self._data.append(b"")
+
+    def events(self, data: bytes) -> list[SSEEvent]:
+        """Like :meth:`feed`, returning :class:`SSEEvent` objects."""
+        return [SSEEvent(event=e, data=d, offset=o) for e, d, o in self.feed(data)]
+
+    def close(self) -> bool:
+        """End of input. Returns whether an incomplete event (or line) was discarded."""
+        dropped = bool(self._pending or self._data or self._bom_buf or self._event_start >= 0)
+        self._pending = []
+        self._pending_len = 0
+        self._data = []
+        self._data_len = 0
+        self._bom_buf = b""
+        self._event = ""
+        self._event_start = -1
+        return dropped

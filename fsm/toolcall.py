@@ -1,0 +1,274 @@
+"""One streamed tool call, and the JSON checks made when it ends."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+from fsm.states import FINAL_STATES, ToolCallState, fire
+
+__all__ = ["ToolCall", "is_json", "repair_json"]
+
+
+class ToolCall:
+    """A tool call of one choice, assembled from stream fragments.
+
+    A plain class with identity equality, driven by the shared machine in :mod:`fsm.states`.
+
+    Attributes:
+        choice: the choice index the call belongs to.
+        ordinal: 0-based opening order within the choice (a stable key while streaming).
+        index: the provider's ``index`` (``None`` if it sent none).
+        id: the provider's id, byte-exact; ``""`` if the provider never sent one (never invented).
+        name: the function name.
+        state: a :class:`~fsm.states.ToolCallState`.
+        reason: why the call is truncated or aborted, else ``None``.
+        repaired: whether opt-in JSON repair appended characters to the arguments.
+        position: the call's place in the finished turn (by index, then opening order); ``-1``
+            until the turn ends.
+    """
+
+    __slots__ = (
+        "_final_arguments",
+        "_nbytes",
+        "_parts",
+        "_raw_length",
+        "_type",
+        "choice",
+        "id",
+        "index",
+        "name",
+        "ordinal",
+        "over_limit",
+        "position",
+        "reason",
+        "repaired",
+        "state",
+    )
+
+    def __init__(
+        self, *, choice: int, ordinal: int, index: int | None, id: str, name: str, type: str
+    ) -> None:
+        self.choice = choice
+        self.ordinal = ordinal
+        self.index = index
+        self.id = id
+        self.name = name
+        self._type = type
+        self.state = ToolCallState.OPENED
+        self.reason: str | None = None
+        self.repaired = False
+        self.position = -1
+        #: set when the call went past the argument-size limit: later fragments are dropped and
+        #: the call ends ``aborted`` with the limit's name as reason.
+        self.over_limit: str | None = None
+        self._parts: list[str] = []
+        self._nbytes = 0
+        self._final_arguments: str | None = None
+        self._raw_length = 0
+
+    # -- reading ---------------------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        """The call type: the first non-empty ``type`` the provider sent, else ``"function"``."""
+        return self._type or "function"
+
+    @property
+    def arguments(self) -> str:
+        """The arguments as they go to history: the raw string, plus the appended repair suffix
+        when ``repaired`` (so it always starts with :attr:`raw_arguments`)."""
+        if self._final_arguments is not None:
+            return self._final_arguments
+        return "".join(self._parts)
+
+    @property
+    def raw_arguments(self) -> str:
+        """Exactly the argument fragments the provider sent, concatenated in arrival order."""
+        if self._final_arguments is not None:
+            return self._final_arguments[: self._raw_length]
+        return "".join(self._parts)
+
+    @property
+    def argument_bytes(self) -> int:
+        """UTF-8 size of the raw arguments received so far (fragments past a limit not counted)."""
+        return self._nbytes
+
+    @property
+    def final(self) -> bool:
+        """Whether the call is in a final state."""
+        return self.state in FINAL_STATES
+
+    def to_dict(self) -> dict[str, Any]:
+        """The call as the OpenAI ``tool_calls[]`` entry of an assistant message."""
+        return {
+            "id": self.id,
+            "type": self.type,
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"ToolCall(choice={self.choice}, position={self.position}, index={self.index}, "
+            f"id={self.id!r}, name={self.name!r}, state={self.state.value}, "
+            f"reason={self.reason!r}, arguments={self.arguments!r})"
+        )
+
+    # -- driving (used by the parser) ---------------------------------------------------------
+    def _append(self, fragment: str, nbytes: int) -> None:
+        if self.state is ToolCallState.OPENED:
+            fire(self, "accumulate")
+        self._parts.append(fragment)
+        self._nbytes += nbytes
+
+    def _seal(self) -> str:
+        """Join the fragments once; drop the list (a final call keeps only its result)."""
+        raw = "".join(self._parts)
+        self._parts = []
+        self._final_arguments = raw
+        self._raw_length = len(raw)
+        return raw
+
+    def _end(self, trigger: str, reason: str | None, repair_suffix: str = "") -> None:
+        raw = self._seal()
+        if repair_suffix:
+            self._final_arguments = raw + repair_suffix
+            self.repaired = True
+        self.reason = reason
+        fire(self, trigger)
+
+
+def is_json(text: str) -> bool:
+    """Whether ``text`` is one valid JSON document, or empty / whitespace only."""
+    if not text or text.isspace():
+        return True
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        # orjson is stricter than the JSON grammar in corners (lone surrogate escapes,
+        # nesting past 1024): ask the standard library before calling it invalid.
+        try:
+            json.loads(text)
+        except (ValueError, RecursionError):
+            return False
+    return True
+
+
+_CLOSERS = {"{": "}", "[": "]"}
+_LITERALS = ("true", "false", "null")
+
+
+def repair_json(text: str) -> str | None:
+    """Return the shortest suffix found that makes ``text + suffix`` valid JSON, or ``None``.
+
+    Append-only by construction: it never drops or rewrites a character, so the raw string stays
+    a prefix of the repaired one. It closes an open string, completes a cut literal
+    (``tru`` -> ``true``) or number (``1.`` -> ``1.0``), supplies ``null`` for a value cut after
+    ``:`` or a key cut before its colon, and closes open arrays and objects. A trailing comma or
+    anything it cannot end with certainty gives ``None``: the call then stays ``truncated``.
+    """
+    stack: list[str] = []
+    in_string = False
+    escape = False
+    # what the innermost object expects next: "key", "colon", "value", "comma"
+    expect: list[str] = []
+    token_start = -1
+    i = 0
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        if in_string:
+            if escape:
+                escape = False
+            elif ch == "\\":
+                escape = True
+            elif ch == '"':
+                in_string = False
+                if expect and expect[-1] == "key":
+                    expect[-1] = "colon"
+                elif expect and expect[-1] == "value":
+                    expect[-1] = "comma"
+            i += 1
+            continue
+        if ch in " \t\r\n":
+            token_start = -1
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            stack.append(ch)
+            expect.append("key" if ch == "{" else "value")
+        elif ch in "}]":
+            if not stack:
+                return None
+            stack.pop()
+            expect.pop()
+            if expect:
+                expect[-1] = "comma"
+        elif ch == ":":
+            if expect and expect[-1] == "colon":
+                expect[-1] = "value"
+        elif ch == ",":
+            if expect:
+                expect[-1] = "key" if stack[-1] == "{" else "value"
+        else:
+            if token_start < 0:
+                token_start = i
+            if expect and expect[-1] == "value":
+                expect[-1] = "comma"
+        if ch in ' \t\r\n"{}[]:,':
+            token_start = -1
+        i += 1
+
+    suffix = ""
+    if in_string:
+        if escape:
+            return None
+        # a cut \uXXXX escape cannot be completed honestly
+        tail = text[text.rfind("\\") :] if "\\" in text else ""
+        if tail.startswith("\\u") and len(tail) < 6:
+            return None
+        suffix += '"'
+        if expect and expect[-1] == "key":
+            suffix += ":null"
+            expect[-1] = "comma"
+        elif expect and expect[-1] == "value":
+            expect[-1] = "comma"
+    elif token_start >= 0:
+        token = text[token_start:]
+        completed = _complete_scalar(token)
+        if completed is None:
+            return None
+        suffix += completed
+    if expect:
+        state = expect[-1]
+        if state == "colon":
+            suffix += ":null"
+        elif state == "value":
+            last = text.rstrip()[-1:] if text.strip() else ""
+            if last == ",":
+                return None
+            if last == ":":
+                suffix += "null"
+        elif state == "key":
+            last = text.rstrip()[-1:]
+            if last == ",":
+                return None
+    for opener in reversed(stack):
+        suffix += _CLOSERS[opener]
+    if not suffix:
+        return None
+    return suffix if is_json(text + suffix) else None
+
+
+def _complete_scalar(token: str) -> str | None:
+    for literal in _LITERALS:
+        if literal.startswith(token):
+            return literal[len(token) :]
+    if token[-1:] in ("-", "+", ".", "e", "E"):
+        return "0"
+    try:
+        float(token)
+    except ValueError:
+        return None
+    return ""
