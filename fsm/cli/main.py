@@ -1,0 +1,100 @@
+"""The ``fsm`` command group and its error handling.
+
+Every command raises typed :class:`~fsm.errors.FsmError` subclasses; this module turns them into
+one line on stderr and a non-zero exit status, never a traceback. Set ``FSM_DEBUG=1`` to see the
+traceback of an unexpected error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+import click
+
+from fsm import __version__
+from fsm.errors import FsmError, RemoteProtocolError
+
+__all__ = ["EXIT_INCOMPLETE", "EXIT_UNUSABLE", "cli", "main"]
+
+#: exit status when the work was done but the result is incomplete / not clean
+EXIT_INCOMPLETE = 1
+#: exit status for unusable input (a protocol error) or a usage error
+EXIT_UNUSABLE = 2
+#: exit status for an unexpected internal error
+EXIT_INTERNAL = 70
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The exit status a typed error maps to."""
+    if isinstance(error, RemoteProtocolError):
+        return EXIT_UNUSABLE
+    code = getattr(error, "exit_code", None)
+    return code if isinstance(code, int) else 1
+
+
+class FsmGroup(click.Group):
+    """A click group that prints typed errors without a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.Abort, click.ClickException):
+            raise
+        except FsmError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(exit_code_for(exc))
+        except OSError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(EXIT_UNUSABLE)
+        except Exception as exc:
+            if os.environ.get("FSM_DEBUG"):
+                raise
+            click.echo(
+                f"internal error: {type(exc).__name__}: {exc} (set FSM_DEBUG=1 for the traceback; "
+                "please report it)",
+                err=True,
+            )
+            ctx.exit(EXIT_INTERNAL)
+
+
+@click.group(cls=FsmGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fsm")
+def cli() -> None:
+    """fsm: streamed LLM tool calls turned into trustworthy conversation history.
+
+    \b
+    Examples:
+      fsm parse stream.sse
+      fsm parse --json - < stream.sse
+    """
+
+
+def _register() -> None:
+    from fsm.cli.parse import parse_command
+
+    cli.add_command(parse_command)
+    try:
+        store_cli = importlib.import_module("fsm.cli.store")
+    except ModuleNotFoundError as exc:  # pragma: no cover - the store commands ship with fsm
+        if exc.name != "fsm.cli.store":
+            raise
+        return
+    for name in ("db", "ingest", "history", "demo"):
+        command = getattr(store_cli, name, None)
+        if isinstance(command, click.Command):
+            cli.add_command(command, name)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    cli.main(args=argv, prog_name="fsm")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(sys.argv[1:])

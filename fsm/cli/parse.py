@@ -1,0 +1,105 @@
+"""``fsm parse``: parse a recorded stream and show what it amounts to."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+import orjson
+
+from fsm.api import parse_text
+from fsm.parser import ParseResult, Turn
+
+__all__ = ["parse_command", "render_result"]
+
+_PREVIEW = 200
+
+
+def _short(text: str, limit: int = _PREVIEW) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _render_turn(turn: Turn) -> list[str]:
+    status = "complete" if turn.complete else "INCOMPLETE"
+    lines = [f"choice {turn.index}: {status} (finish_reason {turn.finish_reason or '-'})"]
+    for label, text in (
+        ("reasoning", turn.reasoning),
+        ("content", turn.content),
+        ("refusal", turn.refusal),
+    ):
+        if text is not None:
+            lines.append(f"  {label}: {_short(text)!r}")
+    calls = turn.tool_calls
+    if not calls:
+        lines.append("  no tool calls")
+    for call in calls:
+        state = call.state.value + (f" ({call.reason})" if call.reason else "")
+        if call.repaired:
+            state += " (repaired)"
+        index = "-" if call.index is None else str(call.index)
+        lines.append(
+            f"  #{call.position} [index {index}] {call.name or '<no name>'}  "
+            f"id {call.id!r}  {state}"
+        )
+        lines.append(f"      arguments: {_short(call.arguments)}")
+    return lines
+
+
+def render_result(result: ParseResult) -> str:
+    """A readable summary of a parse result, for people."""
+    head = [
+        f"response {result.response_id or '-'} · model {result.model or '-'} · "
+        f"ended: {result.end_how or 'not yet'}"
+        + (f" ({result.end_reason})" if result.end_reason else "")
+    ]
+    for turn in result.turns:
+        head.extend(_render_turn(turn))
+    if not result.turns:
+        head.append("no choices in the stream")
+    if result.anomalies:
+        head.append(f"anomalies ({len(result.anomalies)}):")
+        head.extend(f"  {a.kind}: {a.detail}" for a in result.anomalies)
+    if result.usage:
+        usage = ", ".join(f"{k} {v}" for k, v in result.usage.items() if isinstance(v, int))
+        head.append(f"usage: {usage}")
+    verdict = "COMPLETE: safe to commit" if result.complete else "INCOMPLETE: do not execute"
+    head.append(verdict)
+    return "\n".join(head)
+
+
+def _read(source: str) -> bytes:
+    if source == "-":
+        return sys.stdin.buffer.read()
+    with open(source, "rb") as handle:
+        return handle.read()
+
+
+@click.command(name="parse")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@click.option(
+    "--repair-json",
+    is_flag=True,
+    help="Opt-in append-only repair of invalid argument JSON (never for finish_reason length).",
+)
+def parse_command(file: str, as_json: bool, repair_json: bool) -> None:
+    """Parse a recorded stream FILE (SSE text, or JSON lines of chunks; '-' for stdin).
+
+    Exit status: 0 when every choice is a complete turn, 1 when any is not, 2 when the input is
+    not a stream at all (the reason is printed on stderr).
+
+    \b
+    Examples:
+      fsm parse response.sse
+      fsm parse --json response.sse | jq '.choices[0].tool_calls'
+      curl -sN ... | fsm parse --json -
+    """
+    result = parse_text(_read(file), repair_json=repair_json)
+    if as_json:
+        payload: Any = result.to_json()
+        click.echo(orjson.dumps(payload, option=orjson.OPT_INDENT_2).decode())
+    else:
+        click.echo(render_result(result))
+    if not result.complete:
+        sys.exit(1)
