@@ -25,26 +25,28 @@ import orjson
 from fsm.errors import IncompleteTurnError, LocalProtocolError, RemoteProtocolError
 from fsm.events import (
     AnomalyDetected,
-    ContentDelta,
     Event,
     FinishReasonReceived,
-    ReasoningDelta,
-    RefusalDelta,
     StreamEnded,
     ToolCallAborted,
-    ToolCallArgumentsDelta,
     ToolCallFinished,
     ToolCallOpened,
     ToolCallTruncated,
     ToolCallUpdated,
     TurnEnded,
     UsageReceived,
+    _arguments_delta,
+    _content_delta,
+    _reasoning_delta,
+    _refusal_delta,
 )
 from fsm.sse import EventTooLargeError, SSEFramer
-from fsm.states import ToolCallState
+from fsm.states import ToolCallState, fire
 from fsm.toolcall import ToolCall, is_json, repair_json
 
 __all__ = ["Anomaly", "Limits", "ParseResult", "StreamParser", "Turn"]
+
+_OPENED: Final = ToolCallState.OPENED
 
 #: finish_reason values with a meaning of their own; any other value ends a turn like ``stop``.
 KNOWN_FINISH_REASONS: Final = frozenset(
@@ -340,6 +342,8 @@ class StreamParser:
         self._error: RemoteProtocolError | None = None
         self._framer_usable = True
         self._after_end_reported = False
+        self._meta_missing = True
+        self._max_argument_bytes = self.limits.max_argument_bytes
 
     # -- public API ---------------------------------------------------------------------------
     @property
@@ -393,27 +397,35 @@ class StreamParser:
             self._anomaly("limit_exceeded", str(exc))
             self._end("limit", "limit:max_event_bytes")
             return self._take()
+        loads = orjson.loads
         for name, payload, offset in frames:
             self._event_number += 1
             self._offset = offset
-            if self._status != _OPEN:
-                self._anomaly("data_after_end", "an SSE event after the end of the stream")
-                continue
-            if payload[:1] == b"[" and payload.strip() == b"[DONE]":
-                self._end("done", None)
-                continue
-            if name == "error":
-                self._error_event(payload)
-                continue
-            if not payload.strip():
-                self._anomaly("empty_event", "an SSE event with empty data was ignored")
-                continue
+            if payload[:1] == b"{" and not name and self._status == _OPEN:
+                try:
+                    chunk = loads(payload)
+                except orjson.JSONDecodeError as exc:
+                    self._fail(f"the event's data is not valid JSON ({exc})", None)
+                self._process(chunk)
+            else:
+                self._rare_event(name, payload)
+        return self._take()
+
+    def _rare_event(self, name: str, payload: bytes) -> None:
+        if self._status != _OPEN:
+            self._anomaly("data_after_end", "an SSE event after the end of the stream")
+        elif payload.strip() == b"[DONE]":
+            self._end("done", None)
+        elif name == "error":
+            self._error_event(payload)
+        elif not payload.strip():
+            self._anomaly("empty_event", "an SSE event with empty data was ignored")
+        else:
             try:
                 chunk = orjson.loads(payload)
             except orjson.JSONDecodeError as exc:
                 self._fail(f"the event's data is not valid JSON ({exc})", None)
             self._process(chunk)
-        return self._take()
 
     def receive_chunk(self, chunk: Any) -> list[Event]:
         """Feed one chunk: a dict, a JSON ``str``/``bytes``, an ``openai`` SDK
@@ -530,23 +542,71 @@ class StreamParser:
         self._end("error", message)
 
     def _process(self, chunk: Any) -> None:
+        # The hot path: one call per chunk, with the common shapes handled inline and every
+        # rare case (new turn, new call, text, finish, errors) out of line.
         if type(chunk) is not dict:
             self._fail(f"a chunk must be a JSON object, got {_json_type(chunk)}", None)
-        meta = self._meta
-        if meta.response_id is None or meta.model is None:
+        if self._meta_missing:
             self._metadata(chunk)
         usage = chunk.get("usage")
         if usage is not None:
-            if type(usage) is not dict:
-                self._fail(f"must be an object or null, got {_json_type(usage)}", "usage")
-            meta.usage = usage
-            self._events.append(UsageReceived(usage=usage))
+            self._usage(usage)
         choices = chunk.get("choices")
         if choices:
             if type(choices) is not list:
                 self._fail(f"must be a list or null, got {_json_type(choices)}", "choices")
+            turns = self._turns
             for ci, choice in enumerate(choices):
-                self._choice(choice, ci)
+                if type(choice) is not dict:
+                    self._fail(f"must be an object, got {_json_type(choice)}", f"choices[{ci}]")
+                index = choice.get("index", 0)
+                if type(index) is not int or index < 0:
+                    self._fail(
+                        f"must be a non-negative integer, got {_json_repr(index)}",
+                        f"choices[{ci}].index",
+                    )
+                turn = turns.get(index)
+                if turn is None:
+                    turn = self._new_turn(index)
+                    if turn is None:
+                        return
+                delta = choice.get("delta")
+                if delta:
+                    if type(delta) is not dict:
+                        self._fail(
+                            f"must be an object, got {_json_type(delta)}", f"choices[{ci}].delta"
+                        )
+                    if turn._finish_seen and _has_payload(delta):
+                        self._anomaly(
+                            "delta_after_finish",
+                            f"choice {index} sent data after finish_reason {turn.finish_reason!r}",
+                            index,
+                        )
+                    tool_calls = delta.get("tool_calls")
+                    if (tool_calls is None or len(delta) > 1) and not self._texts(turn, delta, ci):
+                        return
+                    if tool_calls:
+                        if type(tool_calls) is not list:
+                            self._fail(
+                                f"must be a list or null, got {_json_type(tool_calls)}",
+                                f"choices[{ci}].delta.tool_calls",
+                            )
+                        for ti, entry in enumerate(tool_calls):
+                            self._tool_delta(turn, entry, ci, ti)
+                            if self._status != _OPEN:
+                                return
+                    elif tool_calls is not None and type(tool_calls) is not list:
+                        self._fail(
+                            f"must be a list or null, got {_json_type(tool_calls)}",
+                            f"choices[{ci}].delta.tool_calls",
+                        )
+                elif delta is not None and type(delta) is not dict:
+                    self._fail(
+                        f"must be an object, got {_json_type(delta)}", f"choices[{ci}].delta"
+                    )
+                finish = choice.get("finish_reason")
+                if finish is not None:
+                    self._finish(turn, finish, ci)
         elif choices is not None and type(choices) is not list:
             self._fail(f"must be a list or null, got {_json_type(choices)}", "choices")
         error = chunk.get("error")
@@ -569,51 +629,38 @@ class StreamParser:
         fp = chunk.get("system_fingerprint")
         if meta.system_fingerprint is None and type(fp) is str and fp:
             meta.system_fingerprint = fp
+        self._meta_missing = meta.response_id is None or meta.model is None
 
-    def _choice(self, choice: Any, ci: int) -> None:
-        if type(choice) is not dict:
-            self._fail(f"must be an object, got {_json_type(choice)}", f"choices[{ci}]")
-        index = choice.get("index", 0)
-        if type(index) is not int or index < 0:
+    def _usage(self, usage: Any) -> None:
+        if type(usage) is not dict:
+            self._fail(f"must be an object or null, got {_json_type(usage)}", "usage")
+        self._meta.usage = usage
+        self._events.append(UsageReceived(usage=usage))
+
+    def _new_turn(self, index: int) -> Turn | None:
+        if len(self._turns) >= self.limits.max_choices:
+            self._limit("max_choices", f"more than {self.limits.max_choices} choices")
+            return None
+        turn = self._turns[index] = Turn(index, self._meta)
+        return turn
+
+    def _finish(self, turn: Turn, finish: Any, ci: int) -> None:
+        if type(finish) is not str:
             self._fail(
-                f"must be a non-negative integer, got {_json_repr(index)}", f"choices[{ci}].index"
+                f"must be a string or null, got {_json_type(finish)}",
+                f"choices[{ci}].finish_reason",
             )
-        turn = self._turns.get(index)
-        if turn is None:
-            if len(self._turns) >= self.limits.max_choices:
-                self._limit("max_choices", f"more than {self.limits.max_choices} choices")
-                return
-            turn = self._turns[index] = Turn(index, self._meta)
-        delta = choice.get("delta")
-        if delta is not None:
-            if type(delta) is not dict:
-                self._fail(f"must be an object, got {_json_type(delta)}", f"choices[{ci}].delta")
-            if turn._finish_seen and _has_payload(delta):
-                self._anomaly(
-                    "delta_after_finish",
-                    f"choice {index} sent data after finish_reason {turn.finish_reason!r}",
-                    index,
-                )
-            self._delta(turn, delta, ci)
-            if self._status != _OPEN:
-                return
-        finish = choice.get("finish_reason")
-        if finish is not None:
-            if type(finish) is not str:
-                self._fail(
-                    f"must be a string or null, got {_json_type(finish)}",
-                    f"choices[{ci}].finish_reason",
-                )
-            if finish:
-                if finish not in KNOWN_FINISH_REASONS:
-                    self._anomaly(
-                        "unknown_finish_reason",
-                        f"finish_reason {finish!r} is not a known value; treated like 'stop'",
-                        index,
-                    )
-                turn.finish_reason = finish
-                turn._finish_seen = True
-                self._events.append(FinishReasonReceived(choice=index, finish_reason=finish))
+        if not finish:
+            return
+        if finish not in KNOWN_FINISH_REASONS:
+            self._anomaly(
+                "unknown_finish_reason",
+                f"finish_reason {finish!r} is not a known value; treated like 'stop'",
+                turn.index,
+            )
+        turn.finish_reason = finish
+        turn._finish_seen = True
+        self._events.append(FinishReasonReceived(choice=turn.index, finish_reason=finish))
 
     def _text(self, turn: Turn, value: Any, parts: list[str], field: str, ci: int) -> bool:
         if type(value) is not str:
@@ -628,14 +675,15 @@ class StreamParser:
         parts.append(value)
         return True
 
-    def _delta(self, turn: Turn, delta: dict[str, Any], ci: int) -> None:
+    def _texts(self, turn: Turn, delta: dict[str, Any], ci: int) -> bool:
+        """Apply content, reasoning and refusal; ``False`` when a limit ended the stream."""
         events = self._events
         index = turn.index
         content = delta.get("content")
         if content:
             if not self._text(turn, content, turn._content, "content", ci):
-                return
-            events.append(ContentDelta(choice=index, text=content))
+                return False
+            events.append(_content_delta(index, content))
         reasoning = delta.get("reasoning_content")
         field_name = "reasoning_content"
         if reasoning is None:
@@ -643,29 +691,14 @@ class StreamParser:
             field_name = "reasoning"
         if reasoning:
             if not self._text(turn, reasoning, turn._reasoning, field_name, ci):
-                return
-            events.append(ReasoningDelta(choice=index, text=reasoning))
+                return False
+            events.append(_reasoning_delta(index, reasoning))
         refusal = delta.get("refusal")
         if refusal:
             if not self._text(turn, refusal, turn._refusal, "refusal", ci):
-                return
-            events.append(RefusalDelta(choice=index, text=refusal))
-        tool_calls = delta.get("tool_calls")
-        if tool_calls:
-            if type(tool_calls) is not list:
-                self._fail(
-                    f"must be a list or null, got {_json_type(tool_calls)}",
-                    f"choices[{ci}].delta.tool_calls",
-                )
-            for ti, entry in enumerate(tool_calls):
-                self._tool_delta(turn, entry, ci, ti)
-                if self._status != _OPEN:
-                    return
-        elif tool_calls is not None and type(tool_calls) is not list:
-            self._fail(
-                f"must be a list or null, got {_json_type(tool_calls)}",
-                f"choices[{ci}].delta.tool_calls",
-            )
+                return False
+            events.append(_refusal_delta(index, refusal))
+        return True
 
     def _tool_delta(self, turn: Turn, entry: Any, ci: int, ti: int) -> None:
         if type(entry) is not dict:
@@ -674,25 +707,32 @@ class StreamParser:
                 f"choices[{ci}].delta.tool_calls[{ti}]",
             )
         index = entry.get("index")
-        cid = entry.get("id")
-        typ = entry.get("type")
         fn = entry.get("function")
-        name = arguments = None
+        if len(entry) > (index is not None) + (fn is not None):
+            cid = entry.get("id")
+            typ = entry.get("type")
+            if cid is not None and type(cid) is not str:
+                self._bad_field(ci, ti, "id", "a string or null", cid)
+            if typ is not None and type(typ) is not str:
+                self._bad_field(ci, ti, "type", "a string or null", typ)
+        else:
+            cid = typ = None
         if fn is not None:
             if type(fn) is not dict:
                 self._bad_field(ci, ti, "function", "an object or null", fn)
-            name = fn.get("name")
             arguments = fn.get("arguments")
-            if name is not None and type(name) is not str:
-                self._bad_field(ci, ti, "function.name", "a string or null", name)
             if arguments is not None and type(arguments) is not str:
                 self._bad_field(ci, ti, "function.arguments", "a string or null", arguments)
+            if len(fn) > (arguments is not None):
+                name = fn.get("name")
+                if name is not None and type(name) is not str:
+                    self._bad_field(ci, ti, "function.name", "a string or null", name)
+            else:
+                name = None
+        else:
+            name = arguments = None
         if index is not None and (type(index) is not int or index < 0):
             self._bad_field(ci, ti, "index", "a non-negative integer or null", index)
-        if cid is not None and type(cid) is not str:
-            self._bad_field(ci, ti, "id", "a string or null", cid)
-        if typ is not None and type(typ) is not str:
-            self._bad_field(ci, ti, "type", "a string or null", typ)
 
         # -- routing (spec: "Routing a tool-call delta to a call") --
         call: ToolCall | None
@@ -716,10 +756,31 @@ class StreamParser:
                 return
         if call is None:
             call = self._open(turn, index, cid or "", name or "", typ or "")
-            if call is not None and arguments:
-                self._arguments(call, arguments)
+            if call is None:
+                return
+        elif cid or name or typ:
+            self._merge_header(turn, call, cid, name, typ)
+        if not arguments:
             return
-        # -- merging into an existing call --
+        # -- appending (O(fragment); no trigger but the first) --
+        if call.over_limit is None:
+            nbytes = (
+                len(arguments)
+                if arguments.isascii()
+                else len(arguments.encode("utf-8", "surrogatepass"))
+            )
+            if call._nbytes + nbytes > self._max_argument_bytes:
+                self._over_limit(call)
+                return
+            if call.state is _OPENED:
+                fire(call, "accumulate")
+            call._parts.append(arguments)
+            call._nbytes += nbytes
+            self._events.append(_arguments_delta(call.choice, call.ordinal, call.index, arguments))
+
+    def _merge_header(
+        self, turn: Turn, call: ToolCall, cid: str | None, name: str | None, typ: str | None
+    ) -> None:
         changed = False
         if cid and not call.id:
             call.id = cid
@@ -737,8 +798,6 @@ class StreamParser:
                     name=call.name,
                 )
             )  # fmt: skip
-        if arguments:
-            self._arguments(call, arguments)
 
     def _open(
         self, turn: Turn, index: int | None, cid: str, name: str, typ: str
@@ -766,27 +825,14 @@ class StreamParser:
         )  # fmt: skip
         return call
 
-    def _arguments(self, call: ToolCall, fragment: str) -> None:
-        if call.over_limit is not None:
-            return
-        nbytes = (
-            len(fragment) if fragment.isascii() else len(fragment.encode("utf-8", "surrogatepass"))
-        )
-        if call._nbytes + nbytes > self.limits.max_argument_bytes:
-            call.over_limit = "limit:max_argument_bytes"
-            call._parts = []
-            self._anomaly(
-                "limit_exceeded",
-                f"choice {call.choice} call {call.ordinal}: arguments exceed "
-                f"{self.limits.max_argument_bytes} bytes; the call will end aborted",
-                call.choice,
-            )
-            return
-        call._append(fragment, nbytes)
-        self._events.append(
-            ToolCallArgumentsDelta(
-                choice=call.choice, ordinal=call.ordinal, index=call.index, delta=fragment
-            )
+    def _over_limit(self, call: ToolCall) -> None:
+        call.over_limit = "limit:max_argument_bytes"
+        call._parts = []
+        self._anomaly(
+            "limit_exceeded",
+            f"choice {call.choice} call {call.ordinal}: arguments exceed "
+            f"{self.limits.max_argument_bytes} bytes; the call will end aborted",
+            call.choice,
         )
 
     def _bad_field(self, ci: int, ti: int, name: str, expected: str, value: Any) -> NoReturn:

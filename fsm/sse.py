@@ -109,6 +109,43 @@ class SSEFramer:
                 self._line_start += 1
                 if not data:
                     return []
+        out: list[tuple[str, bytes, int]] = []
+        if b"\r" in data:
+            self._lines(data, out)
+            return out
+        if not self._at_boundary():
+            # finish the event in progress the general way, then take the fast path
+            end = data.find(b"\n\n")
+            if end < 0:
+                self._lines(data, out)
+                return out
+            self._lines(data[: end + 2], out)
+            data = data[end + 2 :]
+            if not self._at_boundary():  # pragma: no cover - "\n\n" always ends an event
+                self._lines(data, out)
+                return out
+        # Fast path at an event boundary, LF line ends: most events are one "data: ..." line.
+        blocks = data.split(b"\n\n")
+        tail = blocks.pop()
+        pos = self._line_start
+        limit = self.max_event_bytes + 6
+        for block in blocks:
+            if block[:6] == b"data: " and len(block) <= limit and b"\n" not in block:
+                out.append(("", block[6:], pos))
+            else:
+                self._line_start = pos
+                self._lines(block + b"\n\n", out)
+            pos += len(block) + 2
+        self._line_start = pos
+        if tail:
+            self._lines(tail, out)
+        return out
+
+    def _at_boundary(self) -> bool:
+        return not (self._pending or self._data or self._event or self._event_start >= 0)
+
+    def _lines(self, data: bytes, out: list[tuple[str, bytes, int]]) -> None:
+        """The general line-by-line path (any line ends, fields, comments, multi-line data)."""
         if b"\r" in data:
             parts = _LINE_SEP.split(data)
             lines = parts[0::2]
@@ -117,7 +154,6 @@ class SSEFramer:
         else:
             lines = data.split(b"\n")
             seps = None
-        out: list[tuple[str, bytes, int]] = []
         last = len(lines) - 1
         if last and self._pending:
             self._pending.append(lines[0])
@@ -128,9 +164,7 @@ class SSEFramer:
         for i in range(last):
             line = lines[i]
             if line.startswith(b"data:"):
-                value = line[5:]
-                if value[:1] == b" ":
-                    value = value[1:]
+                value = line[6:] if line[5:6] == b" " else line[5:]
                 if self._event_start < 0:
                     self._event_start = line_start
                 self._data.append(value)
@@ -155,7 +189,6 @@ class SSEFramer:
             if self._pending_len + self._data_len > self.max_event_bytes:
                 start = self._event_start if self._event_start >= 0 else line_start
                 raise EventTooLargeError(self.max_event_bytes, start)
-        return out
 
     def _field(self, line: bytes, line_start: int) -> None:
         colon = line.find(b":")
