@@ -47,6 +47,7 @@ from fsm.toolcall import ToolCall, is_json, repair_json
 __all__ = ["Anomaly", "Limits", "ParseResult", "StreamParser", "Turn"]
 
 _OPENED: Final = ToolCallState.OPENED
+_ACCUMULATING: Final = ToolCallState.ACCUMULATING
 
 #: finish_reason values with a meaning of their own; any other value ends a turn like ``stop``.
 KNOWN_FINISH_REASONS: Final = frozenset(
@@ -591,7 +592,34 @@ class StreamParser:
                                 f"must be a list or null, got {_json_type(tool_calls)}",
                                 f"choices[{ci}].delta.tool_calls",
                             )
+                        by_index = turn._by_index
                         for ti, entry in enumerate(tool_calls):
+                            # The hottest case inline: a continuation {"index": i, "function":
+                            # {"arguments": "..."}} of a call already accumulating. It does
+                            # exactly what _tool_delta does for it; anything else goes there.
+                            if type(entry) is dict and len(entry) == 2:
+                                tindex = entry.get("index")
+                                fn = entry.get("function")
+                                if type(tindex) is int and type(fn) is dict and len(fn) == 1:
+                                    fragment = fn.get("arguments")
+                                    call = by_index.get(tindex)
+                                    if (
+                                        type(fragment) is str
+                                        and fragment.isascii()
+                                        and call is not None
+                                        and call.state is _ACCUMULATING
+                                        and call.over_limit is None
+                                    ):
+                                        total = call._nbytes + len(fragment)
+                                        if total <= self._max_argument_bytes:
+                                            call._parts.append(fragment)
+                                            call._nbytes = total
+                                            self._events.append(
+                                                _arguments_delta(
+                                                    index, call.ordinal, tindex, fragment
+                                                )
+                                            )
+                                            continue
                             self._tool_delta(turn, entry, ci, ti)
                             if self._status != _OPEN:
                                 return
