@@ -8,6 +8,8 @@ used the API wrongly (fed data after ``receive_eof()``). They share no parent bu
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "FsmError",
     "IncompleteTurnError",
@@ -28,6 +30,10 @@ class RemoteProtocolError(FsmError):
     of the stream has become ``aborted`` with reason ``protocol_error``, and every later
     ``receive_*`` call raises this class again.
 
+    ``events`` holds the events the failing ``receive_*`` call produced before it raised
+    (deltas of earlier events in the same read, and the final ``ToolCallAborted`` /
+    ``TurnEnded`` / ``StreamEnded`` events), so nothing is lost whatever the read boundaries.
+
     Attributes say where: ``event_number`` (1-based count of SSE events / chunks),
     ``byte_offset`` (offset of the event's first byte in the raw stream, when bytes were fed),
     ``path`` (the JSON path of the offending field, e.g. ``choices[0].delta.tool_calls[1].index``)
@@ -46,6 +52,7 @@ class RemoteProtocolError(FsmError):
         self.event_number = event_number
         self.byte_offset = byte_offset
         self.path = path
+        self.events: list[Any] = []
         where = []
         if event_number is not None:
             where.append(f"event {event_number}")

@@ -90,8 +90,8 @@ class Anomaly:
     ``delta_after_finish`` (content or tool-call data after the choice's ``finish_reason``),
     ``data_after_end`` (input after ``[DONE]`` or another end), ``unknown_finish_reason``,
     ``incomplete_event_at_eof`` (EOF inside an SSE event), ``empty_event`` (a ``data:`` event
-    with nothing in it), ``input_for_final_call`` (fragments for a call already past a limit),
-    ``limit_exceeded``.
+    with nothing in it),
+    ``limit_exceeded`` (a call's later fragments are then dropped without further anomalies).
     """
 
     kind: str
@@ -342,7 +342,6 @@ class StreamParser:
         self._end_reason: str | None = None
         self._error: RemoteProtocolError | None = None
         self._framer_usable = True
-        self._after_end_reported = False
         self._meta_missing = True
         self._max_argument_bytes = self.limits.max_argument_bytes
 
@@ -386,18 +385,25 @@ class StreamParser:
                 for _name, _payload, _offset in self._feed_framer(bytes(data)):
                     self._event_number += 1
                     self._anomaly("data_after_end", "an SSE event after the end of the stream")
-            elif data and not self._after_end_reported:
-                self._after_end_reported = True
-                self._anomaly("data_after_end", "bytes after the end of the stream were ignored")
+            # after an oversized event nothing more is framed: the rest is ignored silently, as
+            # the same bytes would have been had they come in the same read
             return self._take()
+        too_large: EventTooLargeError | None = None
         try:
             frames = self._framer.feed(bytes(data))
         except EventTooLargeError as exc:
             self._framer_usable = False
-            self._offset = exc.offset
-            self._anomaly("limit_exceeded", str(exc))
+            frames = exc.events
+            too_large = exc
+        self._frames(frames)
+        if too_large is not None and self._status == _OPEN:
+            self._event_number += 1
+            self._offset = too_large.offset
+            self._anomaly("limit_exceeded", str(too_large))
             self._end("limit", "limit:max_event_bytes")
-            return self._take()
+        return self._take()
+
+    def _frames(self, frames: list[tuple[str, bytes, int]]) -> None:
         loads = orjson.loads
         for name, payload, offset in frames:
             self._event_number += 1
@@ -410,7 +416,6 @@ class StreamParser:
                 self._process(chunk)
             else:
                 self._rare_event(name, payload)
-        return self._take()
 
     def _rare_event(self, name: str, payload: bytes) -> None:
         if self._status != _OPEN:
@@ -526,6 +531,7 @@ class StreamParser:
         self._error = error
         self._end("protocol_error", "protocol_error")
         self._status = _FAILED
+        error.events = self._take()
         raise error
 
     def _error_event(self, payload: bytes) -> None:
@@ -708,7 +714,7 @@ class StreamParser:
         events = self._events
         index = turn.index
         content = delta.get("content")
-        if content:
+        if content is not None and (type(content) is not str or content):
             if not self._text(turn, content, turn._content, "content", ci):
                 return False
             events.append(_content_delta(index, content))
@@ -717,12 +723,12 @@ class StreamParser:
         if reasoning is None:
             reasoning = delta.get("reasoning")
             field_name = "reasoning"
-        if reasoning:
+        if reasoning is not None and (type(reasoning) is not str or reasoning):
             if not self._text(turn, reasoning, turn._reasoning, field_name, ci):
                 return False
             events.append(_reasoning_delta(index, reasoning))
         refusal = delta.get("refusal")
-        if refusal:
+        if refusal is not None and (type(refusal) is not str or refusal):
             if not self._text(turn, refusal, turn._refusal, "refusal", ci):
                 return False
             events.append(_refusal_delta(index, refusal))

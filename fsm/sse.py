@@ -31,7 +31,7 @@ _LINE_SEP: Final = re.compile(rb"(\r\n|\r|\n)")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SSEEvent:
     """One dispatched event: its type (``""`` when no ``event:`` field), its data, and the byte
-    offset of its first line in the stream."""
+    offset in the stream of its first ``data:`` or ``event:`` line."""
 
     event: str
     data: bytes
@@ -39,11 +39,16 @@ class SSEEvent:
 
 
 class EventTooLargeError(Exception):
-    """An event grew past ``max_event_bytes``; ``offset`` is where it started."""
+    """An event grew past ``max_event_bytes``; ``offset`` is where it started.
+
+    ``events`` holds the events the same :meth:`SSEFramer.feed` call completed before the
+    oversized one, so that what is reported never depends on how the bytes were split.
+    """
 
     def __init__(self, limit: int, offset: int) -> None:
         self.limit = limit
         self.offset = offset
+        self.events: list[tuple[str, bytes, int]] = []
         super().__init__(f"an SSE event starting at byte {offset} exceeds {limit} bytes")
 
 
@@ -88,12 +93,25 @@ class SSEFramer:
         self._skip_lf = False
 
     def feed(self, data: bytes) -> list[tuple[str, bytes, int]]:
-        """Consume ``data``; return every event completed by it, in order."""
+        """Consume ``data``; return every event completed by it, in order.
+
+        Raises :class:`EventTooLargeError` (carrying the events completed before it) when an
+        event exceeds ``max_event_bytes``; the framer must not be fed after that.
+        """
+        out: list[tuple[str, bytes, int]] = []
+        try:
+            self._feed(data, out)
+        except EventTooLargeError as exc:
+            exc.events = out
+            raise
+        return out
+
+    def _feed(self, data: bytes, out: list[tuple[str, bytes, int]]) -> None:
         if self._bom_checking:
             head = self._bom_buf + data
             if len(head) < 3 and _BOM.startswith(head):
                 self._bom_buf = head
-                return []
+                return
             self._bom_checking = False
             self._bom_buf = b""
             if head.startswith(_BOM):
@@ -101,29 +119,28 @@ class SSEFramer:
                 self._line_start = 3
             data = head
         if not data:
-            return []
+            return
         if self._skip_lf:
             self._skip_lf = False
             if data[0] == 10:  # the "\n" of a "\r\n" split across two feeds
                 data = data[1:]
                 self._line_start += 1
                 if not data:
-                    return []
-        out: list[tuple[str, bytes, int]] = []
+                    return
         if b"\r" in data:
             self._lines(data, out)
-            return out
+            return
         if not self._at_boundary():
             # finish the event in progress the general way, then take the fast path
             end = data.find(b"\n\n")
             if end < 0:
                 self._lines(data, out)
-                return out
+                return
             self._lines(data[: end + 2], out)
             data = data[end + 2 :]
             if not self._at_boundary():  # pragma: no cover - "\n\n" always ends an event
                 self._lines(data, out)
-                return out
+                return
         # Fast path at an event boundary, LF line ends: most events are one "data: ..." line.
         blocks = data.split(b"\n\n")
         tail = blocks.pop()
@@ -139,7 +156,7 @@ class SSEFramer:
         self._line_start = pos
         if tail:
             self._lines(tail, out)
-        return out
+        return
 
     def _at_boundary(self) -> bool:
         return not (self._pending or self._data or self._event or self._event_start >= 0)
@@ -167,8 +184,9 @@ class SSEFramer:
                 value = line[6:] if line[5:6] == b" " else line[5:]
                 if self._event_start < 0:
                     self._event_start = line_start
+                # the payload is the data lines joined with "\n": count those too
+                self._data_len += len(value) + (1 if self._data else 0)
                 self._data.append(value)
-                self._data_len += len(value)
                 if self._data_len > self.max_event_bytes:
                     raise EventTooLargeError(self.max_event_bytes, self._event_start)
             elif not line:
@@ -178,6 +196,10 @@ class SSEFramer:
                 self._data_len = 0
                 self._event = ""
                 self._event_start = -1
+            elif len(line) > self.max_event_bytes + 6:
+                # an over-long comment or field line: the same verdict as while it was pending
+                start = self._event_start if self._event_start >= 0 else line_start
+                raise EventTooLargeError(self.max_event_bytes, start)
             elif line[0] != 58:  # not a ":" comment
                 self._field(line, line_start)
             line_start += len(line) + (1 if seps is None else seps[i])
@@ -186,7 +208,8 @@ class SSEFramer:
         if tail:
             self._pending.append(tail)
             self._pending_len += len(tail)
-            if self._pending_len + self._data_len > self.max_event_bytes:
+            # a line in progress may be "data: " + a payload of the limit, and no longer
+            if self._pending_len > self.max_event_bytes + 6:
                 start = self._event_start if self._event_start >= 0 else line_start
                 raise EventTooLargeError(self.max_event_bytes, start)
 

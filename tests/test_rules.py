@@ -474,3 +474,17 @@ def test_receive_chunk_accepts_dicts_json_and_pydantic_models() -> None:
     assert (call.arguments, call.state) == ('{"x": 1}', FINISHED)
     with pytest.raises(TypeError, match="receive_chunk"):
         StreamParser().receive_chunk(42)
+
+
+def test_protocol_error_carries_the_events_of_the_failing_read() -> None:
+    """Nothing is lost when a read raises: earlier deltas and the final events ride on it."""
+    from fsm import RemoteProtocolError, StreamEnded
+
+    parser = StreamParser()
+    data = sse(chunk(tc(0, "a", "f", '{"x":')), done=False) + b"data: [1]\n\n"
+    with pytest.raises(RemoteProtocolError) as info:
+        parser.receive_data(data)
+    kinds = [type(e).__name__ for e in info.value.events]
+    assert kinds[:2] == ["ToolCallOpened", "ToolCallArgumentsDelta"]
+    assert "ToolCallAborted" in kinds and isinstance(info.value.events[-1], StreamEnded)
+    assert parser.turns[0].tool_calls[0].reason == "protocol_error"
