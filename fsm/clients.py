@@ -1,0 +1,485 @@
+"""Real HTTP clients into :class:`~fsm.parser.StreamParser`: the ``openai`` SDK and ``httpx``.
+
+Four helpers turn a live response into fsm events, feeding the parser as the data arrives::
+
+    from openai import OpenAI
+    from fsm.clients import iter_openai_events
+
+    client = OpenAI()
+    with client.chat.completions.create(model=..., messages=..., tools=..., stream=True) as stream:
+        events = iter_openai_events(stream)
+        for event in events:
+            ...                                  # ToolCallOpened, ToolCallFinished, ...
+    turn = events.result().turn(0)               # or events.parser.turns[0]
+
+* :func:`iter_openai_events` / :func:`aiter_openai_events`: the SDK's ``Stream`` /
+  ``AsyncStream`` of ``ChatCompletionChunk`` (each chunk goes to ``receive_chunk``).
+* :func:`iter_httpx_events` / :func:`aiter_httpx_events`: an ``httpx`` streaming response (its
+  raw bytes go to ``receive_data``; a non-2xx status raises :class:`HTTPStatusError`).
+
+Each returns an :class:`EventIterator` (or :class:`AsyncEventIterator`): an iterator of events
+that also holds the ``parser``. When the transport ends normally the parser gets
+``receive_eof()``. When it raises (the connection dropped, the SDK raised on an error payload or
+an undecodable event), the parser is aborted with a reason naming the error, the resulting final
+events are yielded, and the error is re-raised: the result is never complete. A cancelled task
+(``asyncio.CancelledError``) aborts with reason ``cancelled`` and re-raises at once. Closing the
+iterator before the stream ended (``break``, ``close()``, leaving its ``with`` block) aborts with
+reason ``closed``.
+
+What the ``openai`` SDK hides (it decodes SSE itself, so fsm only sees its chunks):
+
+* ``data: [DONE]`` is swallowed, so a normal end of the SDK's iteration is fed as
+  ``receive_eof()``. A stream that sent ``[DONE]`` but no ``finish_reason`` therefore ends
+  ``aborted`` (reason ``eof``) here, where fsm reading the bytes would call it complete: the
+  safe direction.
+* An error payload (``{"error": ...}`` data, with or without ``event: error``) makes the SDK raise
+  ``openai.APIError``. The error object is handed to the parser as the chunk it was, so the result
+  ends exactly as fsm reading the bytes would (``end_how == "error"``, every live call ``aborted``
+  with the error's message), then the ``APIError`` is re-raised. The SDK drops any ``choices`` of
+  that same chunk.
+* An ``event: error`` whose data has no ``error`` key is yielded by the SDK as an ordinary
+  chunk: the event name is lost. Left alone, chunks received before it plus the clean end that
+  follows would make a complete turn. So a "chunk" with none of a chunk's top-level fields
+  (``id``, ``object``, ``model``, ``choices``, ``usage``, ...) but a ``message`` string is taken
+  for the error it is: the stream ends as an ``error`` with that message.
+* An event with empty data (watsonx's final data-less ``event: close``) makes the SDK raise
+  ``json.JSONDecodeError``, even after every chunk arrived: the stream ends ``aborted`` with that
+  reason (fsm reading the bytes ignores such an event).
+
+This module imports neither ``openai`` nor ``httpx`` (``import fsm`` stays light, and
+``fsm/__init__.py`` does not import this module): it works on whatever objects it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+)
+from types import TracebackType
+from typing import Any, Final, Protocol
+
+from fsm.errors import FsmError
+from fsm.events import Event
+from fsm.parser import ParseResult, StreamParser
+
+__all__ = [
+    "CANCELLED",
+    "CLOSED",
+    "AsyncByteResponse",
+    "AsyncEventIterator",
+    "ByteResponse",
+    "EventIterator",
+    "HTTPStatusError",
+    "aiter_httpx_events",
+    "aiter_openai_events",
+    "iter_httpx_events",
+    "iter_openai_events",
+]
+
+#: The abort reason when the consuming task is cancelled.
+CANCELLED = "cancelled"
+#: The abort reason when the iterator is closed before the stream ended.
+CLOSED = "closed"
+
+
+class HTTPStatusError(FsmError):
+    """The server answered a non-2xx status instead of a stream.
+
+    Attributes: ``status_code``; ``message`` (the body's ``error.message`` when it is an
+    OpenAI-style error, else the body's text, else the reason phrase); ``error_type`` and
+    ``code`` (the body's ``error.type`` / ``error.code`` when present); ``body`` (the raw text).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int,
+        body: str = "",
+        error_type: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        self.status_code = status_code
+        self.message = message
+        self.body = body
+        self.error_type = error_type
+        self.code = code
+        super().__init__(f"HTTP {status_code}: {message}")
+
+
+class ByteResponse(Protocol):
+    """What :func:`iter_httpx_events` needs of a response (``httpx.Response`` has it)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def reason_phrase(self) -> str: ...
+
+    def read(self) -> bytes: ...
+
+    def iter_bytes(self) -> Iterator[bytes]: ...
+
+
+class AsyncByteResponse(Protocol):
+    """What :func:`aiter_httpx_events` needs of a response (``httpx.Response`` has it)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def reason_phrase(self) -> str: ...
+
+    async def aread(self) -> bytes: ...
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]: ...
+
+
+# -- the iterators ------------------------------------------------------------------------------
+class EventIterator(Iterator[Event]):
+    """Events of one streamed response, parsed as the transport delivers it.
+
+    Iterate it (once) for the events; read :attr:`parser` or :meth:`result` at any time. Also a
+    context manager: leaving the block closes it (aborting a stream that has not ended, with the
+    block's exception as reason if there is one).
+    """
+
+    def __init__(
+        self,
+        source: Iterable[Any],
+        feed: Callable[[StreamParser, Any], list[Event]],
+        parser: StreamParser | None = None,
+        *,
+        before: Callable[[StreamParser], None] | None = None,
+    ) -> None:
+        #: the parser fed by this iterator; its ``turns`` and ``result()`` are live.
+        self.parser = parser if parser is not None else StreamParser()
+        self._gen = self._run(source, feed, before)
+
+    def _run(
+        self,
+        source: Iterable[Any],
+        feed: Callable[[StreamParser, Any], list[Event]],
+        before: Callable[[StreamParser], None] | None,
+    ) -> Generator[Event, None, None]:
+        parser = self.parser
+        try:
+            if before is not None:
+                before(parser)
+            iterator = iter(source)
+            while True:
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    break
+                except Exception as exc:
+                    yield from _transport_failed(parser, exc)
+                    raise
+                except BaseException as exc:  # KeyboardInterrupt, SystemExit: abort, no events
+                    parser.abort(_describe(exc))
+                    raise
+                yield from feed(parser, item)
+            yield from parser.receive_eof()
+        finally:
+            if not parser.ended:
+                parser.abort(CLOSED)
+
+    def __iter__(self) -> EventIterator:
+        return self
+
+    def __next__(self) -> Event:
+        return next(self._gen)
+
+    def result(self) -> ParseResult:
+        """``parser.result()``: the response so far (final once the iteration is over)."""
+        return self.parser.result()
+
+    def close(self) -> None:
+        """Stop iterating; a stream that has not ended is aborted with reason ``closed``."""
+        self._gen.close()
+
+    def __enter__(self) -> EventIterator:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None and not self.parser.ended:
+            self.parser.abort(_describe(exc))
+        self.close()
+
+
+class AsyncEventIterator(AsyncIterator[Event]):
+    """The async twin of :class:`EventIterator` (``async for``, ``async with``, ``aclose()``).
+
+    Cancelling the consuming task while it waits for data aborts the stream with reason
+    ``cancelled`` and re-raises :class:`asyncio.CancelledError` (the abort's events are not
+    yielded: read :attr:`parser` or :meth:`result`).
+    """
+
+    def __init__(
+        self,
+        source: AsyncIterable[Any],
+        feed: Callable[[StreamParser, Any], list[Event]],
+        parser: StreamParser | None = None,
+        *,
+        before: Callable[[StreamParser], Awaitable[None]] | None = None,
+    ) -> None:
+        #: the parser fed by this iterator; its ``turns`` and ``result()`` are live.
+        self.parser = parser if parser is not None else StreamParser()
+        self._gen = self._run(source, feed, before)
+
+    async def _run(
+        self,
+        source: AsyncIterable[Any],
+        feed: Callable[[StreamParser, Any], list[Event]],
+        before: Callable[[StreamParser], Awaitable[None]] | None,
+    ) -> AsyncGenerator[Event, None]:
+        parser = self.parser
+        try:
+            if before is not None:
+                await before(parser)
+            iterator = aiter(source)
+            while True:
+                try:
+                    item = await anext(iterator)
+                except StopAsyncIteration:
+                    break
+                except asyncio.CancelledError:
+                    parser.abort(CANCELLED)
+                    raise
+                except Exception as exc:
+                    for event in _transport_failed(parser, exc):
+                        yield event
+                    raise
+                except BaseException as exc:
+                    parser.abort(_describe(exc))
+                    raise
+                for event in feed(parser, item):
+                    yield event
+            for event in parser.receive_eof():
+                yield event
+        finally:
+            if not parser.ended:
+                parser.abort(CLOSED)
+
+    def __aiter__(self) -> AsyncEventIterator:
+        return self
+
+    async def __anext__(self) -> Event:
+        return await anext(self._gen)
+
+    def result(self) -> ParseResult:
+        """``parser.result()``: the response so far (final once the iteration is over)."""
+        return self.parser.result()
+
+    async def aclose(self) -> None:
+        """Stop iterating; a stream that has not ended is aborted with reason ``closed``."""
+        await self._gen.aclose()
+
+    async def __aenter__(self) -> AsyncEventIterator:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None and not self.parser.ended:
+            reason = CANCELLED if isinstance(exc, asyncio.CancelledError) else _describe(exc)
+            self.parser.abort(reason)
+        await self.aclose()
+
+
+# -- the helpers --------------------------------------------------------------------------------
+#: Top-level fields of a chat-completion chunk (``model_id``: watsonx).
+_CHUNK_FIELDS: Final = frozenset(
+    {"id", "object", "created", "model", "model_id", "choices", "usage", "system_fingerprint"}
+)
+
+
+def _feed_sdk_chunk(parser: StreamParser, chunk: Any) -> list[Event]:
+    if not isinstance(chunk, dict):
+        dump = getattr(chunk, "model_dump", None)
+        if dump is not None:
+            chunk = dump(exclude_unset=True, by_alias=True)  # as receive_chunk() would
+    if isinstance(chunk, dict) and not _CHUNK_FIELDS.intersection(chunk):
+        message = chunk.get("message")
+        if isinstance(message, str) and message:
+            # Not a chunk but an error the SDK did not recognise: ``event: error`` whose data
+            # has no "error" key is yielded as an ordinary chunk (the event name is lost).
+            # Taken for the error it is, so that buffered chunks cannot pass for success.
+            return parser.receive_chunk({"error": chunk})
+    return parser.receive_chunk(chunk)
+
+
+def _feed_bytes(parser: StreamParser, data: bytes) -> list[Event]:
+    return parser.receive_data(data)
+
+
+def iter_openai_events(
+    stream: Iterable[Any], *, parser: StreamParser | None = None
+) -> EventIterator:
+    """Events of an ``openai`` SDK stream (``client.chat.completions.create(..., stream=True)``).
+
+    Each ``ChatCompletionChunk`` goes to ``parser.receive_chunk``; the end of the stream to
+    ``receive_eof()``. If the stream raises (``openai.APIConnectionError`` when the connection
+    drops, ``openai.APIError`` for an error payload, ...), the parser is aborted (an error payload
+    ends it as an ``error``, with the error's message), the final events are yielded and the
+    exception is re-raised. ``parser`` defaults to a new :class:`~fsm.parser.StreamParser`; it is
+    the returned iterator's ``parser`` attribute either way. The caller still owns ``stream``
+    (close it, or use it in a ``with`` block).
+    """
+    return EventIterator(stream, _feed_sdk_chunk, parser)
+
+
+def aiter_openai_events(
+    stream: AsyncIterable[Any], *, parser: StreamParser | None = None
+) -> AsyncEventIterator:
+    """The async twin of :func:`iter_openai_events`, for ``AsyncOpenAI``'s ``AsyncStream``.
+
+    Cancelling the consuming task aborts the stream with reason ``cancelled`` and re-raises.
+    """
+    return AsyncEventIterator(stream, _feed_sdk_chunk, parser)
+
+
+def iter_httpx_events(
+    response: ByteResponse, *, parser: StreamParser | None = None
+) -> EventIterator:
+    """Events of an ``httpx`` streaming response (``client.stream("POST", url, json=...)``).
+
+    Its raw bytes (``response.iter_bytes()``) go to ``parser.receive_data``, split wherever the
+    network split them. A non-2xx status raises :class:`HTTPStatusError` with the body's error
+    message when the iteration starts (the parser is aborted with that message). A transport
+    error (``httpx.RemoteProtocolError``, ``httpx.ReadError``, ...) aborts the parser, the final
+    events are yielded, and the error is re-raised.
+    """
+
+    def check(parser: StreamParser) -> None:
+        if not 200 <= response.status_code < 300:
+            _status_failed(parser, response.status_code, response.reason_phrase, response.read())
+
+    return EventIterator(_LazyBytes(response), _feed_bytes, parser, before=check)
+
+
+def aiter_httpx_events(
+    response: AsyncByteResponse, *, parser: StreamParser | None = None
+) -> AsyncEventIterator:
+    """The async twin of :func:`iter_httpx_events` (``response.aiter_bytes()``).
+
+    Cancelling the consuming task aborts the stream with reason ``cancelled`` and re-raises.
+    """
+
+    async def check(parser: StreamParser) -> None:
+        if not 200 <= response.status_code < 300:
+            body = await response.aread()
+            _status_failed(parser, response.status_code, response.reason_phrase, body)
+
+    return AsyncEventIterator(_LazyAsyncBytes(response), _feed_bytes, parser, before=check)
+
+
+class _LazyBytes(Iterable[bytes]):
+    """``response.iter_bytes()``, called only when iteration starts (after the status check)."""
+
+    def __init__(self, response: ByteResponse) -> None:
+        self._response = response
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._response.iter_bytes())
+
+
+class _LazyAsyncBytes(AsyncIterable[bytes]):
+    """``response.aiter_bytes()``, called only when iteration starts (after the status check)."""
+
+    def __init__(self, response: AsyncByteResponse) -> None:
+        self._response = response
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return aiter(self._response.aiter_bytes())
+
+
+# -- failures -----------------------------------------------------------------------------------
+def _describe(exc: BaseException) -> str:
+    """``Type: message``, then its causes (``Connection error.`` says little alone), e.g.
+    ``APIConnectionError: Connection error.; caused by RemoteProtocolError: peer closed
+    connection without sending complete message body (incomplete chunked read)``."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(parts) < 4:
+        seen.add(id(current))
+        text = str(current)
+        part = f"{type(current).__name__}: {text}" if text else type(current).__name__
+        if not parts or part != parts[-1]:
+            parts.append(part)  # httpx re-raises httpcore's error under the same name and text
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+    return "; caused by ".join(parts)
+
+
+def _stream_error_body(exc: Exception) -> Any:
+    """The error object of an ``openai.APIError`` the SDK raised for an error payload inside the
+    stream, else ``None`` (a connection error, a status error, or not the SDK at all)."""
+    openai = sys.modules.get("openai")
+    if openai is None or not isinstance(exc, openai.APIError):
+        return None
+    if isinstance(exc, openai.APIConnectionError | openai.APIStatusError):
+        return None
+    if isinstance(exc, openai.APIResponseValidationError):
+        return None
+    return exc.body or None
+
+
+def _transport_failed(parser: StreamParser, exc: Exception) -> list[Event]:
+    if parser.ended:
+        return []
+    body = _stream_error_body(exc)
+    if body is not None:
+        # The SDK consumed the stream's error payload and raised: hand it back as the chunk it
+        # was, so the stream ends as an ``error`` with the provider's message, as in the bytes.
+        events = parser.receive_chunk({"error": body})
+        return events + parser.abort(_describe(exc))  # a no-op once the error ended the stream
+    return parser.abort(_describe(exc))
+
+
+def _status_failed(parser: StreamParser, status: int, phrase: str, raw: bytes) -> None:
+    text = raw.decode("utf-8", "replace")
+    message, error_type, code = _error_fields(text)
+    message = message or text.strip()[:500] or phrase or "no body"
+    parser.abort(f"HTTP {status}: {message}")
+    raise HTTPStatusError(message, status_code=status, body=text, error_type=error_type, code=code)
+
+
+def _error_fields(text: str) -> tuple[str | None, str | None, str | None]:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None, None, None
+    if not isinstance(data, dict):
+        return None, None, None
+    error = data.get("error", data)
+    if isinstance(error, str):
+        return error, None, None
+    if not isinstance(error, dict):
+        return None, None, None
+    message, error_type, code = error.get("message"), error.get("type"), error.get("code")
+    return (
+        message if isinstance(message, str) and message else None,
+        error_type if isinstance(error_type, str) else None,
+        str(code) if isinstance(code, str | int) and not isinstance(code, bool) else None,
+    )

@@ -1,0 +1,656 @@
+"""A local OpenAI-compatible server that replays recorded streams over real HTTP.
+
+:class:`ReplayServer` listens on ``127.0.0.1`` on a free port and answers
+``POST /v1/chat/completions`` (``"stream": true``) from a *script*: a list of
+:class:`ReplayTurn`, one per request, in order. Each turn names a recorded stream (a ``.sse``
+file or its bytes), which is sent as it is, with chunked transfer encoding, one HTTP chunk per
+SSE event of the recording (the recording's own framing and line endings are kept). A turn can
+also cut the stream at a byte offset, fail it mid-stream (an ``event: error`` or a dropped
+socket), hold it open until :meth:`ReplayServer.release`, or answer an HTTP error instead.
+
+From the second request on, the server checks that the request is exactly what a correct agent
+loop sends after the previous turn (see :meth:`ReplayServer.check_request`). A request that fails
+the check is answered ``400`` with an OpenAI-style error body, is listed in
+:attr:`ReplayServer.failures`, and does not use up a turn of the script.
+
+::
+
+    from openai import OpenAI
+    from fsm.testing import ReplayServer, ReplayTurn
+
+    script = [ReplayTurn("first.sse"), ReplayTurn("final.sse", expect_tool_results=["6912"])]
+    with ReplayServer(script) as server:
+        client = OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+        ...
+    assert server.failures == []
+
+Stdlib only (``http.server`` in a background thread) plus :mod:`fsm`'s own parser, which the
+check uses to know what a turn streamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import KW_ONLY, dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+from fsm.errors import RemoteProtocolError
+from fsm.parser import ParseResult, StreamParser
+
+__all__ = [
+    "CHAT_COMPLETIONS_PATH",
+    "EXAMPLES_DIR",
+    "ReplayFailure",
+    "ReplayServer",
+    "ReplayTurn",
+    "demo_script",
+    "split_events",
+]
+
+#: The one path the server answers (under ``base_url``'s ``/v1``).
+CHAT_COMPLETIONS_PATH: Final = "/v1/chat/completions"
+
+#: The project's own example streams (``fsm/examples/*.sse``).
+EXAMPLES_DIR: Final = Path(__file__).resolve().parent.parent / "examples"
+
+_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
+_BLANK_LINES: Final = frozenset({b"\n", b"\r", b"\r\n"})
+
+
+def split_events(data: bytes) -> list[bytes]:
+    """Split a recorded SSE stream into pieces that each end after a blank line (an event's end).
+
+    The pieces concatenate back to ``data`` exactly: line endings (``\\n``, ``\\r\\n``, ``\\r``),
+    comments and any trailing bytes without a final blank line are kept as they are.
+    """
+    pieces: list[bytes] = []
+    start = 0
+    for match in _LINE.finditer(data):
+        if match.group() in _BLANK_LINES:
+            pieces.append(data[start : match.end()])
+            start = match.end()
+    if start < len(data):
+        pieces.append(data[start:])
+    return pieces
+
+
+@dataclass(frozen=True)
+class ReplayTurn:
+    """One scripted answer of :class:`ReplayServer`.
+
+    Args:
+        stream: the recorded stream: its bytes, or the path of a file (``str`` or path-like).
+        delay: seconds to wait before sending each piece after the first (pacing; ``0`` sends
+            everything at once).
+        cut_at: close the connection abruptly after this many bytes of the recording: the HTTP
+            body ends without its last chunk, so the client sees an incomplete chunked read.
+        reset_at: at this byte offset, drop the socket with a TCP reset.
+        error_at: at the first event boundary at or after this byte offset, send
+            ``event: error`` with ``{"error": {"message": error_message, ...}}`` and end the body
+            (without ``[DONE]``).
+        hold_at: at this byte offset, stop sending until :meth:`ReplayServer.release` is called
+            (or the server's ``hold_timeout`` passes), then go on. A stalled stream, without
+            sleeps.
+        status: a non-2xx status answers that status with an OpenAI-style error body carrying
+            ``error_message`` instead of streaming. The request after it (a retry) is checked
+            against the turn before, as if this one had not happened.
+        error_message: the message of ``error_at``'s error event or of a ``status`` error.
+        expect_tool_results: the ``content`` of each tool message the request answered by this
+            turn must carry, in call order (only checked when the previous turn ended with tool
+            calls).
+        check: whether to check the request answered by this turn (see
+            :meth:`ReplayServer.check_request`).
+
+    At most one of ``cut_at``, ``reset_at`` and ``error_at`` may be given.
+    """
+
+    stream: bytes | str | os.PathLike[str]
+    _: KW_ONLY
+    delay: float = 0.0
+    cut_at: int | None = None
+    reset_at: int | None = None
+    error_at: int | None = None
+    hold_at: int | None = None
+    status: int = 200
+    error_message: str = "the replay server failed this stream on purpose"
+    expect_tool_results: Sequence[str] | None = None
+    check: bool = True
+
+    def __post_init__(self) -> None:
+        ends = [n for n in ("cut_at", "reset_at", "error_at") if getattr(self, n) is not None]
+        if len(ends) > 1:
+            raise ValueError(f"ReplayTurn takes at most one of {', '.join(ends)}")
+        for name in ("cut_at", "reset_at", "error_at", "hold_at"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"ReplayTurn.{name} must be >= 0, got {value}")
+        if self.delay < 0:
+            raise ValueError(f"ReplayTurn.delay must be >= 0, got {self.delay}")
+        if not 200 <= self.status <= 599:
+            raise ValueError(f"ReplayTurn.status must be an HTTP status, got {self.status}")
+
+    def data(self) -> bytes:
+        """The recording's bytes."""
+        if isinstance(self.stream, bytes):
+            return self.stream
+        return Path(self.stream).read_bytes()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayFailure:
+    """A request the server rejected: ``request`` is its index in
+    :attr:`ReplayServer.requests`, ``message`` the reason (also sent in the 400 body)."""
+
+    request: int
+    message: str
+
+
+@dataclass(slots=True)
+class _Sent:
+    """What the server streamed for a turn, as fsm's parser reads it."""
+
+    result: ParseResult
+    complete: bool
+    calls: list[tuple[str, str, str, str]] = field(default_factory=list)  # id, type, name, args
+
+
+def _read_sent(data: bytes) -> _Sent:
+    parser = StreamParser()
+    try:
+        parser.receive_data(data)
+        parser.receive_eof()
+    except RemoteProtocolError:
+        pass
+    result = parser.result()
+    turn = next((t for t in result.turns if t.index == 0), None)
+    calls: list[tuple[str, str, str, str]] = []
+    if turn is not None:
+        calls = [(c.id, c.type, c.name, c.arguments) for c in turn.tool_calls]
+    return _Sent(result, turn is not None and turn.complete, calls)
+
+
+def demo_script(
+    tool_results: Sequence[str] | None = None, *, delay: float = 0.0
+) -> list[ReplayTurn]:
+    """The project's demo conversation: ``parallel_add_multiply.sse`` (two tool calls, ``add``
+    and ``multiply``) then ``final_answer.sse``. ``tool_results``, when given, are the tool
+    message contents the second request must carry (add's, then multiply's); ``delay`` paces
+    both streams (seconds between events) so that a demo visibly streams."""
+    return [
+        ReplayTurn(EXAMPLES_DIR / "parallel_add_multiply.sse", delay=delay),
+        ReplayTurn(
+            EXAMPLES_DIR / "final_answer.sse", delay=delay, expect_tool_results=tool_results
+        ),
+    ]
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    replay: ReplayServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return  # a client that went away (closed early, was cancelled, reset): not an error
+        super().handle_error(request, client_address)
+
+
+class _Abort(Exception):
+    """Stop answering on this connection (the turn dropped it on purpose)."""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HTTPServer
+    timeout = 30
+
+    def setup(self) -> None:
+        super().setup()
+        # Each piece goes out at once (no Nagle delay waiting for the client's delayed ACK).
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.server.replay._track(self.connection, add=True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.replay._track(self.connection, add=False)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # quiet: tests read server.requests and server.failures instead
+
+    def do_POST(self) -> None:
+        try:
+            self.server.replay._handle(self)
+        except _Abort:
+            self.close_connection = True
+        except OSError:
+            # The client went away (closed the stream early, was cancelled): nothing to answer.
+            self.close_connection = True
+
+    # -- writing helpers used by ReplayServer._handle ------------------------------------------
+    def read_body(self) -> bytes:
+        length = self.headers.get("Content-Length")
+        if length is not None:
+            return self.rfile.read(int(length))
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            parts: list[bytes] = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+        return b""
+
+    def send_error_json(self, status: int, message: str, error_type: str) -> None:
+        body = json.dumps(
+            {"error": {"message": message, "type": error_type, "param": None, "code": None}}
+        ).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def start_stream(self) -> None:
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def send_chunk(self, data: bytes) -> None:
+        if data:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def end_stream(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+
+    def cut(self) -> None:
+        """Close without the last chunk: the client sees an incomplete body."""
+        self.connection.shutdown(socket.SHUT_RDWR)
+        raise _Abort
+
+    def reset(self) -> None:
+        """Drop the socket with a TCP RST."""
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.connection.close()
+        raise _Abort
+
+
+class ReplayServer:
+    """A local OpenAI-compatible ``/v1/chat/completions`` server replaying a script of streams.
+
+    Use it as a context manager; it listens on ``127.0.0.1`` on a free port from ``__enter__``
+    until ``__exit__``::
+
+        with ReplayServer([ReplayTurn(path)]) as server:
+            client = OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+
+    Args:
+        script: the turns, answered in order, one per accepted request.
+        hold_timeout: the longest a ``hold_at`` turn waits for :meth:`release`, in seconds.
+
+    Attributes:
+        requests: every JSON body received, in order (``None`` for a body that is not JSON).
+        failures: every rejected request, as :class:`ReplayFailure`.
+        served: how many turns of the script have been answered.
+    """
+
+    def __init__(self, script: Sequence[ReplayTurn], *, hold_timeout: float = 10.0) -> None:
+        self.script: list[ReplayTurn] = list(script)
+        self.hold_timeout = hold_timeout
+        self.requests: list[Any] = []
+        self.failures: list[ReplayFailure] = []
+        self.served = 0
+        self._lock = threading.Lock()
+        self._previous: _Sent | None = None
+        self._released = threading.Event()
+        self._connections: set[socket.socket] = set()
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> ReplayServer:
+        """Start listening (``__enter__`` does this)."""
+        if self._httpd is not None:
+            raise RuntimeError("the server is already running")
+        httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
+        httpd.replay = self
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever,
+            kwargs={"poll_interval": 0.01},
+            name=f"ReplayServer:{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop listening, release held streams and close open connections (``__exit__``)."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        self._released.set()
+        httpd.shutdown()
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> ReplayServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        """The port the server listens on."""
+        if self._httpd is None:
+            raise RuntimeError("the server is not running: use it as a context manager")
+        port: int = self._httpd.server_address[1]
+        return port
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT/v1``: the ``base_url`` for an ``openai`` client."""
+        return f"{self.url}/v1"
+
+    @property
+    def chat_url(self) -> str:
+        """The full URL of ``POST /v1/chat/completions`` (for plain HTTP clients)."""
+        return self.url + CHAT_COMPLETIONS_PATH
+
+    def release(self) -> None:
+        """Let every stream stopped at its ``hold_at`` go on (and later ones pass straight)."""
+        self._released.set()
+
+    def reset(self, script: Sequence[ReplayTurn]) -> None:
+        """Start a new script on the running server: forget the previous turn, the requests and
+        the failures."""
+        with self._lock:
+            self.script = list(script)
+            self.served = 0
+            self.requests = []
+            self.failures = []
+            self._previous = None
+            self._released.clear()
+
+    # -- the request check ----------------------------------------------------------------------
+    def check_request(self, body: Any, turn: ReplayTurn | None = None) -> str | None:
+        """Why ``body`` is not the request a correct agent loop sends next, or ``None`` if it is.
+
+        The body must be a JSON object with ``"stream": true`` and a ``messages`` list. After a
+        turn that streamed complete tool calls (choice 0, as fsm's parser reads the bytes sent):
+
+        * the last ``assistant`` message carries exactly those ``tool_calls``, in order, with
+          ids, types, names and arguments equal to what was streamed, byte for byte;
+        * it is immediately followed by one ``tool`` message per call, in call order, each with
+          the call's ``tool_call_id``;
+        * when ``turn.expect_tool_results`` is given, each tool message's ``content`` equals it.
+
+        After a turn that did not end complete (cut, failed, truncated), no message may carry
+        any of its call ids: an incomplete call must never be salvaged into history.
+        """
+        if not isinstance(body, dict):
+            return "the request body must be a JSON object"
+        if body.get("stream") is not True:
+            return 'this server only streams: the request must have "stream": true'
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            return "'messages' must be a list of objects"
+        previous = self._previous
+        if previous is None:
+            return None
+        if not previous.complete:
+            return _check_no_salvage(messages, previous)
+        if not previous.calls:
+            return None
+        results = turn.expect_tool_results if turn is not None else None
+        return _check_tool_round(messages, previous, results)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _track(self, conn: socket.socket, *, add: bool) -> None:
+        with self._lock:
+            if add:
+                self._connections.add(conn)
+            else:
+                self._connections.discard(conn)
+
+    def _decide(self, path: str, body: Any) -> tuple[ReplayTurn | None, str | None, int]:
+        """Under the lock: record the request and choose the answer: ``(turn, rejection,
+        status)``, a turn to answer or a rejection message, with the status to send."""
+        with self._lock:
+            number = len(self.requests)
+            self.requests.append(body)
+            problem: str | None = None
+            status = 400
+            turn: ReplayTurn | None = None
+            if path != CHAT_COMPLETIONS_PATH:
+                problem, status = f"unknown path {path!r}", 404
+            elif body is None:
+                problem = "the request body is not valid JSON"
+            elif self.served >= len(self.script):
+                problem = (
+                    f"the script has no turn left for request #{number} "
+                    f"({len(self.script)} turns, all answered)"
+                )
+            else:
+                turn = self.script[self.served]
+                problem = self.check_request(body, turn) if turn.check else None
+            if problem is not None:
+                self.failures.append(ReplayFailure(number, problem))
+                return None, problem, status
+            assert turn is not None
+            self.served += 1
+            if 200 <= turn.status < 300:
+                # What the next request is checked against: the bytes this turn sends.
+                self._previous = _read_sent(_what_is_sent(turn.data(), turn))
+            return turn, None, turn.status
+
+    def _handle(self, handler: _Handler) -> None:
+        raw = handler.read_body()
+        path = handler.path.split("?", 1)[0]
+        try:
+            body: Any = json.loads(raw)
+        except ValueError:
+            body = None
+        turn, problem, status = self._decide(path, body)
+        if turn is None:
+            assert problem is not None
+            handler.send_error_json(status, problem, "invalid_request_error")
+        elif not 200 <= status < 300:
+            error_type = "invalid_request_error" if status < 500 else "server_error"
+            handler.send_error_json(status, turn.error_message, error_type)
+        else:
+            self._stream(handler, turn, turn.data())
+
+    def _stream(self, handler: _Handler, turn: ReplayTurn, data: bytes) -> None:
+        handler.start_stream()
+        error_at = _error_boundary(data, turn.error_at) if turn.error_at is not None else None
+        stop = next((x for x in (turn.cut_at, turn.reset_at, error_at) if x is not None), len(data))
+        stop = min(stop, len(data))
+        sent = 0
+        held = False
+        for index, piece in enumerate(_pieces(data, stop, turn.hold_at)):
+            if index and turn.delay:
+                time.sleep(turn.delay)
+            if not held and turn.hold_at is not None and sent >= turn.hold_at:
+                held = True
+                self._released.wait(self.hold_timeout)
+            handler.send_chunk(piece)
+            sent += len(piece)
+        if not held and turn.hold_at is not None and sent >= turn.hold_at:
+            self._released.wait(self.hold_timeout)
+        if turn.cut_at is not None:
+            handler.cut()
+        if turn.reset_at is not None:
+            handler.reset()
+        if error_at is not None:
+            handler.send_chunk(_error_event(turn.error_message))
+        handler.end_stream()
+
+
+def _pieces(data: bytes, stop: int, hold_at: int | None) -> Iterator[bytes]:
+    """The recording's events up to ``stop``, also split at ``hold_at``."""
+    offset = 0
+    for piece in split_events(data):
+        if offset >= stop:
+            return
+        piece = piece[: stop - offset]
+        if hold_at is not None and offset < hold_at < offset + len(piece):
+            yield piece[: hold_at - offset]
+            yield piece[hold_at - offset :]
+        else:
+            yield piece
+        offset += len(piece)
+
+
+def _error_boundary(data: bytes, offset: int) -> int:
+    """The first event boundary at or after ``offset`` (``len(data)`` at the latest)."""
+    end = 0
+    if offset <= 0:
+        return 0
+    for piece in split_events(data):
+        end += len(piece)
+        if end >= offset:
+            return end
+    return len(data)
+
+
+def _error_event(message: str) -> bytes:
+    error = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+    return b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n"
+
+
+def _what_is_sent(data: bytes, turn: ReplayTurn) -> bytes:
+    if turn.cut_at is not None:
+        return data[: turn.cut_at]
+    if turn.reset_at is not None:
+        return data[: turn.reset_at]
+    if turn.error_at is not None:
+        return data[: _error_boundary(data, turn.error_at)] + _error_event(turn.error_message)
+    return data
+
+
+def _check_tool_round(
+    messages: list[dict[str, Any]], previous: _Sent, results: Sequence[str] | None
+) -> str | None:
+    assistants = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    last = assistants[-1] if assistants else None
+    expected_ids = [c[0] for c in previous.calls]
+    if last is None:
+        return (
+            f"no assistant message: the previous turn streamed tool calls {expected_ids} and "
+            "the request must carry them back"
+        )
+    got = messages[last].get("tool_calls")
+    if not isinstance(got, list) or not got:
+        return (
+            f"the last assistant message (messages[{last}]) has no tool_calls; the previous turn "
+            f"streamed {expected_ids}"
+        )
+    if len(got) != len(previous.calls):
+        return (
+            f"the last assistant message (messages[{last}]) has {len(got)} tool_calls; the "
+            f"previous turn streamed {len(previous.calls)}: {expected_ids}"
+        )
+    for position, (entry, (cid, ctype, name, arguments)) in enumerate(
+        zip(got, previous.calls, strict=True)
+    ):
+        where = f"messages[{last}].tool_calls[{position}]"
+        if not isinstance(entry, dict):
+            return f"{where} must be an object"
+        function = entry.get("function")
+        if not isinstance(function, dict):
+            return f"{where}.function must be an object"
+        for label, value, want in (
+            ("id", entry.get("id"), cid),
+            ("type", entry.get("type"), ctype),
+            ("function.name", function.get("name"), name),
+            ("function.arguments", function.get("arguments"), arguments),
+        ):
+            if value != want:
+                return f"{where}.{label} is {value!r}; the stream sent {want!r}"
+    for position, (cid, _type, name, _args) in enumerate(previous.calls):
+        at = last + 1 + position
+        if at >= len(messages):
+            return (
+                f"the tool result for call {cid!r} ({name}) is missing: messages[{at}] should be "
+                f"a tool message with tool_call_id {cid!r}"
+            )
+        message = messages[at]
+        if message.get("role") != "tool":
+            return (
+                f"messages[{at}] is a {message.get('role')!r} message where the tool result for "
+                f"call {cid!r} ({name}) must come (tool messages must immediately follow the "
+                "assistant message, one per call, in call order)"
+            )
+        if message.get("tool_call_id") != cid:
+            return (
+                f"messages[{at}].tool_call_id is {message.get('tool_call_id')!r}; call "
+                f"{position} of the assistant message has id {cid!r}"
+            )
+        if results is not None:
+            if position >= len(results):
+                return f"the script expects {len(results)} tool results, the stream had more calls"
+            if message.get("content") != results[position]:
+                return (
+                    f"messages[{at}].content is {message.get('content')!r}; expected "
+                    f"{results[position]!r} for call {cid!r} ({name})"
+                )
+    return None
+
+
+def _check_no_salvage(messages: list[dict[str, Any]], previous: _Sent) -> str | None:
+    ids = {c[0] for c in previous.calls if c[0]}
+    if not ids:
+        return None
+    for at, message in enumerate(messages):
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            for entry in calls:
+                if isinstance(entry, dict) and entry.get("id") in ids:
+                    return (
+                        f"messages[{at}] carries tool call {entry.get('id')!r} from the previous "
+                        f"turn, which did not end complete ({previous.result.end_how}: "
+                        f"{previous.result.end_reason}); an incomplete call must not reach history"
+                    )
+        if message.get("role") == "tool" and message.get("tool_call_id") in ids:
+            return (
+                f"messages[{at}] is a tool result for {message.get('tool_call_id')!r} from the "
+                "previous turn, which did not end complete"
+            )
+    return None
