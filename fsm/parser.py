@@ -42,12 +42,15 @@ from fsm.events import (
 )
 from fsm.sse import EventTooLargeError, SSEFramer
 from fsm.states import ToolCallState, fire
-from fsm.toolcall import ToolCall, is_json, repair_json
+from fsm.toolcall import ToolCall, is_json, loads_strict, repair_json
 
 __all__ = ["Anomaly", "Limits", "ParseResult", "StreamParser", "Turn"]
 
 _OPENED: Final = ToolCallState.OPENED
 _ACCUMULATING: Final = ToolCallState.ACCUMULATING
+
+#: anomalies of one kind kept with their details (and reported as events); more are only counted.
+MAX_ANOMALIES_PER_KIND: Final = 100
 
 #: finish_reason values with a meaning of their own; any other value ends a turn like ``stop``.
 KNOWN_FINISH_REASONS: Final = frozenset(
@@ -288,6 +291,8 @@ class ParseResult:
     end_reason: str | None
     #: the protocol error that ended the stream, if any.
     error: RemoteProtocolError | None = field(default=None)
+    #: how many anomalies of each kind occurred (``anomalies`` keeps the first 100 of a kind).
+    anomaly_counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -335,6 +340,7 @@ class StreamParser:
         self._turns: dict[int, Turn] = {}
         self._events: list[Event] = []
         self._anomalies: list[Anomaly] = []
+        self._anomaly_counts: dict[str, int] = {}
         self._status = _OPEN
         self._event_number = 0
         self._offset: int | None = None
@@ -375,6 +381,7 @@ class StreamParser:
             end_how=self._end_how,
             end_reason=self._end_reason,
             error=self._error,
+            anomaly_counts=dict(self._anomaly_counts),
         )
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
@@ -411,8 +418,8 @@ class StreamParser:
             if payload[:1] == b"{" and not name and self._status == _OPEN:
                 try:
                     chunk = loads(payload)
-                except orjson.JSONDecodeError as exc:
-                    self._fail(f"the event's data is not valid JSON ({exc})", None)
+                except orjson.JSONDecodeError:
+                    chunk = self._decode_slow(payload)
                 self._process(chunk)
             else:
                 self._rare_event(name, payload)
@@ -427,11 +434,13 @@ class StreamParser:
         elif not payload.strip():
             self._anomaly("empty_event", "an SSE event with empty data was ignored")
         else:
-            try:
-                chunk = orjson.loads(payload)
-            except orjson.JSONDecodeError as exc:
-                self._fail(f"the event's data is not valid JSON ({exc})", None)
-            self._process(chunk)
+            self._process(self._decode_slow(payload))
+
+    def _decode_slow(self, payload: bytes | str) -> Any:
+        try:
+            return loads_strict(payload)
+        except (ValueError, RecursionError) as exc:
+            self._fail(f"the data is not valid JSON ({exc})", None)
 
     def receive_chunk(self, chunk: Any) -> list[Event]:
         """Feed one chunk: a dict, a JSON ``str``/``bytes``, an ``openai`` SDK
@@ -448,17 +457,14 @@ class StreamParser:
                 else:
                     self._anomaly("data_after_end", "[DONE] after the end of the stream")
                 return self._take()
-            try:
-                chunk = orjson.loads(text)
-            except orjson.JSONDecodeError as exc:
-                if self._status == _OPEN:
-                    self._fail(f"the chunk is not valid JSON ({exc})", None)
+            if self._status != _OPEN:
                 self._anomaly("data_after_end", "a chunk after the end of the stream")
                 return self._take()
+            chunk = self._decode_slow(bytes(text) if isinstance(text, bytearray) else text)
         elif not isinstance(chunk, dict):
             dump = getattr(chunk, "model_dump", None)
             if dump is None:
-                raise TypeError(
+                raise LocalProtocolError(
                     "receive_chunk() takes a dict, a JSON str/bytes or a pydantic chunk model, "
                     f"not {type(chunk).__name__}"
                 )
@@ -510,9 +516,9 @@ class StreamParser:
     def _feed_framer(self, data: bytes) -> list[tuple[str, bytes, int]]:
         try:
             return self._framer.feed(data)
-        except EventTooLargeError:
+        except EventTooLargeError as exc:
             self._framer_usable = False
-            return []
+            return exc.events
 
     def _take(self) -> list[Event]:
         events = self._events
@@ -520,6 +526,13 @@ class StreamParser:
         return events
 
     def _anomaly(self, kind: str, detail: str, choice: int | None = None) -> None:
+        # Every anomaly is counted; the first few of each kind are kept with their details and
+        # reported as events, so that a hostile stream (a million events after [DONE]) cannot
+        # grow memory without bound.
+        count = self._anomaly_counts.get(kind, 0) + 1
+        self._anomaly_counts[kind] = count
+        if count > MAX_ANOMALIES_PER_KIND:
+            return
         anomaly = Anomaly(kind, detail, choice, self._event_number)
         self._anomalies.append(anomaly)
         self._events.append(AnomalyDetected(kind=kind, detail=detail, choice=choice))

@@ -139,19 +139,38 @@ class ToolCall:
         fire(self, trigger)
 
 
+_JSON_WHITESPACE = " \t\r\n"
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads_strict(data: str | bytes) -> Any:
+    """Decode one JSON document by the JSON grammar (RFC 8259), no more, no less.
+
+    orjson first (fast); where it refuses valid JSON (lone surrogate escapes such as a split
+    emoji's ``"\\ud83d"``), the standard library decides, with ``NaN``/``Infinity`` refused.
+    Raises ``ValueError`` (or ``RecursionError`` past the decoders' nesting limits).
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data  # strict: no surrogates
+        return json.loads(text, parse_constant=_reject_constant)
+
+
 def is_json(text: str) -> bool:
-    """Whether ``text`` is one valid JSON document, or empty / whitespace only."""
-    if not text or text.isspace():
+    """Whether ``text`` is one valid JSON document, or empty / JSON whitespace only.
+
+    Documents nested deeper than the decoders allow (about 1,000 levels) count as invalid.
+    """
+    if not text.strip(_JSON_WHITESPACE):
         return True
     try:
-        orjson.loads(text)
-    except orjson.JSONDecodeError:
-        # orjson is stricter than the JSON grammar in corners (lone surrogate escapes,
-        # nesting past 1024): ask the standard library before calling it invalid.
-        try:
-            json.loads(text)
-        except (ValueError, RecursionError):
-            return False
+        loads_strict(text)
+    except (ValueError, RecursionError):
+        return False
     return True
 
 

@@ -10,6 +10,7 @@ from fsm import (
     AnomalyDetected,
     ContentDelta,
     IncompleteTurnError,
+    LocalProtocolError,
     ReasoningDelta,
     RefusalDelta,
     StreamParser,
@@ -472,7 +473,7 @@ def test_receive_chunk_accepts_dicts_json_and_pydantic_models() -> None:
     parser.receive_eof()
     call = parser.turns[0].tool_calls[0]
     assert (call.arguments, call.state) == ('{"x": 1}', FINISHED)
-    with pytest.raises(TypeError, match="receive_chunk"):
+    with pytest.raises(LocalProtocolError, match="receive_chunk"):
         StreamParser().receive_chunk(42)
 
 
