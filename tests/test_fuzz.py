@@ -506,7 +506,7 @@ def test_the_generator_covers_the_quirks() -> None:
     seen: set[str] = set()
 
     @settings(
-        max_examples=150,
+        max_examples=400,
         deadline=None,
         derandomize=True,
         database=None,

@@ -1,0 +1,273 @@
+"""Store commands: ``fsm db upgrade|current``, ``fsm ingest`` and ``fsm history``.
+
+Thin wrappers over :mod:`fsm.store`; typed errors propagate to the ``fsm`` group, which prints
+them as one line on stderr with a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["db", "history", "ingest"]
+
+_DB_HELP = (
+    "Database URL (sqlite:///path.db, postgresql+psycopg://user@host/db). Default: $FSM_DB_URL, "
+    "else the SQLite file $FSM_DB, else ./fsm.db."
+)
+
+db_option = click.option("--db", "url", metavar="URL", default=None, help=_DB_HELP)
+
+
+@click.group(name="db")
+def db() -> None:
+    """Create, upgrade and inspect the store's schema.
+
+    \b
+    Examples:
+      fsm db upgrade                                  # the default ./fsm.db
+      fsm db upgrade --db postgresql+psycopg://app@db.internal/app
+      fsm db current --db sqlite:///chat.db
+    """
+
+
+@db.command(name="upgrade")
+@db_option
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+def db_upgrade(url: str | None, revision: str) -> None:
+    """Upgrade the database schema (creating it if needed) to REVISION.
+
+    The same as `alembic -x db=URL upgrade head` from a checkout.
+
+    \b
+    Examples:
+      fsm db upgrade --db sqlite:///chat.db
+      FSM_DB_URL=postgresql+psycopg://app@localhost/app fsm db upgrade
+    """
+    from fsm.store.engine import display_url, normalize_url
+    from fsm.store.migrate import current_revision, upgrade
+
+    target = normalize_url(url)
+    before = current_revision(target)
+    upgrade(target, revision)
+    after = current_revision(target)
+    where = display_url(target)
+    if before == after:
+        click.echo(f"{where}: already at revision {after}")
+    else:
+        click.echo(f"{where}: upgraded from {before or 'an empty database'} to revision {after}")
+
+
+@db.command(name="current")
+@db_option
+def db_current(url: str | None) -> None:
+    """Show the database's schema revision; exit status 1 if it is not the one fsm needs.
+
+    \b
+    Examples:
+      fsm db current --db sqlite:///chat.db
+      fsm db current --db postgresql+psycopg://app@localhost/app || fsm db upgrade --db ...
+    """
+    from fsm.store.engine import display_url, normalize_url
+    from fsm.store.migrate import current_revision, head_revision
+
+    target = normalize_url(url)
+    current = current_revision(target)
+    head = head_revision()
+    where = display_url(target)
+    if current == head:
+        click.echo(f"{where}: {current} (head)")
+        return
+    click.echo(
+        f"{where}: {current or 'no fsm schema'} (fsm needs {head}; "
+        f"run: fsm db upgrade --db '{where}')"
+    )
+    sys.exit(1)
+
+
+def _load_results(path: str | None) -> Any:
+    if path is None:
+        return None
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise click.BadParameter(
+            f"{path} is not valid JSON: {exc}", param_hint="--results"
+        ) from exc
+
+
+@click.command(name="ingest")
+@db_option
+@click.option(
+    "--conversation",
+    "conversation_id",
+    required=True,
+    metavar="ID",
+    help="Conversation to add the turn to (created if it does not exist).",
+)
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@click.option(
+    "--results",
+    "results_path",
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="RESULTS.json",
+    help='The tool results: a JSON list in call order (strings or {"content": ...} objects), '
+    "or an object keyed by call id.",
+)
+@click.option(
+    "--choice", type=int, default=None, help="Choice to commit when the stream has several."
+)
+@click.option("--idempotency-key", default=None, help="Commit at most once under this key.")
+@click.option(
+    "--expected-seq", type=int, default=None, help="Fail if the turn would not land at this seq."
+)
+@click.option("--repair-json", is_flag=True, help="Parse with opt-in append-only JSON repair.")
+def ingest(
+    url: str | None,
+    conversation_id: str,
+    file: str,
+    results_path: str | None,
+    choice: int | None,
+    idempotency_key: str | None,
+    expected_seq: int | None,
+    repair_json: bool,
+) -> None:
+    """Parse a recorded stream FILE (SSE text or JSON lines of chunks; '-' for stdin) and commit
+    its turn, with the tool results, to a conversation.
+
+    A turn that is not complete (a call truncated or aborted, a stream cut short) goes to the
+    conversation's attempts instead, never to history, and the exit status is 1. Committing the
+    same response again writes nothing (idempotent).
+
+    \b
+    Examples:
+      fsm ingest --db sqlite:///chat.db --conversation c1 response.sse --results results.json
+      echo '["18 C, sunny"]' > r.json && fsm ingest --conversation c1 weather.sse --results r.json
+    """
+    from fsm.api import parse_text
+    from fsm.parser import Turn
+    from fsm.store import ConversationStore
+
+    data = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+    results = _load_results(results_path)
+    parsed = parse_text(data, repair_json=repair_json)
+    if choice is None and len(parsed.turns) > 1:
+        raise click.UsageError(
+            f"the stream has {len(parsed.turns)} choices "
+            f"({[t.index for t in parsed.turns]}): pick one with --choice"
+        )
+    turn: Turn | None
+    if choice is not None:
+        try:
+            turn = parsed.turn(choice)
+        except KeyError as exc:
+            raise click.BadParameter(exc.args[0], param_hint="--choice") from None
+    else:
+        turn = parsed.turns[0] if parsed.turns else None
+    with ConversationStore(url) as store:
+        store.create_conversation(conversation_id, exist_ok=True)
+        if turn is None or not turn.complete:
+            # the whole response when it is this one choice (it keeps how the stream ended)
+            ids = (
+                store.record_attempt(conversation_id, parsed)
+                if turn is None or len(parsed.turns) == 1
+                else store.record_attempt(conversation_id, turn, anomalies=parsed.anomalies)
+            )
+            click.echo(
+                f"the turn is not complete ({_why(parsed, turn)}): nothing added to history; "
+                f"recorded as attempt {', '.join(map(str, ids))} of conversation "
+                f"{conversation_id!r}",
+                err=True,
+            )
+            sys.exit(1)
+        committed = store.commit_turn(
+            conversation_id,
+            turn,
+            results,
+            expected_seq=expected_seq,
+            idempotency_key=idempotency_key,
+        )
+    n = len(committed.messages) - 1
+    if committed.created:
+        click.echo(
+            f"committed choice {turn.index} to conversation {conversation_id!r} at seq "
+            f"{committed.seq}: 1 assistant message, {n} tool result(s)"
+        )
+    else:
+        click.echo(
+            f"already stored at seq {committed.seq} of conversation {conversation_id!r}: "
+            "nothing written"
+        )
+
+
+def _why(parsed: Any, turn: Any) -> str:
+    if turn is None:
+        return f"no choice in the stream; it ended {parsed.end_how or 'early'}"
+    bad = [
+        f"{call.name or 'a call without name'} {call.state.value}"
+        + (f" ({call.reason})" if call.reason else "")
+        for call in turn.tool_calls
+        if call.state.value != "finished"
+    ]
+    return ", ".join(bad) or f"finish_reason {turn.finish_reason}, stream ended {turn.end_reason}"
+
+
+def _preview(value: Any, limit: int = 120) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@click.command(name="history")
+@db_option
+@click.argument("conversation_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print the OpenAI messages list as JSON.")
+@click.option(
+    "--last",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Only the last N messages (never starting inside a tool block).",
+)
+@click.option(
+    "--include-reasoning", is_flag=True, help="Add reasoning_content to assistant messages."
+)
+def history(
+    url: str | None, conversation_id: str, as_json: bool, last: int | None, include_reasoning: bool
+) -> None:
+    """Print a conversation's history, ready to send back to the model.
+
+    \b
+    Examples:
+      fsm history --db sqlite:///chat.db c1
+      fsm history --db sqlite:///chat.db c1 --json --last 20 > messages.json
+    """
+    from fsm.store import ConversationStore
+
+    with ConversationStore(url) as store:
+        messages = store.history(conversation_id, last=last, include_reasoning=include_reasoning)
+        first = store.next_seq(conversation_id) - len(messages)
+    if as_json:
+        click.echo(json.dumps(messages, ensure_ascii=False, indent=2))
+        return
+    for offset, message in enumerate(messages):
+        role = message["role"]
+        head = f"{first + offset:>5}  {role:<9}"
+        if role == "tool":
+            click.echo(f"{head}  [{message['tool_call_id']!r}] {_preview(message['content'])}")
+            continue
+        if message.get("content") is not None:
+            click.echo(f"{head}  {_preview(message['content'])}")
+        elif message.get("refusal") is not None:
+            click.echo(f"{head}  (refusal) {_preview(message['refusal'])}")
+        else:
+            click.echo(head)
+        for call in message.get("tool_calls", []):
+            function = call["function"]
+            click.echo(
+                f"{'':>16}-> {function['name']}({_preview(function['arguments'], 80)})  "
+                f"id {call['id']!r}"
+            )

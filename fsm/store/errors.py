@@ -1,0 +1,141 @@
+"""Typed errors of the conversation store.
+
+Every class derives from :class:`StoreError`, itself an :class:`fsm.errors.FsmError`, so the
+command line prints them as one line without a traceback. Errors a caller may simply retry
+(a lost race, a busy database) derive from :class:`RetryableStoreError` and have
+``retryable = True``. An incomplete turn given to :meth:`ConversationStore.commit_turn
+<fsm.store.ConversationStore.commit_turn>` raises :class:`fsm.errors.IncompleteTurnError`, the
+parser's own class.
+"""
+
+from __future__ import annotations
+
+from fsm.errors import FsmError
+
+__all__ = [
+    "ConflictError",
+    "ConversationExistsError",
+    "ConversationNotFoundError",
+    "IdempotencyMismatchError",
+    "InvalidConversationIdError",
+    "InvalidMessageError",
+    "InvalidTurnError",
+    "MigrationsNotFoundError",
+    "ResultsError",
+    "RetryableStoreError",
+    "SchemaNotAtHeadError",
+    "StoreBusyError",
+    "StoreError",
+    "UnsupportedValueError",
+]
+
+
+class StoreError(FsmError):
+    """Base class of every error the conversation store raises on purpose."""
+
+    #: whether repeating the same call later may succeed.
+    retryable: bool = False
+
+
+class RetryableStoreError(StoreError):
+    """A write lost a race or could not get the database in time; retrying may succeed."""
+
+    retryable = True
+
+
+class ConflictError(RetryableStoreError):
+    """Another writer appended to the conversation first: ``expected_seq`` is stale.
+
+    ``expected_seq`` is the position the caller expected to append at, ``actual_seq`` the
+    conversation's real next position. Re-read the history, decide again, and retry with
+    ``expected_seq=actual_seq``.
+    """
+
+    def __init__(self, conversation_id: str, expected_seq: int, actual_seq: int) -> None:
+        self.conversation_id = conversation_id
+        self.expected_seq = expected_seq
+        self.actual_seq = actual_seq
+        super().__init__(
+            f"conversation {conversation_id!r} moved on: expected to append at seq "
+            f"{expected_seq}, but the next seq is {actual_seq} (another writer committed first); "
+            "re-read the history and retry"
+        )
+
+
+class StoreBusyError(RetryableStoreError):
+    """The database stayed locked by another writer past the busy timeout (SQLite)."""
+
+
+class ConversationNotFoundError(StoreError, LookupError):
+    """No conversation has this id."""
+
+    def __init__(self, conversation_id: str) -> None:
+        self.conversation_id = conversation_id
+        super().__init__(
+            f"no conversation {conversation_id!r} in the store "
+            "(create it first with create_conversation())"
+        )
+
+
+class ConversationExistsError(StoreError):
+    """``create_conversation`` was given an id that is already taken."""
+
+    def __init__(self, conversation_id: str) -> None:
+        self.conversation_id = conversation_id
+        super().__init__(f"conversation {conversation_id!r} already exists")
+
+
+class InvalidConversationIdError(StoreError, ValueError):
+    """A conversation id must be a non-empty string of at most 255 characters."""
+
+
+class InvalidMessageError(StoreError, ValueError):
+    """A message given to :meth:`~fsm.store.ConversationStore.append` cannot go to history as is."""
+
+
+class InvalidTurnError(StoreError, ValueError):
+    """What was given as a turn is not one turn (a response with several choices, or no turn)."""
+
+
+class ResultsError(StoreError, ValueError):
+    """The tool results given with a turn do not match its calls one to one.
+
+    Raised for a wrong count, a missing or unknown id, a result whose ``tool_call_id`` names
+    another call, or results keyed by id when the turn's ids are empty or repeated (then the
+    link is ambiguous: give a list in call order instead).
+    """
+
+
+class IdempotencyMismatchError(StoreError):
+    """A turn was committed again under the same response id / idempotency key, but it is not
+    the same turn (its assistant message differs from the stored one)."""
+
+
+class UnsupportedValueError(StoreError, ValueError):
+    """A value cannot be stored byte-exact by this engine (PostgreSQL text cannot hold U+0000)."""
+
+
+class SchemaNotAtHeadError(StoreError):
+    """The database schema is not at the revision this version of fsm needs.
+
+    The message names the command that fixes it (``fsm db upgrade --db URL``), or says to
+    upgrade fsm when the database was migrated by a newer fsm (``unknown=True``).
+    """
+
+    def __init__(self, url: str, current: str | None, head: str, *, unknown: bool = False) -> None:
+        self.url = url
+        self.current = current
+        self.head = head
+        state = "has no fsm schema" if current is None else f"is at revision {current}"
+        if unknown:
+            fix = (
+                f"revision {current} is unknown to this fsm (a newer fsm upgraded the database): "
+                "upgrade fsm"
+            )
+        else:
+            fix = f"run: fsm db upgrade --db '{url}'  (or: alembic -x db='{url}' upgrade head)"
+        super().__init__(f"the database {url} {state}, but this fsm needs revision {head}; {fix}")
+
+
+class MigrationsNotFoundError(StoreError):
+    """The Alembic migration scripts are not where fsm looks for them (a broken install)."""
