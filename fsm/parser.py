@@ -41,8 +41,8 @@ from fsm.events import (
     _refusal_delta,
 )
 from fsm.sse import EventTooLargeError, SSEFramer
-from fsm.states import ToolCallState, fire
-from fsm.toolcall import ToolCall, is_json, loads_strict, repair_json
+from fsm.states import ToolCallState
+from fsm.toolcall import FLUSH_EVERY, ToolCall, is_json, loads_strict, repair_json
 
 __all__ = ["Anomaly", "Limits", "ParseResult", "StreamParser", "Turn"]
 
@@ -631,7 +631,10 @@ class StreamParser:
                                     ):
                                         total = call._nbytes + len(fragment)
                                         if total <= self._max_argument_bytes:
-                                            call._parts.append(fragment)
+                                            parts = call._parts
+                                            parts.append(fragment)
+                                            if len(parts) >= FLUSH_EVERY:
+                                                call._flush()
                                             call._nbytes = total
                                             self._events.append(
                                                 _arguments_delta(
@@ -819,10 +822,7 @@ class StreamParser:
             if call._nbytes + nbytes > self._max_argument_bytes:
                 self._over_limit(call)
                 return
-            if call.state is _OPENED:
-                fire(call, "accumulate")
-            call._parts.append(arguments)
-            call._nbytes += nbytes
+            call._append(arguments, nbytes)
             self._events.append(_arguments_delta(call.choice, call.ordinal, call.index, arguments))
 
     def _merge_header(
@@ -874,7 +874,7 @@ class StreamParser:
 
     def _over_limit(self, call: ToolCall) -> None:
         call.over_limit = "limit:max_argument_bytes"
-        call._parts = []
+        call._drop()
         self._anomaly(
             "limit_exceeded",
             f"choice {call.choice} call {call.ordinal}: arguments exceed "

@@ -9,7 +9,10 @@ import orjson
 
 from fsm.states import FINAL_STATES, ToolCallState, fire
 
-__all__ = ["ToolCall", "is_json", "repair_json"]
+__all__ = ["FLUSH_EVERY", "ToolCall", "is_json", "repair_json"]
+
+#: fragments kept apart before they are joined into one block (see ``ToolCall._parts``).
+FLUSH_EVERY = 128
 
 
 class ToolCall:
@@ -31,6 +34,7 @@ class ToolCall:
     """
 
     __slots__ = (
+        "_blocks",
         "_final_arguments",
         "_nbytes",
         "_parts",
@@ -64,7 +68,12 @@ class ToolCall:
         #: set when the call went past the argument-size limit: later fragments are dropped and
         #: the call ends ``aborted`` with the limit's name as reason.
         self.over_limit: str | None = None
+        # Fragments are kept in two levels so that memory stays close to the argument size
+        # whatever the fragment size: up to FLUSH_EVERY recent fragments in ``_parts``, joined
+        # into one string in ``_blocks`` when that many have come (O(fragment) amortised), and
+        # everything joined once when the call ends.
         self._parts: list[str] = []
+        self._blocks: list[str] = []
         self._nbytes = 0
         self._final_arguments: str | None = None
         self._raw_length = 0
@@ -81,14 +90,14 @@ class ToolCall:
         when ``repaired`` (so it always starts with :attr:`raw_arguments`)."""
         if self._final_arguments is not None:
             return self._final_arguments
-        return "".join(self._parts)
+        return "".join(self._blocks) + "".join(self._parts)
 
     @property
     def raw_arguments(self) -> str:
         """Exactly the argument fragments the provider sent, concatenated in arrival order."""
         if self._final_arguments is not None:
             return self._final_arguments[: self._raw_length]
-        return "".join(self._parts)
+        return "".join(self._blocks) + "".join(self._parts)
 
     @property
     def argument_bytes(self) -> int:
@@ -119,13 +128,25 @@ class ToolCall:
     def _append(self, fragment: str, nbytes: int) -> None:
         if self.state is ToolCallState.OPENED:
             fire(self, "accumulate")
-        self._parts.append(fragment)
+        parts = self._parts
+        parts.append(fragment)
+        if len(parts) >= FLUSH_EVERY:
+            self._flush()
         self._nbytes += nbytes
 
-    def _seal(self) -> str:
-        """Join the fragments once; drop the list (a final call keeps only its result)."""
-        raw = "".join(self._parts)
+    def _flush(self) -> None:
+        self._blocks.append("".join(self._parts))
         self._parts = []
+
+    def _drop(self) -> None:
+        """Forget every fragment (a call past its size limit keeps nothing)."""
+        self._parts = []
+        self._blocks = []
+
+    def _seal(self) -> str:
+        """Join the fragments once; drop the lists (a final call keeps only its result)."""
+        raw = "".join(self._blocks) + "".join(self._parts)
+        self._drop()
         self._final_arguments = raw
         self._raw_length = len(raw)
         return raw

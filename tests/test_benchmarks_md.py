@@ -1,0 +1,171 @@
+"""BENCHMARKS.md (written by ``python bench/peers.py --write``) has the expected shape.
+
+Only the format is checked: the sections, one correctness row per quirk stream and per corpus
+file, every correctness cell one of a few symbols, well-formed speed and memory cells. The
+figures themselves depend on the machine and are not checked.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import corpus_files, require_corpus
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS = REPO / "BENCHMARKS.md"
+LIBRARIES = ["fsm", "openai", "langchain", "litellm", "pydantic-ai", "openai-agents"]
+SYMBOLS = {"✓", "✗", "E", "n/a"}
+HEADINGS = [
+    "# Side by side with the peers",
+    "## Machine",
+    "## How to rerun",
+    "## Correctness",
+    "### Summary (right / total)",
+    "### Quirks",
+    "### Corpus",
+    "### Why each wrong cell is wrong",
+    "## Speed",
+    "### Recorded corpus",
+    "### Synthetic, growing arguments",
+    "### Synthetic, interleaved calls",
+    "## Memory",
+    "## Where fsm lost",
+]
+RATIO = r"\d+(\.\d+)?x \(\d+(\.\d+)? µs\)"
+CAPPED = r"> cap( \(est\.\))?"
+FSM_TIME = r"\d+(\.\d+)? µs"
+EXPONENT = r"(-?\d+\.\d\d \([^)]*\)|-)"
+
+
+def _quirks() -> ModuleType:
+    """bench/_peers/quirks.py, loaded from its file (it needs nothing but the stdlib)."""
+    path = REPO / "bench" / "_peers" / "quirks.py"
+    spec = importlib.util.spec_from_file_location("_bench_quirks", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def text() -> str:
+    assert BENCHMARKS.is_file(), "BENCHMARKS.md is missing: run python bench/peers.py --write"
+    return BENCHMARKS.read_text(encoding="utf-8")
+
+
+def table_after(text: str, heading: str) -> tuple[list[str], list[list[str]]]:
+    """The first Markdown table after ``heading``: (header cells, body rows)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    i = start + 1
+    while i < len(lines) and not lines[i].startswith("|"):
+        assert not lines[i].startswith("#"), f"no table under {heading!r}"
+        i += 1
+    rows = []
+    while i < len(lines) and lines[i].startswith("|"):
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", lines[i].strip())[1:-1]]
+        rows.append(cells)
+        i += 1
+    assert len(rows) >= 2, f"no table under {heading!r}"
+    head, rule, *body = rows
+    assert all(set(c) <= {"-", " ", ":"} for c in rule), f"bad rule line under {heading!r}"
+    for row in body:
+        assert len(row) == len(head), f"row {row} under {heading!r} has the wrong width"
+    return head, body
+
+
+def test_headings_in_order(text: str) -> None:
+    positions = []
+    for heading in HEADINGS:
+        match = re.search(rf"^{re.escape(heading)}", text, re.MULTILINE)
+        assert match is not None, f"missing heading {heading!r}"
+        positions.append(match.start())
+    assert positions == sorted(positions)
+
+
+def test_machine_and_rerun(text: str) -> None:
+    assert re.search(r"^- CPU: .+, \d+ cores$", text, re.MULTILINE)
+    assert re.search(r"^- Python: ", text, re.MULTILINE)
+    assert "python bench/peers.py --write" in text
+    for dist in ("openai", "langchain-core", "litellm", "pydantic-ai-slim", "openai-agents"):
+        assert re.search(rf"{re.escape(dist)} \S+", text), f"no version for {dist}"
+
+
+def test_quirk_rows(text: str) -> None:
+    head, body = table_after(text, "### Quirks")
+    assert head == ["quirk", *LIBRARIES, "what the stream does"]
+    keys = [row[0].strip("`") for row in body]
+    assert keys == [q.key for q in _quirks().QUIRKS]
+    for row in body:
+        assert set(row[1:-1]) <= SYMBOLS, row
+
+
+def test_corpus_rows(text: str) -> None:
+    require_corpus()
+    head, body = table_after(text, "### Corpus")
+    assert head == ["corpus file", *LIBRARIES]
+    assert [row[0].strip("`") for row in body] == corpus_files()
+    for row in body:
+        assert set(row[1:]) <= SYMBOLS, row
+
+
+def test_summary_counts_rows(text: str) -> None:
+    head, body = table_after(text, "### Summary (right / total)")
+    assert head == ["streams", *LIBRARIES]
+    assert [row[0] for row in body] == ["quirks", "corpus", "**all**"]
+    n_quirks = len(_quirks().QUIRKS)
+    for row, total in zip(body[:2], (n_quirks, None), strict=True):
+        for cell in row[1:]:
+            right, of = (int(x) for x in cell.split("/"))
+            assert 0 <= right <= of
+            if total is not None:
+                assert of == total
+    for cell in body[2][1:]:
+        assert re.fullmatch(r"\*\*\d+/\d+\*\*", cell), cell
+
+
+def test_wrong_cells_are_explained(text: str) -> None:
+    _, quirks = table_after(text, "### Quirks")
+    _, corpus = table_after(text, "### Corpus")
+    wrong = sum(cell in {"✗", "E"} for row in quirks for cell in row[1:-1]) + sum(
+        cell in {"✗", "E"} for row in corpus for cell in row[1:]
+    )
+    section = text.split("### Why each wrong cell is wrong", 1)[1].split("\n## ", 1)[0]
+    explained = [line for line in section.splitlines() if line.startswith("- `")]
+    assert len(explained) == wrong
+
+
+@pytest.mark.parametrize(
+    "heading",
+    ["### Recorded corpus", "### Synthetic, growing arguments", "### Synthetic, interleaved"],
+)
+def test_speed_tables(text: str, heading: str) -> None:
+    head, body = table_after(text, heading)
+    assert head[0] in {"workload", "arguments", "calls"} and head[1] == "chunks"
+    assert head[2:] == LIBRARIES
+    for row in body:
+        if row[0].startswith("growth exponent"):
+            assert all(re.fullmatch(EXPONENT, c) for c in row[2:]), row
+            continue
+        assert row[1].isdigit(), row
+        assert re.fullmatch(f"{FSM_TIME}|{CAPPED}", row[2]), row
+        for cell in row[3:]:
+            assert re.fullmatch(f"{RATIO}|{CAPPED}", cell), row
+    if heading != "### Recorded corpus":
+        assert body[-1][0].startswith("growth exponent")
+
+
+def test_memory_table(text: str) -> None:
+    head, body = table_after(text, "## Memory")
+    assert head[:3] == ["library", head[1], "vs fsm"] and head[1].startswith("peak, ")
+    assert [row[0] for row in body] == LIBRARIES
+    for row in body:
+        assert re.match(r"(\d+\.\d MiB|> cap)", row[1]), row
+        assert re.fullmatch(r"\d+\.\dx|-", row[2]), row
