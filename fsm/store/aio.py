@@ -1,0 +1,337 @@
+"""``AsyncConversationStore``: the conversation store for asyncio code.
+
+The same API and the same semantics as :class:`~fsm.store.ConversationStore` (every method is
+awaited), on SQLAlchemy's asyncio engine: ``aiosqlite`` for SQLite, psycopg 3's async driver for
+PostgreSQL (``postgresql+psycopg://`` selects it by itself). Nothing is copied from the sync
+store: validation runs before any I/O through the shared :class:`~fsm.store.store.StoreCore`,
+and every transaction body is the sync store's own function, run on the async connection with
+:meth:`AsyncConnection.run_sync <sqlalchemy.ext.asyncio.AsyncConnection.run_sync>`. Idempotency,
+``expected_seq`` conflicts, locking (``BEGIN IMMEDIATE`` on SQLite, the conversation row's
+``FOR UPDATE`` lock on PostgreSQL) and the database's own constraints are therefore the same.
+
+.. code-block:: python
+
+    from fsm.store.aio import AsyncConversationStore
+
+    async with AsyncConversationStore("sqlite:///chat.db") as store:
+        cid = await store.create_conversation()
+        await store.append(cid, [{"role": "user", "content": "Weather in Paris?"}])
+        if turn.complete:
+            await store.commit_turn(cid, turn, ["18 C, sunny"])
+        else:
+            await store.record_attempt(cid, turn)
+        messages = await store.history(cid)
+
+URLs: ``sqlite:///path.db`` (or ``sqlite+aiosqlite:///path.db``) and
+``postgresql+psycopg://user@host/db`` (or ``postgresql://``). Needs ``aiosqlite`` for SQLite and
+``greenlet`` (SQLAlchemy's asyncio layer).
+
+The schema check (and the embedded default's auto-upgrade) happens on first use, or on
+``async with``; Alembic itself is synchronous, so that one-time check runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import pool
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import create_async_engine as sa_create_async_engine
+
+from fsm.parser import Anomaly, ParseResult, Turn
+from fsm.store.engine import (
+    BUSY_TIMEOUT_SECONDS,
+    WRITE,
+    _configure_postgres,
+    _configure_sqlite,
+    create_engine,
+    display_url,
+    normalize_url,
+)
+from fsm.store.errors import ConversationExistsError
+from fsm.store.migrate import ensure_at_head
+from fsm.store.store import READ_SNAPSHOT, CommittedTurn, Results, StoreCore
+
+__all__ = ["AsyncConversationStore", "async_url", "create_async_engine", "sync_url"]
+
+_ASYNC_SQLITE = "sqlite+aiosqlite"
+_SYNC_POSTGRES = "postgresql+psycopg"
+
+
+def async_url(url: str | URL | None) -> URL:
+    """The asyncio form of a store URL (``None``: the default database): SQLite goes through
+    ``aiosqlite``; ``postgresql+psycopg`` stays as it is (SQLAlchemy picks psycopg's async
+    driver for an async engine)."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return parsed.set(drivername=_ASYNC_SQLITE)
+    if parsed.drivername == "postgresql+psycopg_async":
+        return parsed.set(drivername=_SYNC_POSTGRES)
+    return parsed
+
+
+def sync_url(url: str | URL | None) -> URL:
+    """The synchronous form of a store URL (for migrations and the sync store)."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return parsed.set(drivername="sqlite")
+    if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() in (
+        "psycopg_async",
+        "asyncpg",
+    ):
+        return parsed.set(drivername=_SYNC_POSTGRES)
+    return parsed
+
+
+def create_async_engine(
+    url: str | URL | None = None,
+    *,
+    busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+    **kwargs: Any,
+) -> AsyncEngine:
+    """An asyncio engine configured like :func:`fsm.store.engine.create_engine`.
+
+    SQLite (``aiosqlite``): foreign keys on, WAL, ``synchronous=NORMAL``, the busy timeout, and
+    transactions begun by fsm (``BEGIN IMMEDIATE`` for writes). PostgreSQL (psycopg):
+    ``plan_cache_mode = force_custom_plan``. Extra keyword arguments go to SQLAlchemy's
+    :func:`~sqlalchemy.ext.asyncio.create_async_engine`.
+    """
+    parsed = async_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database
+        if database and database != ":memory:" and not database.startswith("file:"):
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        connect_args = dict(kwargs.pop("connect_args", {}))
+        connect_args.setdefault("timeout", busy_timeout)
+        engine = sa_create_async_engine(parsed, connect_args=connect_args, **kwargs)
+        _configure_sqlite(engine.sync_engine, foreign_keys=True, busy_timeout=busy_timeout)
+        return engine
+    engine = sa_create_async_engine(parsed, **kwargs)
+    if parsed.get_backend_name() == "postgresql" and engine.dialect.driver == "psycopg":
+        _configure_postgres(engine.sync_engine)
+    return engine
+
+
+class AsyncConversationStore:
+    """Conversation history in SQLite or PostgreSQL, valid by construction, for asyncio.
+
+    The asyncio twin of :class:`~fsm.store.ConversationStore`: the same arguments, methods,
+    errors and guarantees, each method a coroutine. Several tasks may use one store at once
+    (each operation takes its own pooled connection); writers of one conversation queue on its
+    lock exactly as with the sync store, and ``expected_seq`` conflicts raise
+    :class:`~fsm.store.errors.ConflictError`.
+
+    Args:
+        url: a SQLAlchemy URL; ``None`` means the embedded default (``$FSM_DB_URL``, else the
+            SQLite file ``$FSM_DB``, else ``./fsm.db``).
+        auto_upgrade: migrate the schema to the current revision on first use. The default
+            (``None``) does so only for the embedded default database; any other database not at
+            the current revision raises :class:`~fsm.store.errors.SchemaNotAtHeadError`.
+        busy_timeout: SQLite only: seconds a write waits for another writer before raising
+            :class:`~fsm.store.errors.StoreBusyError` (the wait happens in aiosqlite's thread,
+            never blocking the event loop).
+
+    Use it with ``async with`` (which checks the schema at once), or call :meth:`close` when
+    done. Cancelling a task in the middle of a write rolls that write back: nothing is half
+    written.
+    """
+
+    def __init__(
+        self,
+        url: str | URL | None = None,
+        *,
+        auto_upgrade: bool | None = None,
+        busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+    ) -> None:
+        self._url = sync_url(url)
+        self._engine = create_async_engine(self._url, busy_timeout=busy_timeout)
+        self._writer = self._engine.execution_options(**{WRITE: True})
+        dialect = self._engine.dialect.name
+        self._core = StoreCore(self._url, postgres=dialect == "postgresql")
+        self._auto_upgrade = (
+            url is None and dialect == "sqlite" if auto_upgrade is None else auto_upgrade
+        )
+        self._busy_timeout = busy_timeout
+        self._ready = False
+        self._ready_lock = asyncio.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def engine(self) -> AsyncEngine:
+        """The SQLAlchemy asyncio engine (for inspection and raw SQL in tests)."""
+        return self._engine
+
+    @property
+    def url(self) -> str:
+        """The database URL, password masked."""
+        return display_url(self._url)
+
+    async def open(self) -> AsyncConversationStore:
+        """Check (or, with ``auto_upgrade``, bring) the schema at the current revision.
+
+        Called by ``async with`` and, once, by the first operation; raises
+        :class:`~fsm.store.errors.SchemaNotAtHeadError` naming the command to run.
+        """
+        if self._ready:
+            return self
+        async with self._ready_lock:
+            if not self._ready:
+                await asyncio.to_thread(self._check_schema)
+                self._ready = True
+        return self
+
+    def _check_schema(self) -> None:
+        engine = create_engine(self._url, busy_timeout=self._busy_timeout, poolclass=pool.NullPool)
+        try:
+            ensure_at_head(engine, auto_upgrade=self._auto_upgrade)
+        finally:
+            engine.dispose()
+
+    async def close(self) -> None:
+        """Release the store's connections."""
+        await self._engine.dispose()
+
+    async def __aenter__(self) -> AsyncConversationStore:
+        try:
+            return await self.open()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncConversationStore({self.url!r})"
+
+    # -- conversations -----------------------------------------------------------------------
+    async def create_conversation(
+        self,
+        conversation_id: str | None = None,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        exist_ok: bool = False,
+    ) -> str:
+        """Create a conversation and return its id (see
+        :meth:`ConversationStore.create_conversation <fsm.store.ConversationStore.create_conversation>`)."""
+        row = self._core.conversation_row(conversation_id, metadata)
+        await self.open()
+        try:
+            with self._core.translate():
+                async with self._writer.begin() as conn:
+                    await conn.run_sync(self._core.insert_conversation, row)
+        except sa_exc.IntegrityError as exc:
+            if exist_ok:
+                return str(row["id"])
+            raise ConversationExistsError(row["id"]) from exc
+        return str(row["id"])
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        """Delete a conversation with all its messages, calls and attempts; whether it existed."""
+        await self.open()
+        with self._core.translate():
+            async with self._writer.begin() as conn:
+                return await conn.run_sync(self._core.delete_conversation, conversation_id)
+
+    async def next_seq(self, conversation_id: str) -> int:
+        """The seq the next message of the conversation will get (its number of messages)."""
+        await self.open()
+        async with self._engine.connect() as conn:
+            return await conn.run_sync(self._core.next_seq, conversation_id)
+
+    # -- writes ------------------------------------------------------------------------------
+    async def append(
+        self,
+        conversation_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        expected_seq: int | None = None,
+    ) -> int:
+        """Append plain messages; returns the next seq (see
+        :meth:`ConversationStore.append <fsm.store.ConversationStore.append>`)."""
+        rows = self._core.plain_rows(messages)
+        await self.open()
+        with self._core.translate():
+            async with self._writer.begin() as conn:
+                return await conn.run_sync(self._core.append, conversation_id, rows, expected_seq)
+
+    async def commit_turn(
+        self,
+        conversation_id: str,
+        turn: Turn | ParseResult,
+        results: Results | None = None,
+        *,
+        expected_seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> CommittedTurn:
+        """Commit a complete turn and its tool results in one transaction (see
+        :meth:`ConversationStore.commit_turn <fsm.store.ConversationStore.commit_turn>`:
+        incomplete turns raise :class:`~fsm.errors.IncompleteTurnError`, retries are
+        idempotent, a stale ``expected_seq`` raises :class:`~fsm.store.errors.ConflictError`)."""
+        plan = self._core.plan_turn(turn, results)
+        await self.open()
+        with self._core.translate():
+            async with self._writer.begin() as conn:
+                return await conn.run_sync(
+                    self._core.commit_turn, conversation_id, plan, expected_seq, idempotency_key
+                )
+
+    async def record_attempt(
+        self,
+        conversation_id: str,
+        attempt: Turn | ParseResult,
+        *,
+        anomalies: Sequence[Anomaly] = (),
+    ) -> list[int]:
+        """Record a turn that did not (or must not) go to history, for audit; the new attempt
+        ids (see :meth:`ConversationStore.record_attempt
+        <fsm.store.ConversationStore.record_attempt>`)."""
+        plan = self._core.plan_attempt(attempt, anomalies)
+        await self.open()
+        with self._core.translate():
+            async with self._writer.begin() as conn:
+                return await conn.run_sync(self._core.record_attempt, conversation_id, plan)
+
+    # -- reads -------------------------------------------------------------------------------
+    async def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = None,
+        include_reasoning: bool = False,
+    ) -> list[dict[str, Any]]:
+        """The conversation as an OpenAI ``messages`` list, ready to send (see
+        :meth:`ConversationStore.history <fsm.store.ConversationStore.history>`)."""
+        self._core.check_last(last)
+        await self.open()
+        async with self._reader() as conn:
+            return await conn.run_sync(self._core.history, conversation_id, last, include_reasoning)
+
+    async def attempts(self, conversation_id: str) -> list[dict[str, Any]]:
+        """The recorded attempts of a conversation, oldest first (see
+        :meth:`ConversationStore.attempts <fsm.store.ConversationStore.attempts>`)."""
+        await self.open()
+        async with self._reader() as conn:
+            return await conn.run_sync(self._core.attempts, conversation_id)
+
+    # -- internals ---------------------------------------------------------------------------
+    @asynccontextmanager
+    async def _reader(self) -> AsyncIterator[AsyncConnection]:
+        """A read transaction with one snapshot for all its statements."""
+        async with self._engine.connect() as conn:
+            if self._core.postgres:
+                conn = await conn.execution_options(isolation_level=READ_SNAPSHOT)
+            async with conn.begin():
+                yield conn

@@ -1,0 +1,367 @@
+"""AsyncConversationStore: the sync store's behaviour, awaited, on SQLite (aiosqlite) and
+PostgreSQL (psycopg async): commits, idempotent retries, conflicts, attempts, the corpus
+round-trip, deletion, and several tasks committing to one conversation at once."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+import pytest
+import sqlalchemy as sa
+
+from fsm.api import parse_file
+from fsm.errors import IncompleteTurnError
+from fsm.store import (
+    ConflictError,
+    ConversationExistsError,
+    ConversationNotFoundError,
+    ConversationStore,
+    IdempotencyMismatchError,
+    InvalidMessageError,
+    ResultsError,
+    SchemaNotAtHeadError,
+    StoreBusyError,
+)
+from fsm.store.aio import AsyncConversationStore, async_url, sync_url
+from tests.conftest import CORPUS, corpus_expected, require_corpus
+from tests.store.conftest import assert_blocks_whole, assert_openai_accepts, make_turn
+
+T = TypeVar("T")
+
+TWO_CALLS = [("call_a", "add", '{"a": 2, "b": 3}'), ("call_m", "multiply", '{"a": 2, "b": 3}')]
+USER = {"role": "user", "content": "What is 2+3 and 2*3?"}
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run one test body on a fresh event loop, bounded in time."""
+
+    async def bounded() -> T:
+        async with asyncio.timeout(60):
+            return await coro
+
+    return asyncio.run(bounded())
+
+
+@pytest.fixture
+def url(db_url: sa.URL) -> str:
+    return db_url.render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def sync_store(db_url: sa.URL) -> Iterator[ConversationStore]:
+    """The sync store on the same database: what the async store wrote, read the other way."""
+    with ConversationStore(db_url) as opened:
+        yield opened
+
+
+def test_urls() -> None:
+    assert async_url("sqlite:///a.db").drivername == "sqlite+aiosqlite"
+    assert sync_url("sqlite+aiosqlite:///a.db").drivername == "sqlite"
+    assert async_url("postgresql://u@h/d").drivername == "postgresql+psycopg"
+    assert sync_url("postgresql+psycopg_async://u@h/d").drivername == "postgresql+psycopg"
+
+
+def test_commit_turn_and_history(url: str, sync_store: ConversationStore) -> None:
+    async def body() -> None:
+        async with AsyncConversationStore(url) as store:
+            conv = await store.create_conversation("conv-1")
+            assert await store.append(conv, [USER]) == 1
+            turn = make_turn(TWO_CALLS, content="Let me compute.")
+            committed = await store.commit_turn(
+                conv, turn, ["5", {"content": "6", "tool_call_id": "call_m"}]
+            )
+            assert committed.created and committed.seq == 1 and committed.next_seq == 4
+            history = await store.history(conv)
+            assert history == [USER, *committed.messages]
+            assert history[1] == turn.to_message()
+            assert await store.next_seq(conv) == 4
+            assert await store.history(conv, last=2) == []  # would split the block: none
+            assert await store.history(conv, last=3) == committed.messages
+            final = make_turn([], content="5 and 6.", finish_reason="stop", response_id="r2")
+            await store.commit_turn(conv, final)
+            assert_blocks_whole(await store.history(conv))
+            assert_openai_accepts(await store.history(conv))
+
+    run(body())
+    # the sync store reads exactly what the async one wrote
+    history = sync_store.history("conv-1")
+    assert len(history) == 5 and history[2:4] == [
+        {"role": "tool", "tool_call_id": "call_a", "content": "5"},
+        {"role": "tool", "tool_call_id": "call_m", "content": "6"},
+    ]
+
+
+def test_idempotent_retry(url: str) -> None:
+    async def body() -> None:
+        async with AsyncConversationStore(url) as store:
+            conv = await store.create_conversation()
+            await store.append(conv, [USER])
+            turn = make_turn(TWO_CALLS)
+            first = await store.commit_turn(conv, turn, ["5", "6"])
+            again = await store.commit_turn(conv, turn, ["other", "results"], expected_seq=1)
+            assert first.created and not again.created
+            assert again.messages == first.messages  # the stored results win
+            assert len(await store.history(conv)) == 4
+            keyed = make_turn([("c", "f", "{}")], response_id=None)
+            await store.commit_turn(conv, keyed, ["x"], idempotency_key="k1")
+            assert not (await store.commit_turn(conv, keyed, ["x"], idempotency_key="k1")).created
+            other = make_turn([("d", "g", "{}")], response_id=None)
+            with pytest.raises(IdempotencyMismatchError):
+                await store.commit_turn(conv, other, ["y"], idempotency_key="k1")
+            assert len(await store.history(conv)) == 6
+
+    run(body())
+
+
+def test_stale_expected_seq_is_a_conflict(url: str, sync_store: ConversationStore) -> None:
+    async def body() -> None:
+        async with AsyncConversationStore(url) as store:
+            conv = await store.create_conversation("c")
+            seq = await store.next_seq(conv)
+            sync_store.append(conv, [USER])  # another writer goes first
+            with pytest.raises(ConflictError) as caught:
+                await store.commit_turn(conv, make_turn(TWO_CALLS), ["5", "6"], expected_seq=seq)
+            assert caught.value.retryable
+            assert (caught.value.expected_seq, caught.value.actual_seq) == (0, 1)
+            with pytest.raises(ConflictError):
+                await store.append(conv, [USER], expected_seq=0)
+            assert await store.history(conv) == [USER]
+            await store.commit_turn(conv, make_turn(TWO_CALLS), ["5", "6"], expected_seq=1)
+            assert len(await store.history(conv)) == 4
+
+    run(body())
+
+
+def test_incomplete_turn_becomes_an_attempt(url: str) -> None:
+    async def body() -> None:
+        async with AsyncConversationStore(url) as store:
+            conv = await store.create_conversation()
+            await store.append(conv, [USER])
+            cut = make_turn(TWO_CALLS, finish_reason="length")
+            with pytest.raises(IncompleteTurnError):
+                await store.commit_turn(conv, cut, ["5", "6"])
+            with pytest.raises(ResultsError):
+                await store.commit_turn(conv, make_turn(TWO_CALLS), ["5"])
+            with pytest.raises(InvalidMessageError):
+                await store.append(conv, [{"role": "tool", "content": "x", "tool_call_id": "a"}])
+            (attempt_id,) = await store.record_attempt(conv, cut)
+            (attempt,) = await store.attempts(conv)
+            assert attempt["id"] == attempt_id and attempt["at_seq"] == 1
+            assert attempt["finish_reason"] == "length" and not attempt["complete"]
+            assert [(c["name"], c["state"], c["reason"]) for c in attempt["tool_calls"]] == [
+                ("add", "truncated", "length"),
+                ("multiply", "truncated", "length"),
+            ]
+            assert await store.history(conv) == [USER]
+
+    run(body())
+
+
+def test_conversation_lifecycle(url: str, sync_store: ConversationStore) -> None:
+    async def body() -> None:
+        async with AsyncConversationStore(url) as store:
+            conv = await store.create_conversation("life", metadata={"user": "u1"})
+            with pytest.raises(ConversationExistsError):
+                await store.create_conversation("life")
+            assert await store.create_conversation("life", exist_ok=True) == "life"
+            await store.append(conv, [USER])
+            await store.commit_turn(conv, make_turn(TWO_CALLS), ["5", "6"])
+            await store.record_attempt(conv, make_turn(TWO_CALLS, finish_reason="length"))
+            assert await store.delete_conversation(conv)
+            assert not await store.delete_conversation(conv)
+            for read in (store.history, store.attempts, store.next_seq):
+                with pytest.raises(ConversationNotFoundError):
+                    await read(conv)
+            with pytest.raises(ConversationNotFoundError):
+                await store.append(conv, [USER])
+
+    run(body())
+    with sync_store.engine.connect() as conn:
+        for table in ("conversations", "messages", "tool_calls", "attempts", "attempt_calls"):
+            assert conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar() == 0
+
+
+def test_history_round_trips_every_complete_corpus_turn(url: str) -> None:
+    require_corpus()
+    expected = corpus_expected()
+
+    async def body() -> None:
+        async with AsyncConversationStore(url) as store:
+            conv = await store.create_conversation("corpus")
+            written: list[dict[str, Any]] = []
+            committed = attempted = 0
+            for name in sorted(expected):
+                result = parse_file(CORPUS / name)
+                question = {"role": "user", "content": f"replay {name}"}
+                await store.append(conv, [question])
+                written.append(question)
+                for turn in result.turns:
+                    results = [f"{c.name} #{p}" for p, c in enumerate(turn.tool_calls)]
+                    if not turn.complete:
+                        await store.record_attempt(conv, turn)
+                        attempted += 1
+                        continue
+                    stored = await store.commit_turn(conv, turn, results)
+                    assert stored.messages[0] == turn.to_message(), name
+                    written.extend(stored.messages)
+                    committed += 1
+            assert committed >= 40 and attempted >= 1
+            history = await store.history(conv)
+            assert history == written
+            assert len(await store.attempts(conv)) == attempted
+            assert_blocks_whole(history)
+
+    run(body())
+
+
+def test_a_database_not_at_head_is_an_error(empty_url: sa.URL) -> None:
+    async def body() -> None:
+        store = AsyncConversationStore(empty_url)
+        try:
+            with pytest.raises(SchemaNotAtHeadError, match="fsm db upgrade"):
+                await store.create_conversation()
+        finally:
+            await store.close()
+        async with AsyncConversationStore(empty_url, auto_upgrade=True) as upgraded:
+            conv = await upgraded.create_conversation()
+            assert await upgraded.history(conv) == []
+
+    run(body())
+
+
+# -- concurrency ---------------------------------------------------------------------------------
+TASKS = 6
+TURNS = 5
+
+
+async def _writer(
+    store: AsyncConversationStore, conv: str, task: int, optimistic: bool, start: asyncio.Event
+) -> int:
+    conflicts = 0
+    await start.wait()
+    for i in range(TURNS):
+        calls = [(f"p{task}t{i}c{k}", f"tool{k}", f'{{"p": {task}, "t": {i}}}') for k in range(2)]
+        turn = make_turn(calls, response_id=f"p{task}-t{i}")
+        results = [f"p{task}t{i}r{k}" for k in range(2)]
+        if optimistic:
+            while True:
+                seq = await store.next_seq(conv)
+                try:
+                    await store.commit_turn(conv, turn, results, expected_seq=seq)
+                    break
+                except ConflictError:
+                    conflicts += 1
+                    await asyncio.sleep(0)
+        else:
+            await store.commit_turn(conv, turn, results)
+        # a retry after a lost acknowledgement: must write nothing
+        assert not (await store.commit_turn(conv, turn, results)).created
+        await store.append(conv, [{"role": "user", "content": f"p{task} after t{i}"}])
+    return conflicts
+
+
+@pytest.mark.parametrize("optimistic", [False, True], ids=["locking", "expected_seq"])
+def test_concurrent_tasks(url: str, sync_store: ConversationStore, optimistic: bool) -> None:
+    async def body() -> list[int]:
+        async with AsyncConversationStore(url) as store:
+            conv = await store.create_conversation("shared")
+            start = asyncio.Event()
+            tasks = [
+                asyncio.create_task(_writer(store, conv, t, optimistic, start))
+                for t in range(TASKS)
+            ]
+            await asyncio.sleep(0)
+            start.set()
+            return await asyncio.gather(*tasks)
+
+    conflicts = run(body())
+    assert len(conflicts) == TASKS
+    if optimistic:
+        assert sum(conflicts) > 0  # the tasks really raced: stale writers were turned away
+    history = sync_store.history("shared")
+    assert len(history) == TASKS * TURNS * 4
+    assert_blocks_whole(history)
+    with sync_store.engine.connect() as conn:
+        seqs = [
+            row[0]
+            for row in conn.execute(
+                sa.text("SELECT seq FROM messages WHERE conversation_id = 'shared' ORDER BY seq")
+            )
+        ]
+    assert seqs == list(range(len(history)))  # dense, no gaps, no duplicates
+    seen: dict[int, list[int]] = {t: [] for t in range(TASKS)}
+    for at, message in enumerate(history):
+        calls = message.get("tool_calls")
+        if not calls:
+            continue
+        match = re.fullmatch(r"p(\d+)t(\d+)c0", calls[0]["id"])
+        assert match is not None
+        task, turn = int(match[1]), int(match[2])
+        seen[task].append(turn)
+        assert [m["content"] for m in history[at + 1 : at + 3]] == [
+            f"p{task}t{turn}r{k}" for k in range(2)
+        ]
+    assert seen == {t: list(range(TURNS)) for t in range(TASKS)}
+
+
+def test_cancelled_write_leaves_nothing(url: str) -> None:
+    """A task cancelled while its commit waits for the lock writes nothing, and the store stays
+    usable."""
+
+    async def body() -> None:
+        async with AsyncConversationStore(url) as store:
+            conv = await store.create_conversation()
+            await store.append(conv, [USER])
+            tasks = [
+                asyncio.create_task(
+                    store.commit_turn(conv, make_turn(TWO_CALLS, response_id=f"r{i}"), ["5", "6"])
+                )
+                for i in range(4)
+            ]
+            await asyncio.sleep(0)
+            tasks[-1].cancel()
+            done = await asyncio.gather(*tasks, return_exceptions=True)
+            history = await store.history(conv)
+            committed = [d for d in done if not isinstance(d, BaseException)]
+            assert len(history) == 1 + 3 * len(committed)
+            assert_blocks_whole(history)
+
+    run(body())
+
+
+def test_a_writer_that_waits_too_long_gets_a_retryable_busy_error(db_url: sa.URL) -> None:
+    """SQLite: the wait happens in aiosqlite's thread, then the same typed error as the sync
+    store's (PostgreSQL writers wait on a row lock instead)."""
+    if db_url.get_backend_name() != "sqlite":
+        pytest.skip("SQLite's database-wide write lock; PostgreSQL writers wait on a row lock")
+    blocker = sa.create_engine(db_url, poolclass=sa.pool.NullPool)
+
+    async def body() -> None:
+        async with AsyncConversationStore(db_url, busy_timeout=0.2) as store:
+            cid = await store.create_conversation()
+            with blocker.connect() as conn:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+                ticks = 0
+
+                async def tick() -> None:
+                    nonlocal ticks
+                    while True:
+                        await asyncio.sleep(0.01)
+                        ticks += 1
+
+                ticker = asyncio.create_task(tick())
+                with pytest.raises(StoreBusyError) as caught:
+                    await store.append(cid, [USER])
+                ticker.cancel()
+                assert caught.value.retryable
+                assert ticks >= 5  # the event loop kept running while the writer waited
+                conn.rollback()
+            assert await store.append(cid, [USER]) == 1
+
+    try:
+        run(body())
+    finally:
+        blocker.dispose()
