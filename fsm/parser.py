@@ -46,6 +46,9 @@ from fsm.toolcall import FLUSH_EVERY, ToolCall, is_json, loads_strict, repair_js
 
 __all__ = ["Anomaly", "Limits", "ParseResult", "StreamParser", "Turn"]
 
+#: receive_data() hands bigger buffers to the framer in pieces of this size.
+_WINDOW: Final = 64 * 1024
+
 _OPENED: Final = ToolCallState.OPENED
 _ACCUMULATING: Final = ToolCallState.ACCUMULATING
 
@@ -395,6 +398,17 @@ class StreamParser:
             # after an oversized event nothing more is framed: the rest is ignored silently, as
             # the same bytes would have been had they come in the same read
             return self._take()
+        if len(data) > _WINDOW:
+            # Big buffers go through in windows: the framer's lists stay small and warm.
+            events: list[Event] = []
+            view = memoryview(data)
+            try:
+                for start in range(0, len(data), _WINDOW):
+                    events.extend(self.receive_data(view[start : start + _WINDOW]))
+            except RemoteProtocolError as exc:
+                exc.events[:0] = events
+                raise
+            return events
         too_large: EventTooLargeError | None = None
         try:
             frames = self._framer.feed(bytes(data))
