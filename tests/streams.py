@@ -62,3 +62,19 @@ def sse(*chunks: dict[str, Any] | str, done: bool = True) -> bytes:
     if done:
         out.append("data: [DONE]\n\n")
     return "".join(out).encode()
+
+
+def strict_json(text: str) -> bool:
+    """The tests' own oracle (independent of fsm.toolcall.is_json): RFC 8259 JSON (no
+    NaN/Infinity), or empty / JSON whitespace only."""
+    if not text.strip(" \t\r\n"):
+        return True
+
+    def reject(constant: str) -> Any:
+        raise ValueError(constant)
+
+    try:
+        json.loads(text, parse_constant=reject)
+    except (ValueError, RecursionError):
+        return False
+    return True

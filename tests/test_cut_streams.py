@@ -50,6 +50,7 @@ from fsm import (
     TurnEnded,
 )
 from fsm.parser import ParseResult
+from tests.streams import strict_json
 
 try:
     from tests.conftest import CORPUS, corpus_files, corpus_params, require_corpus
@@ -201,21 +202,6 @@ def _fold(
         new.reason = _error_message(chunk["error"])
         turning.append(end)
     return new
-
-
-def strict_json(text: str) -> bool:
-    """RFC 8259 JSON (no NaN/Infinity), or empty / JSON whitespace only."""
-    if not text.strip(" \t\r\n"):
-        return True
-
-    def reject(constant: str) -> Any:
-        raise ValueError(constant)
-
-    try:
-        json.loads(text, parse_constant=reject)
-    except (ValueError, RecursionError):
-        return False
-    return True
 
 
 # -- offsets -----------------------------------------------------------------------------------

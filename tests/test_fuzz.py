@@ -41,6 +41,7 @@ from fsm import (
     StreamParser,
     ToolCallState,
 )
+from tests.streams import strict_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -323,21 +324,6 @@ def cut(data: bytes, points: list[int]) -> list[bytes]:
 
 
 # -- checks ------------------------------------------------------------------------------------
-
-
-def strict_json(text: str) -> bool:
-    """RFC 8259 JSON (no NaN/Infinity), or empty / JSON whitespace only."""
-    if not text.strip(" \t\r\n"):
-        return True
-
-    def reject(constant: str) -> Any:
-        raise ValueError(constant)
-
-    try:
-        json.loads(text, parse_constant=reject)
-    except (ValueError, RecursionError):
-        return False
-    return True
 
 
 def expected_order(calls: list[Call]) -> list[Call]:

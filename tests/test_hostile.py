@@ -28,6 +28,7 @@ from fsm import (
     StreamParser,
     ToolCallState,
 )
+from tests.streams import strict_json
 
 try:
     from tests import hostile_catalog as catalog
@@ -64,21 +65,6 @@ def run_case(
     except RemoteProtocolError as exc:
         return parser, exc
     return parser, None
-
-
-def strict_json(text: str) -> bool:
-    """RFC 8259 JSON (no NaN/Infinity), or empty / JSON whitespace only."""
-    if not text.strip(" \t\r\n"):
-        return True
-
-    def reject(constant: str) -> Any:
-        raise ValueError(constant)
-
-    try:
-        json.loads(text, parse_constant=reject)
-    except (ValueError, RecursionError):
-        return False
-    return True
 
 
 def flat_calls(parser: StreamParser) -> list[dict[str, Any]]:
