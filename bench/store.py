@@ -1,45 +1,99 @@
 """Benchmark of the conversation store: commit throughput and history() of a long conversation.
 
-Measures, on SQLite (a file in a temporary directory) and on PostgreSQL (when ``--postgres URL``
+Measures, on SQLite (files in a temporary directory) and on PostgreSQL (when ``--postgres URL``
 or ``$FSM_TEST_POSTGRES_URL`` names a server; a throwaway schema is used and dropped):
 
-* commit throughput: turns per second for a turn of one assistant message with 3 tool calls and
-  their 3 results (each commit its own transaction, one writer);
-* ``history()`` of a 10,000-message conversation (median of several reads).
+* write: the time to commit a turn of one assistant message with 3 tool calls and their 3
+  results (each commit its own transaction, one writer; best of 3 passes), and turns per second;
+* read: ``history()`` of a 10,000-message conversation (median of several reads).
 
-If ``openai-agents`` is installed (``pip install openai-agents aiosqlite greenlet``), its
-``SQLAlchemySession`` is measured on the same work (the 7 items of a turn added with one
-``add_items`` call, and ``get_items()`` of a 10,000-item session) and the ratios are printed.
-Otherwise only fsm's figures are printed, and the script says so. The peer stores one JSON blob
-per item and checks nothing: the ratio is the price of an enforced, relational history.
+Side by side with two peers, when they are importable, on the same work:
+
+* openai-agents' ``SQLAlchemySession`` (``pip install openai-agents aiosqlite greenlet``): the 7
+  items of a turn (assistant message, 3 ``function_call``, 3 ``function_call_output``) added
+  with one ``add_items`` call; ``get_items()`` of a 10,000-item session;
+* LangChain's ``SQLChatMessageHistory`` (``pip install langchain-community``): a turn is one
+  ``AIMessage`` with 3 ``tool_calls`` and 3 ``ToolMessage`` with the matching ``tool_call_id``,
+  added with one ``add_messages`` call; ``.messages`` of a 10,000-message history.
+
+A peer that is not importable is skipped, and the script says why. Each peer gets its own
+SQLite file, and on PostgreSQL its own tables in the throwaway schema (LangChain's under a
+unique ``table_name``); on SQLite the peers' engines get fsm's settings (WAL,
+``synchronous=NORMAL``, foreign keys on), so the same durability is compared. Ratios are
+fsm's time over the peer's time: above 1, fsm is slower. Neither peer checks anything: each
+stores one JSON blob per item, and the script shows it storing a tool result whose call id
+points at nothing, which fsm refuses. The ratio is the price of an enforced, relational history.
 
 Usage::
 
     python bench/store.py [--turns 300] [--postgres postgresql+psycopg://postgres@localhost/test]
+    python bench/store.py --postgres URL --write-md   # also (re)writes "## Store" in BENCHMARKS.md
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
+import importlib.metadata
 import os
+import platform
+import re
+import sqlite3
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy import event
 
 from fsm import parse
 from fsm.parser import Turn
 from fsm.store import ConversationStore, upgrade
 from fsm.store.engine import normalize_url
+from fsm.store.errors import StoreError
 
 HISTORY_MESSAGES = 10_000
+READS = 5
+WRITE_PASSES = 3  # the write figure is the best pass (damps other load on the machine)
+RESULTS = ["sunny, 18 C", "rain, 11 C", "snow, -2 C"]
+BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+SECTION = "## Store"
+AGENTS = "openai-agents"
+LANGCHAIN = "langchain"
+PEERS = (AGENTS, LANGCHAIN)
+PEER_LABELS = {
+    AGENTS: "openai-agents `SQLAlchemySession`",
+    LANGCHAIN: "LangChain `SQLChatMessageHistory`",
+}
+
+
+class PeerUnavailable(Exception):
+    """The peer (or a driver it needs) cannot be imported; the message says why."""
+
+
+@dataclass
+class Figures:
+    write_s: float  # seconds per turn
+    read_s: float  # seconds for the 10,000-message read
+    orphan: str = ""  # what happened to a tool result whose call id points at nothing
+
+
+@dataclass
+class EngineRun:
+    engine: str
+    fsm: Figures
+    peers: dict[str, Figures | str] = field(default_factory=dict)  # a str: why it was skipped
+
+
+# -- fsm -------------------------------------------------------------------------------------
 
 
 def make_turn(n: int, response_id: str) -> Turn:
@@ -61,7 +115,7 @@ def make_turn(n: int, response_id: str) -> Turn:
     return parse(chunks).turn(0)
 
 
-def timed(fn: Callable[[], object], repeat: int = 5) -> float:
+def timed(fn: Callable[[], object], repeat: int = READS) -> float:
     samples = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -70,135 +124,422 @@ def timed(fn: Callable[[], object], repeat: int = 5) -> float:
     return statistics.median(samples)
 
 
-def bench_fsm(url: sa.URL, turns: int) -> dict[str, float]:
+def bench_fsm(url: sa.URL, turns: int) -> Figures:
     upgrade(url)
     with ConversationStore(url) as store:
-        conv = store.create_conversation()
-        prepared = [make_turn(3, f"r{i}") for i in range(turns)]
-        results = ["sunny, 18 C", "rain, 11 C", "snow, -2 C"]
-        start = time.perf_counter()
-        for turn in prepared:
-            store.commit_turn(conv, turn, results)
-        commit_rate = turns / (time.perf_counter() - start)
+        passes = []
+        for p in range(WRITE_PASSES):
+            conv = store.create_conversation()
+            prepared = [make_turn(3, f"p{p}r{i}") for i in range(turns)]
+            start = time.perf_counter()
+            for turn in prepared:
+                store.commit_turn(conv, turn, RESULTS)
+            passes.append((time.perf_counter() - start) / turns)
+        write_s = min(passes)
 
         long = store.create_conversation()
         block = 0
         while store.next_seq(long) < HISTORY_MESSAGES - 8:
             store.append(long, [{"role": "user", "content": f"question {i}"} for i in range(96)])
-            store.commit_turn(long, make_turn(3, f"h{block}"), results)
+            store.commit_turn(long, make_turn(3, f"h{block}"), RESULTS)
             block += 1
         rest = HISTORY_MESSAGES - store.next_seq(long)
         store.append(long, [{"role": "user", "content": "q"} for _ in range(rest)])
         assert len(store.history(long)) == HISTORY_MESSAGES
-        history_s = timed(lambda: store.history(long))
-    return {"commit_turns_per_s": commit_rate, "history_10k_s": history_s}
+        read_s = timed(lambda: store.history(long))
+
+        orphan = store.create_conversation()
+        try:
+            store.append(orphan, [{"role": "tool", "tool_call_id": "call_nowhere", "content": "x"}])
+            refused = "stored"
+        except StoreError as exc:
+            refused = f"refused ({type(exc).__name__})"
+    return Figures(write_s, read_s, refused)
 
 
-def bench_agents(url: str, turns: int) -> dict[str, float] | None:
-    """openai-agents' SQLAlchemySession on the same work, or None if it is not installed."""
+# -- peers -----------------------------------------------------------------------------------
+
+
+def _like_fsm_on_sqlite(engine: sa.Engine) -> None:
+    """Give a peer's SQLite engine fsm's per-connection settings (same durability)."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+        finally:
+            cursor.close()
+
+
+def bench_agents(url: str, turns: int) -> Figures:
+    """openai-agents' SQLAlchemySession on the same work."""
     try:
         from agents.extensions.memory.sqlalchemy_session import SQLAlchemySession
-    except ImportError:
-        return None
+        from sqlalchemy.ext.asyncio import create_async_engine
 
-    async def run() -> dict[str, float]:
-        session = SQLAlchemySession.from_url(uuid.uuid4().hex, url=url, create_tables=True)
-        items: list[Any] = [
+        engine = create_async_engine(url)
+    except ImportError as exc:
+        raise PeerUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    if engine.dialect.name == "sqlite":
+        _like_fsm_on_sqlite(engine.sync_engine)
+
+    def session() -> Any:
+        return SQLAlchemySession(uuid.uuid4().hex, engine=engine, create_tables=True)
+
+    def turn_items(tag: str) -> list[Any]:
+        calls = [
             {
                 "type": "function_call",
-                "call_id": f"c{i}",
+                "call_id": f"call_{tag}_{i}",
                 "name": "get_weather",
-                "arguments": '{"city": "x"}',
+                "arguments": f'{{"city": "City {i}"}}',
             }
             for i in range(3)
         ]
-        items = [{"role": "assistant", "content": ""}, *items] + [
-            {"type": "function_call_output", "call_id": f"c{i}", "output": "sunny"}
+        outputs = [
+            {"type": "function_call_output", "call_id": f"call_{tag}_{i}", "output": RESULTS[i]}
             for i in range(3)
         ]
-        start = time.perf_counter()
-        for _ in range(turns):
-            await session.add_items(items)
-        rate = turns / (time.perf_counter() - start)
-        long = SQLAlchemySession.from_url(uuid.uuid4().hex, url=url, create_tables=True)
-        batch: list[Any] = [{"role": "user", "content": "q"}] * 1000
-        for _ in range(HISTORY_MESSAGES // 1000):
-            await long.add_items(batch)
-        samples = []
-        for _ in range(5):
-            begin = time.perf_counter()
-            got = await long.get_items()
-            samples.append(time.perf_counter() - begin)
-        assert len(got) == HISTORY_MESSAGES
-        return {"commit_turns_per_s": rate, "history_10k_s": statistics.median(samples)}
+        return [{"role": "assistant", "content": ""}, *calls, *outputs]
 
-    return asyncio.run(run())
+    async def run() -> Figures:
+        try:
+            passes = []
+            for p in range(WRITE_PASSES):
+                writer = session()
+                prepared = [turn_items(f"p{p}r{i}") for i in range(turns)]
+                start = time.perf_counter()
+                for items in prepared:
+                    await writer.add_items(items)
+                passes.append((time.perf_counter() - start) / turns)
+            write_s = min(passes)
+
+            long = session()
+            block = 0
+            while (HISTORY_MESSAGES - 100 * block) >= 100:
+                user: list[Any] = [{"role": "user", "content": f"question {i}"} for i in range(93)]
+                await long.add_items(user + turn_items(f"h{block}"))
+                block += 1
+            samples = []
+            for _ in range(READS):
+                begin = time.perf_counter()
+                got = await long.get_items()
+                samples.append(time.perf_counter() - begin)
+            assert len(got) == HISTORY_MESSAGES, len(got)
+
+            orphan = session()
+            await orphan.add_items(
+                [{"type": "function_call_output", "call_id": "call_nowhere", "output": "x"}]
+            )
+            stored = await orphan.get_items()
+            verdict = "stored" if len(stored) == 1 else f"{len(stored)} items back"
+            return Figures(write_s, statistics.median(samples), verdict)
+        finally:
+            await engine.dispose()
+
+    try:
+        return asyncio.run(run())
+    except ImportError as exc:  # a driver (aiosqlite, greenlet) imported on first connect
+        raise PeerUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
 
-def _postgres_schema(server: str) -> tuple[sa.URL, Callable[[], None]]:
+def bench_langchain(url: sa.URL, turns: int) -> Figures:
+    """LangChain's SQLChatMessageHistory on the same work."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # langchain-community's sunset notice
+            from langchain_community.chat_message_histories import SQLChatMessageHistory
+            from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+    except ImportError as exc:
+        raise PeerUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    engine = sa.create_engine(url)
+    if engine.dialect.name == "sqlite":
+        _like_fsm_on_sqlite(engine)
+    table = f"lc_bench_{uuid.uuid4().hex[:8]}"
+
+    def history() -> Any:
+        return SQLChatMessageHistory(uuid.uuid4().hex, table_name=table, connection=engine)
+
+    def turn_messages(tag: str) -> list[BaseMessage]:
+        calls = [
+            {"name": "get_weather", "args": {"city": f"City {i}"}, "id": f"call_{tag}_{i}"}
+            for i in range(3)
+        ]
+        results: list[BaseMessage] = [
+            ToolMessage(content=RESULTS[i], tool_call_id=f"call_{tag}_{i}") for i in range(3)
+        ]
+        return [AIMessage(content="", tool_calls=calls), *results]
+
+    try:
+        passes = []
+        for p in range(WRITE_PASSES):
+            writer = history()
+            prepared = [turn_messages(f"p{p}r{i}") for i in range(turns)]
+            start = time.perf_counter()
+            for messages in prepared:
+                writer.add_messages(messages)
+            passes.append((time.perf_counter() - start) / turns)
+        write_s = min(passes)
+
+        long = history()
+        for block in range(HISTORY_MESSAGES // 100):
+            user: list[BaseMessage] = [HumanMessage(content=f"question {i}") for i in range(96)]
+            long.add_messages(user + turn_messages(f"h{block}"))
+        assert len(long.messages) == HISTORY_MESSAGES
+        read_s = timed(lambda: long.messages)
+
+        orphan = history()
+        orphan.add_messages([ToolMessage(content="x", tool_call_id="call_nowhere")])
+        back = orphan.messages
+        ok = len(back) == 1 and getattr(back[0], "tool_call_id", None) == "call_nowhere"
+        return Figures(write_s, read_s, "stored" if ok else f"{len(back)} messages back")
+    except ImportError as exc:  # a driver imported on first connect
+        raise PeerUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        engine.dispose()
+
+
+def run_peer(run: EngineRun, name: str, fn: Callable[[], Figures]) -> None:
+    try:
+        run.peers[name] = fn()
+    except PeerUnavailable as exc:
+        run.peers[name] = str(exc)
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+
+def _postgres_schema(server: str) -> tuple[sa.URL, str, Callable[[], None]]:
     base = normalize_url(server)
     schema = f"fsm_bench_{uuid.uuid4().hex[:8]}"
     admin = sa.create_engine(base, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        version = str(conn.execute(sa.text("SHOW server_version")).scalar()).split()[0]
 
     def drop() -> None:
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
 
-    return base.update_query_dict({"options": f"-csearch_path={schema}"}), drop
+    return base.update_query_dict({"options": f"-csearch_path={schema}"}), version, drop
 
 
-def report(engine: str, ours: dict[str, float], peer: dict[str, float] | None) -> None:
-    print(f"{engine}:")
-    print(
-        f"  commit (1 assistant + 3 calls + 3 results): {ours['commit_turns_per_s']:8.0f} turns/s"
+# -- report ----------------------------------------------------------------------------------
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms" if seconds < 0.1 else f"{seconds * 1000:.0f} ms"
+
+
+def _write(f: Figures) -> str:
+    return f"{_ms(f.write_s)}/turn ({1 / f.write_s:,.0f} turns/s)"
+
+
+def report(run: EngineRun) -> None:
+    print(f"{run.engine}:")
+    print(f"  fsm  write (1 assistant + 3 calls + 3 results): {_write(run.fsm)}")
+    print(f"  fsm  history() of {HISTORY_MESSAGES:,} messages: {_ms(run.fsm.read_s)}")
+    for name in PEERS:
+        peer = run.peers.get(name)
+        if isinstance(peer, str):
+            print(f"  {name}: skipped, not importable ({peer})")
+        elif peer is not None:
+            print(
+                f"  {name}  write: {_write(peer)}"
+                f"  -> fsm/peer write time {run.fsm.write_s / peer.write_s:.2f}"
+            )
+            print(
+                f"  {name}  read {HISTORY_MESSAGES:,}: {_ms(peer.read_s)}"
+                f"  -> fsm/peer read time {run.fsm.read_s / peer.read_s:.2f}"
+            )
+    orphans = [f"fsm {run.fsm.orphan}"] + [
+        f"{name} {peer.orphan}" for name, peer in run.peers.items() if isinstance(peer, Figures)
+    ]
+    print(f"  a tool result whose call id points at nothing: {', '.join(orphans)}")
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _load() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def render_md(
+    runs: list[EngineRun],
+    turns: int,
+    elapsed: float,
+    loads: tuple[str, str],
+    pg_version: str | None,
+    argv: list[str],
+) -> str:
+    header = ["engine", "workload", "fsm"]
+    for name in PEERS:
+        header += [name, f"fsm/{name}"]
+    lines = [
+        SECTION,
+        "",
+        f"Generated by `python bench/store.py {' '.join(argv)}` on "
+        f"{datetime.date.today().isoformat()} in {elapsed:.0f} s. Do not edit by hand: rerun "
+        "the script (it replaces this section only).",
+        "",
+        f"fsm's `ConversationStore` side by side with {PEER_LABELS[AGENTS]} and "
+        f"{PEER_LABELS[LANGCHAIN]}, same items: write = one turn (an assistant message with 3 "
+        f"tool calls and their 3 results) committed in one transaction, one writer, best of "
+        f"{WRITE_PASSES} passes of {turns} turns; read = the whole {HISTORY_MESSAGES:,}-message history (`history()`, "
+        f"`get_items()`, `.messages`), median of {READS}. Ratios are fsm's time over the peer's: "
+        "above 1, fsm is slower. On SQLite every library gets WAL, `synchronous=NORMAL` and "
+        "foreign keys on, each its own file.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join("---" for _ in header) + " |",
+    ]
+    for run in runs:
+        for workload in ("write", "read"):
+            if workload == "write":
+                label = "write, per turn"
+                cells = [_ms(run.fsm.write_s)]
+            else:
+                label = f"read {HISTORY_MESSAGES:,} messages"
+                cells = [_ms(run.fsm.read_s)]
+            for name in PEERS:
+                peer = run.peers.get(name)
+                if not isinstance(peer, Figures):
+                    cells += ["skipped", "-"]
+                    continue
+                ours = run.fsm.write_s if workload == "write" else run.fsm.read_s
+                theirs = peer.write_s if workload == "write" else peer.read_s
+                cells += [_ms(theirs), f"{ours / theirs:.2f}"]
+            lines.append("| " + " | ".join([run.engine, label, *cells]) + " |")
+    lines.append("")
+    orphan = runs[0]
+    verdicts = [f"fsm {orphan.fsm.orphan}"] + [
+        f"{name} {peer.orphan}" for name, peer in orphan.peers.items() if isinstance(peer, Figures)
+    ]
+    lines.append(
+        "Neither peer enforces anything: each keeps one JSON blob per item, with no link "
+        "between a call and its result. Given a tool result whose call id points at nothing: "
+        f"{', '.join(verdicts)}. Where fsm is slower, that is the price of an enforced, "
+        "relational history (byte-exact calls, each result tied to its call, all-or-nothing "
+        "turns, sequence checks)."
     )
-    print(
-        f"  history() of {HISTORY_MESSAGES:,} messages:        {ours['history_10k_s'] * 1000:8.1f} ms"
+    skipped = [
+        f"{name} on {run.engine} ({peer})"
+        for run in runs
+        for name, peer in run.peers.items()
+        if isinstance(peer, str)
+    ]
+    if skipped:
+        lines += ["", f"Skipped, not importable: {'; '.join(skipped)}."]
+    engines = f"SQLite {sqlite3.sqlite_version}"
+    if pg_version:
+        engines += f", PostgreSQL {pg_version} (local server)"
+    packages = ", ".join(
+        f"{dist} {_version(dist)}"
+        for dist in (
+            "fsm",
+            "SQLAlchemy",
+            "psycopg",
+            "aiosqlite",
+            "openai-agents",
+            "langchain-community",
+            "langchain-core",
+        )
     )
-    if peer is not None:
-        print(
-            f"  openai-agents SQLAlchemySession:            {peer['commit_turns_per_s']:8.0f} turns/s"
-            f"  -> fsm/peer throughput {ours['commit_turns_per_s'] / peer['commit_turns_per_s']:.2f}"
-        )
-        print(
-            f"  openai-agents get_items() of {HISTORY_MESSAGES:,} items:  "
-            f"{peer['history_10k_s'] * 1000:8.1f} ms"
-            f"  -> fsm/peer time {ours['history_10k_s'] / peer['history_10k_s']:.2f}"
-        )
+    lines += [
+        "",
+        f"Machine: {_cpu()}, {os.cpu_count()} cores; CPython {platform.python_version()} "
+        f"({platform.platform()}); {engines}; load average (1, 5, 15 min) {loads[0]} at the "
+        f"start, {loads[1]} at the end. Packages: {packages}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_md(section: str, path: Path = BENCHMARKS) -> None:
+    """Replace the ``## Store`` section of ``path`` (or append it); the rest stays byte-identical."""
+    text = path.read_bytes().decode("utf-8") if path.exists() else ""
+    found = re.search(rf"^{re.escape(SECTION)}[ \t]*\r?$", text, re.MULTILINE)
+    if found:
+        after = re.search(r"^## ", text[found.end() :], re.MULTILINE)
+        end = found.end() + after.start() if after else len(text)
+        rest = text[end:]
+        new = text[: found.start()] + section + ("\n" + rest if rest else "")
+    else:
+        new = text + ("" if not text or text.endswith("\n") else "\n") + ("\n" if text else "")
+        new += section
+    path.write_bytes(new.encode("utf-8"))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--postgres", default=os.environ.get("FSM_TEST_POSTGRES_URL"))
+    parser.add_argument(
+        "--write-md",
+        action="store_true",
+        help=f"write the results as the '{SECTION}' section of {BENCHMARKS.name}",
+    )
     args = parser.parse_args(argv)
+    started = time.perf_counter()
+    load_start = _load()
+    print(f"load average at the start: {load_start}")
 
-    agents_missing = False
+    runs: list[EngineRun] = []
     with tempfile.TemporaryDirectory() as tmp:
-        url = sa.make_url(f"sqlite:///{Path(tmp) / 'bench.db'}")
-        ours = bench_fsm(url, args.turns)
-        peer = bench_agents(f"sqlite+aiosqlite:///{Path(tmp) / 'agents.db'}", args.turns)
-        agents_missing = peer is None
-        report("SQLite", ours, peer)
+        run = EngineRun(
+            "SQLite", bench_fsm(sa.make_url(f"sqlite:///{Path(tmp) / 'fsm.db'}"), args.turns)
+        )
+        agents_db = Path(tmp) / "agents.db"
+        run_peer(run, AGENTS, lambda: bench_agents(f"sqlite+aiosqlite:///{agents_db}", args.turns))
+        lc_url = sa.make_url(f"sqlite:///{Path(tmp) / 'langchain.db'}")
+        run_peer(run, LANGCHAIN, lambda: bench_langchain(lc_url, args.turns))
+        report(run)
+        runs.append(run)
+    pg_version = None
     if args.postgres:
-        pg_url, drop = _postgres_schema(args.postgres)
+        pg_url, pg_version, drop = _postgres_schema(args.postgres)
         try:
-            ours = bench_fsm(pg_url, args.turns)
-            peer = None
-            if not agents_missing:
-                # psycopg 3 serves asyncio too (and, unlike asyncpg, takes the search_path option)
-                peer = bench_agents(pg_url.render_as_string(hide_password=False), args.turns)
-            report("PostgreSQL", ours, peer)
+            run = EngineRun("PostgreSQL", bench_fsm(pg_url, args.turns))
+            # psycopg 3 serves asyncio too (and, unlike asyncpg, takes the search_path option)
+            pg_str = pg_url.render_as_string(hide_password=False)
+            run_peer(run, AGENTS, lambda: bench_agents(pg_str, args.turns))
+            run_peer(run, LANGCHAIN, lambda: bench_langchain(pg_url, args.turns))
+            report(run)
+            runs.append(run)
         finally:
             drop()
     else:
         print("PostgreSQL: skipped (pass --postgres URL or set FSM_TEST_POSTGRES_URL)")
-    if agents_missing:
-        print(
-            "openai-agents is not installed: fsm's figures only (pip install openai-agents for ratios)"
-        )
+    load_end = _load()
+    elapsed = time.perf_counter() - started
+    print(f"load average at the end: {load_end}; total {elapsed:.0f} s")
+    if args.write_md:
+        shown = ["--write-md"] + (["--postgres URL"] if args.postgres else [])
+        if args.turns != 300:
+            shown.insert(0, f"--turns {args.turns}")
+        section = render_md(runs, args.turns, elapsed, (load_start, load_end), pg_version, shown)
+        write_md(section)
+        print(f"wrote the '{SECTION}' section of {BENCHMARKS}")
     return 0
 
 
