@@ -73,16 +73,19 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from fsm.cli.demo import demo
     from fsm.cli.parse import parse_command
 
     cli.add_command(parse_command)
+    cli.add_command(demo)
+    cli.add_command(importlib.import_module("fsm.cli.audit").audit)
     try:
         store_cli = importlib.import_module("fsm.cli.store")
     except ModuleNotFoundError as exc:  # pragma: no cover - the store commands ship with fsm
         if exc.name != "fsm.cli.store":
             raise
         return
-    for name in ("db", "ingest", "history", "demo"):
+    for name in ("db", "ingest", "history"):
         command = getattr(store_cli, name, None)
         if isinstance(command, click.Command):
             cli.add_command(command, name)

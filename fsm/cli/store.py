@@ -235,8 +235,18 @@ def _preview(value: Any, limit: int = 120) -> str:
 @click.option(
     "--include-reasoning", is_flag=True, help="Add reasoning_content to assistant messages."
 )
+@click.option(
+    "--mermaid",
+    is_flag=True,
+    help="Print a mermaid sequenceDiagram (user, assistant and each tool as participants).",
+)
 def history(
-    url: str | None, conversation_id: str, as_json: bool, last: int | None, include_reasoning: bool
+    url: str | None,
+    conversation_id: str,
+    as_json: bool,
+    last: int | None,
+    include_reasoning: bool,
+    mermaid: bool,
 ) -> None:
     """Print a conversation's history, ready to send back to the model.
 
@@ -244,12 +254,20 @@ def history(
     Examples:
       fsm history --db sqlite:///chat.db c1
       fsm history --db sqlite:///chat.db c1 --json --last 20 > messages.json
+      fsm history --db sqlite:///chat.db c1 --mermaid > c1.mmd
     """
     from fsm.store import ConversationStore
 
+    if as_json and mermaid:
+        raise click.UsageError("choose --json or --mermaid, not both")
     with ConversationStore(url) as store:
         messages = store.history(conversation_id, last=last, include_reasoning=include_reasoning)
         first = store.next_seq(conversation_id) - len(messages)
+    if mermaid:
+        from fsm.cli.output import mermaid_sequence
+
+        click.echo(mermaid_sequence(messages), nl=False)
+        return
     if as_json:
         click.echo(json.dumps(messages, ensure_ascii=False, indent=2))
         return

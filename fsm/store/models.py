@@ -249,6 +249,16 @@ class Message(Base):
             unique=True,
             **_partial("idempotency_key IS NOT NULL"),
         ),
+        # audit (migration 0002): calls by model in key order, and by time, through their
+        # assistant message; partial, so plain messages pay nothing for them
+        sa.Index(
+            "ix_messages_model_conversation_id_seq",
+            "model",
+            "conversation_id",
+            "seq",
+            **_partial("role = 'assistant'"),
+        ),
+        sa.Index("ix_messages_created_at", "created_at", **_partial("role = 'assistant'")),
     )
 
 
@@ -291,6 +301,14 @@ class ToolCallRow(Base):
             name="repaired",
         ),
         sa.Index("ix_tool_calls_name", "name"),
+        # audit (migration 0002): the calls of one tool in key order (a LIMIT stops early)
+        sa.Index(
+            "ix_tool_calls_name_conversation_id_assistant_seq_position",
+            "name",
+            "conversation_id",
+            "assistant_seq",
+            "position",
+        ),
     )
 
 
@@ -321,6 +339,13 @@ class Attempt(Base):
     #: the parser's anomalies: a list of ``{"kind", "detail", "choice"}`` objects.
     anomalies: Mapped[list[Any]] = mapped_column()
 
+    # audit (migration 0002): attempts in key order, and failures by model and by time
+    __table_args__ = (
+        sa.Index("ix_attempts_conversation_id_at_seq_id", "conversation_id", "at_seq", "id"),
+        sa.Index("ix_attempts_model", "model"),
+        sa.Index("ix_attempts_created_at", "created_at"),
+    )
+
 
 class AttemptCall(Base):
     """A tool call of an attempt, in whatever final state it reached."""
@@ -342,4 +367,10 @@ class AttemptCall(Base):
     #: why the call is truncated or aborted.
     reason: Mapped[str | None] = mapped_column(sa.Text)
 
-    __table_args__ = (sa.CheckConstraint("position >= 0", name="position"),)
+    __table_args__ = (
+        sa.CheckConstraint("position >= 0", name="position"),
+        # audit (migration 0002): calls of attempts by tool, state and reason
+        sa.Index("ix_attempt_calls_name", "name"),
+        sa.Index("ix_attempt_calls_state", "state"),
+        sa.Index("ix_attempt_calls_reason", "reason"),
+    )

@@ -1,0 +1,537 @@
+"""``fsm audit calls|failures|stats|check``: read-only queries over the store.
+
+Thin wrappers over :mod:`fsm.store.audit`: each command opens the store read-only (a SQLite
+file through a ``mode=ro`` URI, never created; PostgreSQL sessions with
+``default_transaction_read_only``), runs one function and prints its rows with the shared output
+options of :mod:`fsm.cli.output` (a table by default; ``--json``, ``--nl``, ``--csv``, ``--tsv``
+for scripts). Errors are typed and print as one line (the ``fsm`` group handles them).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+
+from fsm.cli.output import OutputFormat, emit, json_default, output_options
+
+__all__ = ["audit"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_DB_HELP = (
+    "Database URL (sqlite:///path.db, postgresql+psycopg://user@host/db), opened read-only. "
+    "Default: $FSM_DB_URL, else the SQLite file $FSM_DB, else ./fsm.db."
+)
+_TIME_HELP = "ISO 8601 date or time; naive times are UTC."
+_STATES = ("opened", "accumulating", "finished", "truncated", "aborted")
+
+db_option = click.option("--db", "url", metavar="URL", default=None, help=_DB_HELP)
+
+
+def _filters(function: F) -> F:
+    """The filters shared by calls, failures and stats."""
+    options = [
+        click.option("--conversation", metavar="ID", help="Only this conversation."),
+        click.option("--model", metavar="NAME", help="Only turns of this model."),
+        click.option(
+            "--since", metavar="TIME", help=f"From this time on (inclusive). {_TIME_HELP}"
+        ),
+        click.option("--until", metavar="TIME", help=f"Before this time (exclusive). {_TIME_HELP}"),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def _paging(function: F) -> F:
+    options = [
+        click.option(
+            "--limit",
+            type=click.IntRange(min=0),
+            default=100,
+            show_default=True,
+            metavar="N",
+            help="At most N rows (0: all of them, read a page at a time).",
+        ),
+        click.option(
+            "--offset", type=click.IntRange(min=0), default=0, metavar="N", help="Skip N rows."
+        ),
+        click.option(
+            "--after",
+            metavar="CURSOR",
+            help="Start after this row (the cursor a full page prints on stderr).",
+        ),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def _pipe_safe(function: F) -> F:
+    """Stop quietly when the reader of stdout goes away (``fsm audit calls | head``)."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except BrokenPipeError:
+            with contextlib.suppress(OSError, ValueError):  # later flushes must not fail again
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@contextmanager
+def _store(url: str | None) -> Iterator[Any]:
+    """The store opened read-only; driver errors become one-line typed errors."""
+    import sqlalchemy as sa
+
+    from fsm.store import audit as audit_api
+    from fsm.store.engine import display_url, normalize_url
+
+    engine = audit_api.open_readonly(url)
+    try:
+        yield engine
+    except sa.exc.DBAPIError as exc:
+        reason = " ".join(str(exc.orig).split())
+        raise audit_api.AuditError(
+            f"cannot read the store {display_url(normalize_url(url))}: {reason}"
+        ) from exc
+    finally:
+        engine.dispose()
+
+
+def _cursor(key: Any) -> str:
+    """An opaque, shell-safe cursor for a row key."""
+    raw = json.dumps(list(key), separators=(",", ":"), ensure_ascii=False).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _uncursor(text: str | None, size: int) -> tuple[Any, ...] | None:
+    if text is None:
+        return None
+    try:
+        key = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (ValueError, binascii.Error):
+        key = None
+    if not isinstance(key, list) or len(key) != size:
+        raise click.BadParameter(f"{text!r} is not a cursor of this command", param_hint="--after")
+    return tuple(key)
+
+
+def _more(output: OutputFormat, shown: int, limit: int, last_key: Any) -> None:
+    """On a full page shown as a table, say how to get the next one."""
+    if output.is_table and limit and shown == limit and last_key is not None:
+        click.echo(f"more rows may follow: add --after {_cursor(last_key)}", err=True)
+
+
+def _arg_filter(text: str) -> tuple[str, Any]:
+    path, sep, raw = text.partition("=")
+    if not sep or not path.strip():
+        raise click.BadParameter(f"{text!r} is not PATH=VALUE", param_hint="--arg")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    if isinstance(value, dict | list):
+        value = raw  # an object or array literal is matched as the text it is
+    return path.strip(), value
+
+
+# -- the group --------------------------------------------------------------------------------
+@click.group(name="audit")
+def audit() -> None:
+    """Read-only queries over the store, and an integrity check.
+
+    Every command opens the database read-only (a SQLite file is never created) and prints
+    an aligned table, whether or not stdout is a terminal, so what you see is what a pipe gets;
+    scripts ask for --json (one array), --nl (JSON lines), --csv or --tsv, which print the
+    same rows exactly (nothing cut or escaped) and stream them.
+
+    \b
+    Examples:
+      fsm audit calls --db sqlite:///chat.db --tool get_weather --arg city=Paris
+      fsm audit failures --counts
+      fsm audit stats --by model --json
+      fsm audit check --db postgresql+psycopg://app@db/app || echo "history is broken"
+    """
+
+
+@audit.command(name="calls")
+@db_option
+@click.option("--tool", "name", metavar="NAME", help="Only calls of this tool.")
+@click.option(
+    "--state",
+    type=click.Choice(_STATES),
+    help="Only calls in this state (history holds finished calls; the others are in attempts).",
+)
+@_filters
+@click.option(
+    "--arg",
+    "args",
+    multiple=True,
+    metavar="PATH=VALUE",
+    help="The arguments hold VALUE at the JSON path PATH (city, user.id, items[0].sku, "
+    '$."odd.key"). VALUE is read as JSON when it is a JSON scalar (3, true, null, "3"), else as '
+    "text. Repeat for several; only finished calls match.",
+)
+@click.option(
+    "--args-contains", metavar="TEXT", help="The raw arguments contain TEXT (case-sensitive)."
+)
+@click.option(
+    "--source",
+    type=click.Choice(["all", "history", "attempts"]),
+    default="all",
+    show_default=True,
+    help="Calls of history, of recorded attempts, or both.",
+)
+@_paging
+@output_options
+@_pipe_safe
+def calls(
+    url: str | None,
+    name: str | None,
+    state: str | None,
+    conversation: str | None,
+    model: str | None,
+    since: str | None,
+    until: str | None,
+    args: tuple[str, ...],
+    args_contains: str | None,
+    source: str,
+    limit: int,
+    offset: int,
+    after: str | None,
+    output: OutputFormat,
+) -> None:
+    """List tool calls, with their arguments and results.
+
+    Rows come in key order: by conversation, then seq (a call of an attempt comes before the
+    turn committed at the same seq), then position. A call of history shows its result (the
+    tool message); a call of an attempt shows its attempt and why it failed.
+
+    \b
+    Examples:
+      fsm audit calls --db sqlite:///chat.db --tool get_weather --since 2026-11-01
+      fsm audit calls --arg city=Paris --arg units=metric --model gpt-4o
+      fsm audit calls --state truncated --nl | jq .reason
+      fsm audit calls --conversation c1 --limit 0 --csv > c1-calls.csv
+    """
+    from fsm.store import audit as audit_api
+
+    filters = [_arg_filter(a) for a in args]
+    key = _uncursor(after, 5)
+    with _store(url) as engine:
+        rows = audit_api.tool_calls(
+            engine,
+            name=name,
+            state=state,
+            conversation=conversation,
+            model=model,
+            since=since,
+            until=until,
+            args=filters,
+            args_contains=args_contains,
+            source=source,  # type: ignore[arg-type]
+            limit=limit or None,
+            offset=offset,
+            after=key,
+        )
+        last: list[Any] = [None]
+
+        def dicts() -> Iterator[dict[str, Any]]:
+            for row in rows:
+                last[0] = row.key
+                yield row.as_dict()
+
+        shown = emit(dicts(), output, columns=_CALL_COLUMNS)
+    _more(output, shown, limit, last[0])
+
+
+_CALL_COLUMNS = (
+    "conversation_id",
+    "seq",
+    "position",
+    "call_id",
+    "name",
+    "arguments",
+    "state",
+    "model",
+    "created_at",
+    "result",
+    "attempt_id",
+    "reason",
+)
+
+
+@audit.command(name="failures")
+@db_option
+@click.option("--tool", "name", metavar="NAME", help="Only calls of this tool.")
+@click.option("--state", type=click.Choice(["truncated", "aborted"]), help="Only this state.")
+@click.option("--reason", metavar="REASON", help="Only this reason (length, eof, ...).")
+@_filters
+@click.option(
+    "--counts",
+    is_flag=True,
+    help="Count failed calls (and attempts) by model, state and reason instead of listing them.",
+)
+@_paging
+@output_options
+@_pipe_safe
+def failures(
+    url: str | None,
+    name: str | None,
+    state: str | None,
+    reason: str | None,
+    conversation: str | None,
+    model: str | None,
+    since: str | None,
+    until: str | None,
+    counts: bool,
+    limit: int,
+    offset: int,
+    after: str | None,
+    output: OutputFormat,
+) -> None:
+    """List the truncated and aborted calls of recorded attempts, with reasons and anomalies.
+
+    An attempt is a turn that could not go to history (cut by max_tokens, a dropped stream, a
+    content filter, a server error, invalid JSON). Rows come oldest attempt first.
+
+    \b
+    Examples:
+      fsm audit failures --db sqlite:///chat.db --since 2026-11-29
+      fsm audit failures --counts                      # by model, state and reason
+      fsm audit failures --model gpt-4o --reason length --json
+    """
+    from fsm.store import audit as audit_api
+
+    filters: dict[str, Any] = {
+        "conversation": conversation,
+        "model": model,
+        "name": name,
+        "state": state,
+        "reason": reason,
+        "since": since,
+        "until": until,
+    }
+    with _store(url) as engine:
+        if counts:
+            emit(
+                (c.as_dict() for c in audit_api.failure_counts(engine, **filters)),
+                output,
+                columns=("model", "state", "reason", "calls", "attempts"),
+            )
+            return
+        key = _uncursor(after, 2)
+        rows = audit_api.failures(
+            engine,
+            **filters,
+            limit=limit or None,
+            offset=offset,
+            after=key,
+        )
+        last: list[Any] = [None]
+
+        def dicts() -> Iterator[dict[str, Any]]:
+            for row in rows:
+                last[0] = row.key
+                yield row.as_dict()
+
+        shown = emit(dicts(), output, columns=_FAILURE_COLUMNS)
+    _more(output, shown, limit, last[0])
+
+
+_FAILURE_COLUMNS = (
+    "attempt_id",
+    "conversation_id",
+    "seq",
+    "position",
+    "call_id",
+    "name",
+    "state",
+    "reason",
+    "model",
+    "finish_reason",
+    "end_how",
+    "end_reason",
+    "anomalies",
+    "created_at",
+    "arguments",
+)
+
+
+@audit.command(name="stats")
+@db_option
+@_filters
+@click.option(
+    "--by",
+    type=click.Choice(["tool", "model", "day"]),
+    help="One breakdown only (needed for --nl, --csv and --tsv). Default: all three, and totals.",
+)
+@output_options
+@_pipe_safe
+def stats(
+    url: str | None,
+    conversation: str | None,
+    model: str | None,
+    since: str | None,
+    until: str | None,
+    by: str | None,
+    output: OutputFormat,
+) -> None:
+    """Usage statistics: calls per tool, turns, calls, tokens and incomplete share per model,
+    and per day.
+
+    The incomplete share of a model is incomplete attempts / (committed turns + incomplete
+    attempts): how often a turn it streamed could not go to history. Tokens come from the
+    usage of the assistant messages; days are UTC.
+
+    \b
+    Examples:
+      fsm audit stats --db sqlite:///chat.db
+      fsm audit stats --by model --since 2026-11-01 --csv > models.csv
+      fsm audit stats --json | jq '.models[] | {model, incomplete_share}'
+    """
+    from fsm.store import audit as audit_api
+
+    if by is None and output.kind in ("nl", "csv", "tsv"):
+        raise click.UsageError(f"--{output.kind} prints one table: choose it with --by")
+    with _store(url) as engine:
+        result = audit_api.stats(
+            engine, conversation=conversation, model=model, since=since, until=until
+        )
+    sections = {
+        "tool": ("tools", [s.as_dict() for s in result.tools]),
+        "model": ("models", [s.as_dict() for s in result.models]),
+        "day": ("days", [s.as_dict() for s in result.days]),
+    }
+    columns = {
+        "tool": ("name", "calls", "failed"),
+        "model": (
+            "model",
+            "turns",
+            "calls",
+            "attempts",
+            "incomplete",
+            "incomplete_share",
+            "prompt_tokens",
+            "completion_tokens",
+            "total_tokens",
+        ),
+        "day": (
+            "day",
+            "turns",
+            "calls",
+            "incomplete",
+            "prompt_tokens",
+            "completion_tokens",
+            "total_tokens",
+        ),
+    }
+    if by is not None:
+        emit(sections[by][1], output, columns=columns[by])
+        return
+    totals = result.totals.as_dict() if result.totals is not None else {}
+    totals.pop("model", None)
+    if output.kind == "json":
+        document = {title: rows for title, rows in sections.values()}
+        document["totals"] = totals  # type: ignore[assignment]
+        click.echo(json.dumps(document, ensure_ascii=False, indent=2, default=json_default))
+        return
+    for key, (title, rows) in sections.items():
+        click.echo(f"{title}:")
+        emit(rows, output, columns=columns[key])
+        click.echo()
+    click.echo("totals:")
+    emit([totals], output, columns=columns["model"][1:])
+
+
+@audit.command(name="check")
+@db_option
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="A progress bar on stderr (default: on a terminal, for stores of several batches).",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    metavar="N",
+    help="Conversations checked per batch.",
+)
+@output_options
+@_pipe_safe
+def check(url: str | None, progress: bool | None, batch_size: int, output: OutputFormat) -> None:
+    """Check that the whole store satisfies the history contract; exit 1 on any violation.
+
+    Like fsck: re-verifies every conversation (dense seq from 0; each assistant message with N
+    calls followed by exactly its N results in call order, nothing in between; each result's
+    tool_call_id equal to its call's id; only finished calls; the columns the database enforces
+    the contract with) and prints one row per violation: conversation, seq, kind, detail. A
+    summary goes to stderr. Exit status: 0 clean, 1 violations found.
+
+    \b
+    Kinds:
+      seq_start seq_gap seq_duplicate invalid_row result_misplaced duplicate_result
+      interleaved missing_result result_id_mismatch orphan_result not_finished
+      call_count_mismatch orphan_call orphan_row bookkeeping
+
+    \b
+    Examples:
+      fsm audit check --db sqlite:///chat.db
+      fsm audit check --db postgresql+psycopg://app@db/app --nl > violations.jsonl
+      fsm audit check --no-progress && echo clean
+    """
+    import time
+
+    from fsm.store import audit as audit_api
+
+    bar: list[Any] = []
+    stderr = sys.stderr
+
+    def on_progress(done: int, total: int) -> None:
+        if not bar:
+            show = progress if progress is not None else stderr.isatty() and total > batch_size
+            if not show:
+                bar.append(None)
+                return
+            bar.append(click.progressbar(length=total, label="checking conversations", file=stderr))
+            bar[0].__enter__()
+        if bar[0] is not None:
+            bar[0].update(done - bar[0].pos)
+
+    counts: dict[str, int] = {}
+    started = time.perf_counter()
+    with _store(url) as engine:
+
+        def dicts() -> Iterator[dict[str, Any]]:
+            for violation in audit_api.check(engine, progress=on_progress, batch_size=batch_size):
+                counts[violation.kind] = counts.get(violation.kind, 0) + 1
+                yield violation.as_dict()
+
+        try:
+            emit(dicts(), output, columns=("conversation_id", "seq", "kind", "detail"))
+        finally:
+            if bar and bar[0] is not None:
+                bar[0].__exit__(None, None, None)
+    seconds = time.perf_counter() - started
+    found = sum(counts.values())
+    if found:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+        click.echo(f"{found} violation(s) in {seconds:.1f} s: {kinds}", err=True)
+        sys.exit(1)
+    click.echo(f"no violations ({seconds:.1f} s)", err=True)

@@ -1,0 +1,264 @@
+"""``fsm demo``: a real agent loop end to end, with no set-up.
+
+It starts :class:`fsm.testing.ReplayServer` on a free local port with the project's own streams
+(:func:`fsm.testing.demo_script`: ``parallel_add_multiply.sse`` then ``final_answer.sse``), runs
+:func:`fsm.agent.run_agent_loop` with the official ``openai.OpenAI`` client against it and two
+real local tools (``add``, ``multiply``), stores everything in the store (the embedded SQLite
+default unless ``--db`` says otherwise), and prints, as it happens, the streamed text and each
+tool's name as soon as the stream names it; then the stored history and a short audit summary.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from fsm.agent import AgentEvent
+    from fsm.store import ConversationStore
+
+__all__ = ["demo"]
+
+QUESTION = "What are 1234 + 5678 and 12 x 34?"
+MODEL = "demo-model-1"
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers."""
+    return a * b
+
+
+@click.command(name="demo")
+@click.option(
+    "--db",
+    "url",
+    metavar="URL",
+    default=None,
+    help="Database URL (sqlite:///path.db, postgresql+psycopg://user@host/db). Default: "
+    "$FSM_DB_URL, else the SQLite file $FSM_DB, else ./fsm.db. A SQLite database is created "
+    "or upgraded as needed; PostgreSQL must be upgraded first (fsm db upgrade --db URL).",
+)
+@click.option(
+    "--delay",
+    type=click.FloatRange(min=0),
+    default=0.04,
+    show_default=True,
+    help="Seconds between the replayed stream's events (0: as fast as possible).",
+)
+def demo(url: str | None, delay: float) -> None:
+    """Run a real tool-calling agent loop end to end, with nothing to set up.
+
+    A local OpenAI-compatible server replays fsm's example streams over HTTP; the official
+    openai client streams them; fsm parses each turn as it arrives, runs the local tools add
+    and multiply, commits every turn with its results in one transaction, and sends the stored
+    history back, which the server checks (ids, arguments byte for byte, results in place).
+    Each run is a new conversation (demo-<timestamp>).
+
+    \b
+    Examples:
+      fsm demo
+      fsm demo --db sqlite:///demo.db --delay 0
+    """
+    try:
+        import openai
+    except ModuleNotFoundError:  # pragma: no cover - openai ships with fsm's clients extra
+        click.echo("error: fsm demo needs the openai package: pip install 'fsm[clients]'", err=True)
+        sys.exit(2)
+
+    from fsm.agent import run_agent_loop
+    from fsm.store import ConversationStore
+    from fsm.store.engine import normalize_url
+    from fsm.testing import ReplayServer, demo_script
+
+    target = normalize_url(url)
+    sqlite = target.get_backend_name() == "sqlite"
+    out = _Output()
+    conversation = _conversation_id()
+    with (
+        ReplayServer(demo_script(["6912", "408"], delay=delay)) as server,
+        ConversationStore(url, auto_upgrade=True if sqlite else None) as store,
+    ):
+        out.line(f"fsm demo: an agent loop with the openai client against {server.base_url}")
+        out.line(f"  store         {store.url}")
+        out.line(f"  conversation  {conversation}")
+        out.line("")
+        out.line(f"user: {QUESTION}")
+        client = openai.OpenAI(base_url=server.base_url, api_key="fsm-demo", max_retries=0)
+        try:
+            result = run_agent_loop(
+                client,
+                store,
+                conversation,
+                {"add": add, "multiply": multiply},
+                model=MODEL,
+                messages=[{"role": "user", "content": QUESTION}],
+                on_event=_Progress(out),
+            )
+        finally:
+            client.close()
+        out.end_text()
+        out.line("")
+        _print_history(out, store.history(conversation))
+        out.line("")
+        ok = _print_audit(out, store, conversation)
+        requests, rejected = len(server.requests), len(server.failures)
+        out.line(
+            f"  server check  {requests} requests, {rejected} rejected"
+            + "".join(f"\n    {f.message}" for f in server.failures)
+        )
+    out.line("")
+    if result.status != "completed" or rejected or not ok:
+        out.line(f"demo FAILED ({result.status})")
+        sys.exit(1)
+    out.line(f"done: fsm history --db '{store.url}' {conversation}")
+
+
+def _conversation_id() -> str:
+    now = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return f"demo-{now}-{uuid.uuid4().hex[:6]}"
+
+
+# -- output --------------------------------------------------------------------------------------
+class _Output:
+    """Lines and streamed text on stdout; symbols fall back to ASCII where they cannot print."""
+
+    def __init__(self) -> None:
+        encoding: str = getattr(sys.stdout, "encoding", None) or "ascii"
+        self.encoding = encoding
+        try:
+            "\u2192\u2713\u00d7".encode(encoding)  # the arrow, the check mark, the times sign
+            self.arrow, self.check = "\u2192", "\u2713"
+        except (UnicodeEncodeError, LookupError):
+            self.arrow, self.check = "->", "+"
+        self._in_text = False
+
+    def _safe(self, text: str) -> str:
+        try:
+            text.encode(self.encoding)
+            return text
+        except (UnicodeEncodeError, LookupError):
+            return text.encode(self.encoding, "replace").decode(self.encoding, "replace")
+
+    def text(self, chunk: str) -> None:
+        """Streamed text, printed as it arrives (after an ``assistant:`` prefix)."""
+        if not self._in_text:
+            click.echo("  assistant: ", nl=False)
+            self._in_text = True
+        click.echo(self._safe(chunk), nl=False)
+
+    def end_text(self) -> None:
+        if self._in_text:
+            click.echo("")
+            self._in_text = False
+
+    def line(self, text: str) -> None:
+        self.end_text()
+        click.echo(self._safe(text))
+
+
+@dataclass
+class _Progress:
+    """The loop's ``on_event``: what is happening, as it happens."""
+
+    out: _Output
+    names: dict[int, str] = field(default_factory=dict)
+
+    def __call__(self, event: AgentEvent) -> None:
+        from fsm.agent import AttemptRecorded, RequestSent, ToolExecuted, TurnCommitted
+        from fsm.events import ContentDelta, ToolCallOpened, ToolCallUpdated, TurnEnded
+
+        out = self.out
+        match event:
+            case RequestSent(step=step, messages=n):
+                self.names.clear()
+                out.line(f"request {step}: {n} message{'s' if n != 1 else ''} sent, streaming...")
+            case ContentDelta(text=text):
+                out.text(text)
+            case ToolCallOpened(ordinal=ordinal, name=name, id=call_id):
+                self.names[ordinal] = name
+                out.line(f"  {out.arrow} {name or '(name pending)'}  {call_id}")
+            case ToolCallUpdated(ordinal=ordinal, name=name) if name != self.names.get(ordinal):
+                self.names[ordinal] = name
+                out.line(f"  {out.arrow} {name}")
+            case TurnEnded(choice=0, finish_reason=finish, complete=complete):
+                state = "complete" if complete else "NOT complete"
+                out.line(f"  turn {state} (finish_reason {finish})")
+            case ToolExecuted(name=name, arguments=arguments, content=content, error=error):
+                mark = "!" if error else out.check
+                out.line(f"  {mark} {name}({arguments}) = {content}")
+            case TurnCommitted(turn=turn):
+                last = turn.seq + len(turn.messages) - 1
+                where = f"seq {turn.seq}" if last == turn.seq else f"seq {turn.seq}-{last}"
+                results = len(turn.messages) - 1
+                out.line(
+                    f"  committed at {where}: the assistant message"
+                    + (f" and {results} tool results, in one transaction" if results else "")
+                )
+            case AttemptRecorded(attempt_ids=ids, reason=reason):
+                out.line(f"  incomplete ({reason}): recorded as attempt {ids}, nothing committed")
+            case _:
+                pass
+
+
+def _print_history(out: _Output, messages: list[dict[str, Any]]) -> None:
+    out.line(f"History ({len(messages)} messages, as the next request would send it):")
+    for seq, message in enumerate(messages):
+        role = message["role"]
+        head = f"  {seq:>3}  {role:<9}"
+        if role == "tool":
+            out.line(f"{head}  {message['tool_call_id']}  {out.arrow} {message['content']}")
+            continue
+        out.line(f"{head}  {message.get('content') or ''}".rstrip())
+        for call in message.get("tool_calls", []):
+            function = call["function"]
+            out.line(f"{'':16}  {call['id']}  {function['name']}({function['arguments']})")
+
+
+# -- audit summary -------------------------------------------------------------------------------
+def _print_audit(out: _Output, store: ConversationStore, conversation: str) -> bool:
+    """Calls per tool, call states, tokens and the store's integrity (:mod:`fsm.store.audit`);
+    whether this conversation is intact."""
+    from fsm.store import audit
+
+    stats = audit.stats(store.engine, conversation=conversation)
+    violations = list(audit.check(store.engine))
+    out.line("Audit (fsm.store.audit):")
+    per_tool = ", ".join(f"{t.name} {t.calls}" for t in stats.tools if t.calls) or "none"
+    out.line(f"  calls/tool    {per_tool}")
+    states: dict[str, int] = {}
+    if stats.totals is not None and stats.totals.calls:
+        states["finished"] = stats.totals.calls  # every call in history is finished
+    for attempt in store.attempts(conversation):
+        for call in attempt["tool_calls"]:
+            key = f"{call['state']} (attempt)"
+            states[key] = states.get(key, 0) + 1
+    out.line("  call states   " + (", ".join(f"{k} {n}" for k, n in states.items()) or "none"))
+    for model in stats.models:
+        out.line(
+            f"  model         {model.model}: {model.turns} turns, {model.incomplete} incomplete; "
+            f"tokens {model.prompt_tokens} in, {model.completion_tokens} out"
+        )
+    mine = [v for v in violations if v.conversation_id == conversation]
+    elsewhere = len(violations) - len(mine)
+    if mine:
+        out.line(f"  integrity     FAILED: {len(mine)} violations in this conversation")
+        for violation in mine[:10]:
+            out.line(f"    seq {violation.seq}: {violation.kind}: {violation.detail}")
+    else:
+        out.line(
+            "  integrity     ok: the contract re-checked over the whole store, no violation"
+            if not elsewhere
+            else f"  integrity     ok for this conversation ({elsewhere} violations elsewhere "
+            "in the store)"
+        )
+    return not mine
