@@ -7,7 +7,6 @@ traceback of an unexpected error.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from typing import Any
@@ -73,22 +72,13 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from fsm.cli.audit import audit
     from fsm.cli.demo import demo
     from fsm.cli.parse import parse_command
+    from fsm.cli.store import db, history, ingest
 
-    cli.add_command(parse_command)
-    cli.add_command(demo)
-    cli.add_command(importlib.import_module("fsm.cli.audit").audit)
-    try:
-        store_cli = importlib.import_module("fsm.cli.store")
-    except ModuleNotFoundError as exc:  # pragma: no cover - the store commands ship with fsm
-        if exc.name != "fsm.cli.store":
-            raise
-        return
-    for name in ("db", "ingest", "history"):
-        command = getattr(store_cli, name, None)
-        if isinstance(command, click.Command):
-            cli.add_command(command, name)
+    for command in (parse_command, db, ingest, history, audit, demo):
+        cli.add_command(command)
 
 
 _register()
