@@ -16,7 +16,7 @@ import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -128,6 +128,21 @@ def _uncursor(text: str | None, size: int) -> tuple[Any, ...] | None:
     if not isinstance(key, list) or len(key) != size:
         raise click.BadParameter(f"{text!r} is not a cursor of this command", param_hint="--after")
     return tuple(key)
+
+
+def _emit_keyed(
+    rows: Iterable[Any], output: OutputFormat, columns: tuple[str, ...]
+) -> tuple[int, Any]:
+    """Emit rows that carry a keyset ``key``; return how many were shown and the last key."""
+    last: list[Any] = [None]
+
+    def dicts() -> Iterator[dict[str, Any]]:
+        for row in rows:
+            last[0] = row.key
+            yield row.as_dict()
+
+    shown = emit(dicts(), output, columns=columns)
+    return shown, last[0]
 
 
 def _more(output: OutputFormat, shown: int, limit: int, last_key: Any) -> None:
@@ -248,15 +263,8 @@ def calls(
             offset=offset,
             after=key,
         )
-        last: list[Any] = [None]
-
-        def dicts() -> Iterator[dict[str, Any]]:
-            for row in rows:
-                last[0] = row.key
-                yield row.as_dict()
-
-        shown = emit(dicts(), output, columns=_CALL_COLUMNS)
-    _more(output, shown, limit, last[0])
+        shown, last_key = _emit_keyed(rows, output, _CALL_COLUMNS)
+    _more(output, shown, limit, last_key)
 
 
 _CALL_COLUMNS = (
@@ -342,15 +350,8 @@ def failures(
             offset=offset,
             after=key,
         )
-        last: list[Any] = [None]
-
-        def dicts() -> Iterator[dict[str, Any]]:
-            for row in rows:
-                last[0] = row.key
-                yield row.as_dict()
-
-        shown = emit(dicts(), output, columns=_FAILURE_COLUMNS)
-    _more(output, shown, limit, last[0])
+        shown, last_key = _emit_keyed(rows, output, _FAILURE_COLUMNS)
+    _more(output, shown, limit, last_key)
 
 
 _FAILURE_COLUMNS = (
