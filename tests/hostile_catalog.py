@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.streams import entry as call
+
 #: the parser's default limits (kept in sync by a test)
 MiB = 1024 * 1024
 
@@ -37,26 +39,6 @@ def chunk(
         "model": "m",
         "choices": [{"index": ci, "delta": d, "finish_reason": finish}],
     }
-
-
-def call(
-    index: Any = 0, id: Any = None, name: Any = None, args: Any = None, **extra: Any
-) -> dict[str, Any]:
-    """One ``tool_calls[]`` entry; ``None`` fields are left out (``index=None`` too)."""
-    out: dict[str, Any] = {}
-    if index is not None:
-        out["index"] = index
-    if id is not None:
-        out["id"] = id
-    fn: dict[str, Any] = {}
-    if name is not None:
-        fn["name"] = name
-    if args is not None:
-        fn["arguments"] = args
-    if fn:
-        out["function"] = fn
-    out.update(extra)
-    return out
 
 
 def ev(item: dict[str, Any] | bytes | str, *, ascii: bool = True) -> bytes:

@@ -7,15 +7,18 @@ from typing import Any
 
 
 def tc(
-    index: int | None = None,
-    id: str | None = None,
-    name: str | None = None,
-    args: str | None = None,
-    type: str | None = None,
+    index: Any = None,
+    id: Any = None,
+    name: Any = None,
+    args: Any = None,
+    type: Any = None,
     *,
     omit_index: bool = False,
+    **extra: Any,
 ) -> dict[str, Any]:
-    """One ``tool_calls[]`` entry; ``None`` fields are left out (``omit_index`` drops index)."""
+    """One ``tool_calls[]`` entry; ``None`` fields are left out (``omit_index`` drops index).
+
+    Values are not checked, so tests can put wrong types anywhere; ``extra`` adds fields."""
     entry: dict[str, Any] = {}
     if index is not None and not omit_index:
         entry["index"] = index
@@ -30,7 +33,15 @@ def tc(
         function["arguments"] = args
     if function:
         entry["function"] = function
+    entry.update(extra)
     return entry
+
+
+def entry(
+    index: Any = 0, id: Any = None, name: Any = None, args: Any = None, **extra: Any
+) -> dict[str, Any]:
+    """:func:`tc` with index 0 by default (positional: index, id, name, args)."""
+    return tc(index, id, name, args, **extra)
 
 
 def chunk(

@@ -22,6 +22,7 @@ from fsm import (
     ToolCallOpened,
     ToolCallState,
 )
+from tests.streams import entry
 
 # -- builders ----------------------------------------------------------------------------------
 
@@ -40,23 +41,6 @@ def choice(delta: Any = None, index: Any = 0, finish: Any = None) -> dict[str, A
 
 def delta_chunk(delta: Any, ci: int = 0, finish: Any = None) -> dict[str, Any]:
     return chunk_with([choice(delta, ci, finish)])
-
-
-def entry(
-    index: Any = 0, id: Any = None, name: Any = None, args: Any = None, **extra: Any
-) -> dict[str, Any]:
-    out: dict[str, Any] = {"index": index}
-    if id is not None:
-        out["id"] = id
-    fn: dict[str, Any] = {}
-    if name is not None:
-        fn["name"] = name
-    if args is not None:
-        fn["arguments"] = args
-    if fn:
-        out["function"] = fn
-    out.update(extra)
-    return out
 
 
 def calls_chunk(*entries: Any, ci: int = 0, finish: Any = None) -> dict[str, Any]:
