@@ -564,8 +564,8 @@ class StreamParser:
     def _error_event(self, payload: bytes) -> None:
         message: str
         try:
-            obj = orjson.loads(payload) if payload.strip() else None
-        except orjson.JSONDecodeError:
+            obj = loads_strict(payload) if payload.strip() else None
+        except (ValueError, RecursionError):
             obj = None
         if isinstance(obj, dict) and "error" in obj:
             message = _error_message(obj["error"])
