@@ -1,0 +1,110 @@
+"""How text the engines cannot store as it is goes into the database, losslessly.
+
+A Python ``str`` that fsm's parser accepts may hold characters no engine stores as text:
+U+0000 (PostgreSQL ``text`` refuses it) and lone surrogates (U+D800-U+DFFF, which have no UTF-8
+form, so neither SQLite nor PostgreSQL can receive them: a provider may send ``"\\ud83d"``, and
+ids are kept exactly as sent). Such a value is stored *marked*: the noncharacter U+FDD0 (reserved
+by Unicode for a program's internal use) followed by the text with ``\\`` written ``\\\\``, U+0000
+written ``\\0`` and each lone surrogate written ``\\uXXXX`` (lower-case hex). Every other value,
+which is every value real providers send, is stored exactly as it is, so SQL over the store
+(``WHERE name = 'get_weather'``, ``LIKE``, the JSON functions over arguments) sees the real text.
+A value that itself starts with U+FDD0 is marked too, so decoding is never ambiguous.
+
+The encoding is deterministic: equal strings give equal stored text, so the database's own
+comparisons (a result's ``tool_call_id`` against its call's id, unique keys) hold on the stored
+form exactly as on the original. At most it doubles the UTF-8 size, plus three bytes.
+
+Finished tool-call arguments are never marked: valid JSON text has no raw U+0000, no lone
+surrogate and cannot start with U+FDD0 (its escapes, such as ``\\u0000``, are plain ASCII).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
+
+__all__ = ["MARK", "StoredText", "decode_text", "encode_text", "needs_marking"]
+
+#: The first character of a marked value.
+MARK: Final = "\ufdd0"
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_TO_ESCAPE = re.compile("[\\\\\x00\ud800-\udfff]")
+_ESCAPED = re.compile(r"\\(\\|0|u[0-9a-f]{4})")
+
+
+def needs_marking(value: str) -> bool:
+    """Whether ``value`` is stored marked (it holds U+0000 or a lone surrogate, or starts with
+    :data:`MARK`)."""
+    if value.isascii():
+        return "\x00" in value
+    return value.startswith(MARK) or _UNSTORABLE.search(value) is not None
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    if char == "\\":
+        return "\\\\"
+    if char == "\x00":
+        return "\\0"
+    return f"\\u{ord(char):04x}"
+
+
+def _unescape(match: re.Match[str]) -> str:
+    body = match.group(1)
+    if body == "\\":
+        return "\\"
+    if body == "0":
+        return "\x00"
+    return chr(int(body[1:], 16))
+
+
+def encode_text(value: str) -> str:
+    """The text stored for ``value`` (``value`` itself unless it :func:`needs_marking`)."""
+    if not needs_marking(value):
+        return value
+    return MARK + _TO_ESCAPE.sub(_escape, value)
+
+
+def decode_text(stored: str) -> str:
+    """The value a stored text stands for (the inverse of :func:`encode_text`)."""
+    if not stored.startswith(MARK):
+        return stored
+    return _ESCAPED.sub(_unescape, stored[1:])
+
+
+class StoredText(sa.types.TypeDecorator[str]):
+    """``TEXT`` (or ``VARCHAR(n)``) whose values go through :func:`encode_text` on the way in
+    and :func:`decode_text` on the way out. Comparisons with a literal encode the literal too."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def __init__(self, length: int | None = None) -> None:
+        super().__init__()
+        self._length = length
+
+    def load_dialect_impl(self, dialect: Dialect) -> sa.types.TypeEngine[Any]:
+        impl: sa.types.TypeEngine[Any] = (
+            sa.String(self._length) if self._length is not None else sa.Text()
+        )
+        return dialect.type_descriptor(impl)
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        if value is None or not isinstance(value, str):
+            return value
+        return encode_text(value)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> str | None:
+        if value is None:
+            return None
+        return decode_text(value)
+
+    def copy(self, **kw: Any) -> StoredText:
+        return StoredText(self._length)
+
+    def __repr__(self) -> str:
+        return "StoredText()" if self._length is None else f"StoredText({self._length})"
