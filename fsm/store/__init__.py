@@ -27,8 +27,10 @@ from fsm.store.errors import (
     ConflictError,
     ConversationExistsError,
     ConversationNotFoundError,
+    CorruptStoreError,
     IdempotencyMismatchError,
     InvalidConversationIdError,
+    InvalidIdempotencyKeyError,
     InvalidMessageError,
     InvalidTurnError,
     MigrationsNotFoundError,
@@ -38,6 +40,7 @@ from fsm.store.errors import (
     StoreBusyError,
     StoreError,
     UnsupportedValueError,
+    ValueRejectedError,
 )
 from fsm.store.migrate import current_revision, head_revision, upgrade
 from fsm.store.models import Base
@@ -50,8 +53,10 @@ __all__ = [
     "ConversationExistsError",
     "ConversationNotFoundError",
     "ConversationStore",
+    "CorruptStoreError",
     "IdempotencyMismatchError",
     "InvalidConversationIdError",
+    "InvalidIdempotencyKeyError",
     "InvalidMessageError",
     "InvalidTurnError",
     "MigrationsNotFoundError",
@@ -62,6 +67,7 @@ __all__ = [
     "StoreBusyError",
     "StoreError",
     "UnsupportedValueError",
+    "ValueRejectedError",
     "create_engine",
     "current_revision",
     "default_url",

@@ -53,6 +53,7 @@ from fsm.store.engine import (
     _configure_sqlite,
     create_engine,
     display_url,
+    dumps_json,
     normalize_url,
 )
 from fsm.store.errors import ConversationExistsError
@@ -100,10 +101,12 @@ def create_async_engine(
 
     SQLite (``aiosqlite``): foreign keys on, WAL, ``synchronous=NORMAL``, the busy timeout, and
     transactions begun by fsm (``BEGIN IMMEDIATE`` for writes). PostgreSQL (psycopg):
-    ``plan_cache_mode = force_custom_plan``. Extra keyword arguments go to SQLAlchemy's
+    ``plan_cache_mode = force_custom_plan``. JSON is written by
+    :func:`~fsm.store.engine.dumps_json`. Extra keyword arguments go to SQLAlchemy's
     :func:`~sqlalchemy.ext.asyncio.create_async_engine`.
     """
     parsed = async_url(url)
+    kwargs.setdefault("json_serializer", dumps_json)
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database
         if database and database != ":memory:" and not database.startswith("file:"):
@@ -228,18 +231,19 @@ class AsyncConversationStore:
         :meth:`ConversationStore.create_conversation <fsm.store.ConversationStore.create_conversation>`)."""
         row = self._core.conversation_row(conversation_id, metadata)
         await self.open()
-        try:
-            with self._core.translate():
+        with self._core.translate():
+            try:
                 async with self._writer.begin() as conn:
                     await conn.run_sync(self._core.insert_conversation, row)
-        except sa_exc.IntegrityError as exc:
-            if exist_ok:
-                return str(row["id"])
-            raise ConversationExistsError(row["id"]) from exc
+            except sa_exc.IntegrityError as exc:
+                if exist_ok:
+                    return str(row["id"])
+                raise ConversationExistsError(row["id"]) from exc
         return str(row["id"])
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         """Delete a conversation with all its messages, calls and attempts; whether it existed."""
+        self._core.check_conversation_id(conversation_id)
         await self.open()
         with self._core.translate():
             async with self._writer.begin() as conn:
@@ -247,6 +251,7 @@ class AsyncConversationStore:
 
     async def next_seq(self, conversation_id: str) -> int:
         """The seq the next message of the conversation will get (its number of messages)."""
+        self._core.check_conversation_id(conversation_id)
         await self.open()
         async with self._engine.connect() as conn:
             return await conn.run_sync(self._core.next_seq, conversation_id)
@@ -261,6 +266,7 @@ class AsyncConversationStore:
     ) -> int:
         """Append plain messages; returns the next seq (see
         :meth:`ConversationStore.append <fsm.store.ConversationStore.append>`)."""
+        self._core.check_conversation_id(conversation_id)
         rows = self._core.plain_rows(messages)
         await self.open()
         with self._core.translate():
@@ -280,6 +286,8 @@ class AsyncConversationStore:
         :meth:`ConversationStore.commit_turn <fsm.store.ConversationStore.commit_turn>`:
         incomplete turns raise :class:`~fsm.errors.IncompleteTurnError`, retries are
         idempotent, a stale ``expected_seq`` raises :class:`~fsm.store.errors.ConflictError`)."""
+        self._core.check_conversation_id(conversation_id)
+        self._core.check_idempotency_key(idempotency_key)
         plan = self._core.plan_turn(turn, results)
         await self.open()
         with self._core.translate():
@@ -293,12 +301,16 @@ class AsyncConversationStore:
         conversation_id: str,
         attempt: Turn | ParseResult,
         *,
+        results: Results | None = None,
+        error: str | None = None,
         anomalies: Sequence[Anomaly] = (),
     ) -> list[int]:
-        """Record a turn that did not (or must not) go to history, for audit; the new attempt
-        ids (see :meth:`ConversationStore.record_attempt
-        <fsm.store.ConversationStore.record_attempt>`)."""
-        plan = self._core.plan_attempt(attempt, anomalies)
+        """Record a turn that did not (or must not) go to history, for audit, with the results
+        of the calls that ran and the ``error`` that stopped it; the new attempt ids (see
+        :meth:`ConversationStore.record_attempt <fsm.store.ConversationStore.record_attempt>`:
+        it never fails for the values of a failed turn)."""
+        plan = self._core.plan_attempt(attempt, anomalies, results=results, error=error)
+        self._core.check_conversation_id(conversation_id)
         await self.open()
         with self._core.translate():
             async with self._writer.begin() as conn:
@@ -314,6 +326,7 @@ class AsyncConversationStore:
     ) -> list[dict[str, Any]]:
         """The conversation as an OpenAI ``messages`` list, ready to send (see
         :meth:`ConversationStore.history <fsm.store.ConversationStore.history>`)."""
+        self._core.check_conversation_id(conversation_id)
         self._core.check_last(last)
         await self.open()
         async with self._reader() as conn:
@@ -322,6 +335,7 @@ class AsyncConversationStore:
     async def attempts(self, conversation_id: str) -> list[dict[str, Any]]:
         """The recorded attempts of a conversation, oldest first (see
         :meth:`ConversationStore.attempts <fsm.store.ConversationStore.attempts>`)."""
+        self._core.check_conversation_id(conversation_id)
         await self.open()
         async with self._reader() as conn:
             return await conn.run_sync(self._core.attempts, conversation_id)

@@ -88,10 +88,11 @@ class StoredText(sa.types.TypeDecorator[str]):
         self._length = length
 
     def load_dialect_impl(self, dialect: Dialect) -> sa.types.TypeEngine[Any]:
-        impl: sa.types.TypeEngine[Any] = (
-            sa.String(self._length) if self._length is not None else sa.Text()
-        )
-        return dialect.type_descriptor(impl)
+        # the generic type itself: SQLAlchemy adapts it to the dialect (``type_descriptor``
+        # here would turn TEXT into the psycopg dialect's VARCHAR in DDL)
+        if self._length is not None:
+            return sa.String(self._length)
+        return sa.Text()
 
     def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
         if value is None or not isinstance(value, str):
@@ -99,8 +100,8 @@ class StoredText(sa.types.TypeDecorator[str]):
         return encode_text(value)
 
     def process_result_value(self, value: str | None, dialect: Dialect) -> str | None:
-        if value is None:
-            return None
+        if not isinstance(value, str):
+            return value  # None, or what a database edited by hand holds (a blob on SQLite)
         return decode_text(value)
 
     def copy(self, **kw: Any) -> StoredText:

@@ -12,6 +12,11 @@ contract lives partly in foreign keys), WAL journaling (readers never block the 
 and a busy timeout. Transactions are begun by fsm itself: ``BEGIN IMMEDIATE`` for writes (so two
 writers queue instead of failing half-way) and ``BEGIN`` for reads.
 
+Every engine made here writes JSON columns with :func:`dumps_json`: ASCII-only text (U+0000 and
+lone surrogates become ``\\u`` escapes, which PostgreSQL's ``json`` and SQLite's JSON functions
+accept) and no ``NaN`` / ``Infinity`` (which neither accepts): a value that is not strict JSON
+raises ``ValueError`` instead of being stored invalid.
+
 PostgreSQL goes through psycopg 3 (``postgresql+psycopg://``; plain ``postgresql://`` URLs are
 mapped to it), with ``plan_cache_mode = force_custom_plan`` for every session (see
 :func:`_configure_postgres`).
@@ -19,6 +24,7 @@ mapped to it), with ``plan_cache_mode = force_custom_plan`` for every session (s
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -33,6 +39,7 @@ __all__ = [
     "create_engine",
     "default_url",
     "display_url",
+    "dumps_json",
     "normalize_url",
 ]
 
@@ -41,6 +48,12 @@ BUSY_TIMEOUT_SECONDS = 30.0
 
 #: execution option that makes fsm begin a SQLite transaction with ``BEGIN IMMEDIATE``.
 WRITE = "fsm_write"
+
+
+def dumps_json(value: Any) -> str:
+    """The JSON text stored for ``value`` (the engines' ``json_serializer``): ASCII escapes,
+    ``ValueError`` for NaN and infinities."""
+    return json.dumps(value, ensure_ascii=True, allow_nan=False)
 
 
 def default_url() -> str:
@@ -80,6 +93,7 @@ def create_engine(
     batch mode copies tables). Extra keyword arguments go to :func:`sqlalchemy.create_engine`.
     """
     parsed = normalize_url(url)
+    kwargs.setdefault("json_serializer", dumps_json)
     if parsed.get_backend_name() == "postgresql":
         engine = sa.create_engine(parsed, **kwargs)
         _configure_postgres(engine)

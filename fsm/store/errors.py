@@ -16,8 +16,10 @@ __all__ = [
     "ConflictError",
     "ConversationExistsError",
     "ConversationNotFoundError",
+    "CorruptStoreError",
     "IdempotencyMismatchError",
     "InvalidConversationIdError",
+    "InvalidIdempotencyKeyError",
     "InvalidMessageError",
     "InvalidTurnError",
     "MigrationsNotFoundError",
@@ -27,6 +29,7 @@ __all__ = [
     "StoreBusyError",
     "StoreError",
     "UnsupportedValueError",
+    "ValueRejectedError",
 ]
 
 
@@ -86,7 +89,13 @@ class ConversationExistsError(StoreError):
 
 
 class InvalidConversationIdError(StoreError, ValueError):
-    """A conversation id must be a non-empty string of at most 255 characters."""
+    """A conversation id must be a non-empty string of at most 255 characters of clean text (no
+    U+0000, no surrogate, not starting with U+FDD0)."""
+
+
+class InvalidIdempotencyKeyError(StoreError, ValueError):
+    """An idempotency key must be a string of clean text (no U+0000, no surrogate, not starting
+    with U+FDD0) of at most 512 UTF-8 bytes."""
 
 
 class InvalidMessageError(StoreError, ValueError):
@@ -112,7 +121,45 @@ class IdempotencyMismatchError(StoreError):
 
 
 class UnsupportedValueError(StoreError, ValueError):
-    """A value cannot be stored byte-exact by this engine (PostgreSQL text cannot hold U+0000)."""
+    """A value cannot be stored as it is: a key text longer than the store's limit (512 UTF-8
+    bytes for ids, names, models and response ids, as the parser's), or content / metadata that
+    is not JSON (NaN, a non-string key, an object that is not a dict, list, string, number,
+    bool or None)."""
+
+
+class ValueRejectedError(StoreError, ValueError):
+    """The database refused a write: a check, a key or a type of the schema rejected a value.
+
+    The store validates what it writes, so this means either a value the validation did not
+    foresee or a database whose contents already break the contract (see
+    :class:`CorruptStoreError`). ``constraint`` names the rule when the engine reports it.
+    Nothing was written.
+    """
+
+    def __init__(self, message: str, *, constraint: str | None = None) -> None:
+        self.constraint = constraint
+        super().__init__(message)
+
+
+class CorruptStoreError(StoreError):
+    """The stored history of a conversation breaks the contract the database enforces.
+
+    This happens only when the database was edited with its enforcement switched off (SQLite
+    ``PRAGMA foreign_keys=OFF`` or ``PRAGMA ignore_check_constraints=ON``, PostgreSQL
+    ``session_replication_role = replica`` or disabled triggers, constraints added ``NOT
+    VALID``). The message names the check that lists every violation: ``fsm audit check --db
+    URL``.
+    """
+
+    def __init__(self, conversation_id: str, url: str, problem: str) -> None:
+        self.conversation_id = conversation_id
+        self.url = url
+        self.problem = problem
+        super().__init__(
+            f"conversation {conversation_id!r} in {url} breaks the history contract ({problem}): "
+            "the database was edited with its enforcement switched off; "
+            f"run: fsm audit check --db '{url}'"
+        )
 
 
 class SchemaNotAtHeadError(StoreError):

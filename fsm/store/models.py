@@ -7,7 +7,8 @@ call's row. ``attempts`` and ``attempt_calls`` keep incomplete turns for audit; 
 part of history.
 
 How the database itself enforces the contract of ``spec/store.md`` (the same on SQLite and
-PostgreSQL, with no triggers: only keys, foreign keys and checks):
+PostgreSQL, with no triggers: only keys, foreign keys and checks, and one immutable function in a
+PostgreSQL check):
 
 * **Dense seq, nothing between an assistant message and its results.** Every row with
   ``seq > 0`` carries ``prev_seq = seq - 1`` and ``prev_slots_left``, a foreign key to the
@@ -33,13 +34,51 @@ PostgreSQL, with no triggers: only keys, foreign keys and checks):
   By the rules above that row can only be its last result, so a transaction that leaves an
   assistant message without all its results cannot commit.
 
-On SQLite, foreign keys are enforced only on connections with ``PRAGMA foreign_keys=ON``; the
-store's engine (:func:`fsm.store.engine.create_engine`) always sets it. Checks and unique keys
-hold on every connection.
+* **Types are pinned, on SQLite too.** PostgreSQL's column types reject a value of the wrong
+  type. SQLite's type affinity would store ``'5x'``, ``0.5``, ``1e300`` or a blob in an INTEGER
+  column (and a blob in a TEXT one), so every SQLite table has a check ``ck_<table>_types``:
+  ``typeof(x) = 'integer'`` for every integer column (``x IS NULL OR ...`` when nullable),
+  ``typeof(x) = 'integer' AND x IN (0, 1)`` for booleans, ``typeof(x) = 'text'`` for text and
+  ``json_valid(x)`` for JSON columns. (``STRICT`` tables would do the same, but do not accept
+  SQLAlchemy's type names.)
+* **Finished means more than a label.** A row of ``tool_calls`` has a non-blank name (at least
+  one character other than space, tab, CR and LF: ``ck_tool_calls_name``) and arguments that are
+  blank or valid JSON (``ck_tool_calls_arguments``: SQLite's ``json_valid``; on PostgreSQL the
+  function ``fsm_json_valid(text)`` of migration 0003, a cast to ``json`` in an exception block).
+  Arguments stored marked by :mod:`fsm.store.codec` (a split surrogate pair) are checked as the
+  text they stand for. A ``system``, ``developer``, ``user`` or ``tool`` message has non-null
+  content (``ck_messages_content``; a tool result may be ``""``).
+
+Text is stored through :class:`fsm.store.codec.StoredText`: U+0000 and lone surrogates, which
+neither engine can store as they are, are written in a documented lossless encoding, and JSON
+columns are written by :func:`fsm.store.engine.dumps_json` (ASCII escapes, no NaN/Infinity), so
+every value is valid on both engines. Conversation ids and idempotency keys are kept clean
+instead (no U+0000, no surrogate, no leading U+FDD0).
+
+**Which switches bypass this enforcement.** The database enforces all of the above on every
+connection that keeps its defaults. Some switches turn parts of it off for the session (or the
+table) that uses them, and rows written that way are *not* checked afterwards:
+
+* SQLite ``PRAGMA foreign_keys=OFF`` (SQLite's default on a new connection: the store's engine,
+  :func:`fsm.store.engine.create_engine`, always turns them on; the ``sqlite3`` shell and other
+  programs do not) ignores every foreign key: gaps, missing results, results of no call;
+* SQLite ``PRAGMA ignore_check_constraints=ON`` ignores every check: wrong types, blank names,
+  invalid arguments, a tool row out of its slot;
+* PostgreSQL ``SET session_replication_role = replica`` disables the triggers that carry foreign
+  keys for the session, and ``ALTER TABLE ... DISABLE TRIGGER ALL`` for the table (checks stay
+  on: PostgreSQL's types and checks hold in both cases);
+* a constraint dropped and added back ``NOT VALID`` (PostgreSQL) is not checked against the rows
+  already there.
+
+``fsm audit check`` re-verifies every rule the database enforces, types included, and reports
+what such a session let in; the store's reads (``history``, ``append``) raise
+:class:`~fsm.store.errors.CorruptStoreError`, which names that command, instead of returning or
+extending a broken history.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -47,9 +86,11 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from fsm.states import ToolCallState
+from fsm.store.codec import StoredText
 
 __all__ = [
     "NAMING_CONVENTION",
+    "PG_FUNCTIONS",
     "ROLE",
     "TOOL_CALL_STATE",
     "Attempt",
@@ -58,6 +99,7 @@ __all__ = [
     "Conversation",
     "Message",
     "ToolCallRow",
+    "sqlite_types_check",
 ]
 
 NAMING_CONVENTION: dict[str, str] = {
@@ -66,6 +108,56 @@ NAMING_CONVENTION: dict[str, str] = {
     "ck": "ck_%(table_name)s_%(constraint_name)s",
     "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
+}
+
+#: PostgreSQL functions the checks use (created by migration 0003, and before ``create_all``).
+#: ``fsm_json_valid(text)``: whether a stored text is valid JSON (a cast to ``json``, which unlike
+#: ``jsonb`` accepts ``\u0000``, lone surrogate escapes and any number; a value marked by
+#: :mod:`fsm.store.codec` is checked as the text it stands for). ``fsm_try_jsonb(text)``: the
+#: text as ``jsonb``, or NULL when it cannot be one (invalid JSON, ``\u0000``, lone surrogate
+#: escapes, numbers beyond ``numeric``, a marked value): for JSON queries over any stored value.
+PG_FUNCTIONS: dict[str, str] = {
+    "fsm_json_valid(text)": r"""
+CREATE OR REPLACE FUNCTION fsm_json_valid(value text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fsm$
+DECLARE
+    has_nul boolean;
+BEGIN
+    IF value IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF left(value, 1) = chr(64976) THEN
+        -- marked by fsm.store.codec: decode, a lone surrogate standing as 'x' (valid where a
+        -- raw surrogate is, inside a string, and invalid everywhere else)
+        SELECT coalesce(bool_or(m[1] = '\0'), false),
+               coalesce(string_agg(CASE WHEN m[1] = '\\' THEN '\'
+                                        WHEN left(m[1], 2) = '\u' THEN 'x'
+                                        ELSE m[1] END, '' ORDER BY n), '')
+          INTO has_nul, value
+          FROM regexp_matches(substr(value, 2), '\\\\|\\0|\\u[0-9a-f]{4}|[^\\]+|\\', 'g')
+               WITH ORDINALITY AS r(m, n);
+        IF has_nul THEN
+            RETURN false;
+        END IF;
+    END IF;
+    PERFORM value::json;
+    RETURN true;
+EXCEPTION WHEN others THEN
+    RETURN false;
+END
+$fsm$""",
+    "fsm_try_jsonb(text)": r"""
+CREATE OR REPLACE FUNCTION fsm_try_jsonb(value text) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fsm$
+BEGIN
+    IF value IS NULL OR left(value, 1) = chr(64976) THEN
+        RETURN NULL;
+    END IF;
+    RETURN value::jsonb;
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END
+$fsm$""",
 }
 
 
@@ -77,6 +169,11 @@ class Base(DeclarativeBase):
         dict[str, Any]: sa.JSON(none_as_null=True),
         list[Any]: sa.JSON(none_as_null=True),
     }
+
+
+for _sql in PG_FUNCTIONS.values():
+    _ddl = sa.DDL(_sql)  # type: ignore[no-untyped-call]
+    sa.event.listen(Base.metadata, "before_create", _ddl.execute_if(dialect="postgresql"))
 
 
 #: the tool-call state, mapped once (a VARCHAR with a CHECK of the allowed values).
@@ -111,14 +208,144 @@ def _partial(condition: str) -> dict[str, Any]:
     return {"sqlite_where": sa.text(condition), "postgresql_where": sa.text(condition)}
 
 
+def sqlite_types_check(
+    *,
+    ints: Sequence[str] = (),
+    nullable_ints: Sequence[str] = (),
+    bools: Sequence[str] = (),
+    texts: Sequence[str] = (),
+    nullable_texts: Sequence[str] = (),
+    jsons: Sequence[str] = (),
+    nullable_jsons: Sequence[str] = (),
+) -> str:
+    """The SQL of a table's SQLite ``types`` check (migration 0003 builds the same text)."""
+    terms = [f"typeof({c}) = 'integer'" for c in ints]
+    terms += [f"({c} IS NULL OR typeof({c}) = 'integer')" for c in nullable_ints]
+    terms += [f"(typeof({c}) = 'integer' AND {c} IN (0, 1))" for c in bools]
+    terms += [f"typeof({c}) = 'text'" for c in texts]
+    terms += [f"({c} IS NULL OR typeof({c}) = 'text')" for c in nullable_texts]
+    terms += [f"(typeof({c}) = 'text' AND json_valid({c}))" for c in jsons]
+    terms += [
+        f"({c} IS NULL OR (typeof({c}) = 'text' AND json_valid({c})))" for c in nullable_jsons
+    ]
+    return " AND ".join(terms)
+
+
+def _sqlite_check(sql: str, name: str) -> sa.CheckConstraint:
+    check = sa.CheckConstraint(sql, name=name)
+    check.ddl_if(dialect="sqlite")
+    return check
+
+
+def _postgres_check(sql: str, name: str) -> sa.CheckConstraint:
+    check = sa.CheckConstraint(sql, name=name)
+    check.ddl_if(dialect="postgresql")
+    return check
+
+
+#: whitespace a name may not consist of, and blank arguments may (JSON's: space, tab, LF, CR).
+_SQLITE_BLANK = "' ' || char(9, 10, 13)"
+_PG_BLANK = r"E' \t\r\n'"
+
+#: ``tool_calls.name`` has at least one character that is not JSON whitespace.
+SQLITE_NAME_CHECK = f"trim(name, {_SQLITE_BLANK}) <> ''"
+PG_NAME_CHECK = f"btrim(name, {_PG_BLANK}) <> ''"
+#: ``tool_calls.arguments`` is blank or valid JSON. On SQLite a value marked by the codec (its
+#: first character U+FDD0) is checked as the text it stands for: ``\\`` hidden as U+0000 (which
+#: never occurs unescaped) while each remaining ``\uXXXX`` (a lone surrogate) becomes ``x``,
+#: which is valid where a raw surrogate is (inside a string) and nowhere else; ``\0`` (U+0000)
+#: is never valid.
+SQLITE_ARGUMENTS_CHECK = (
+    f"trim(arguments, {_SQLITE_BLANK}) = '' OR json_valid(arguments)"
+    " OR (substr(arguments, 1, 1) = char(64976)"
+    r" AND instr(replace(substr(arguments, 2), '\\', char(0)), '\0') = 0"
+    r" AND json_valid(replace(replace(replace(substr(arguments, 2), '\\', char(0)), '\u', 'x'),"
+    r" char(0), '\')))"
+)
+PG_ARGUMENTS_CHECK = f"btrim(arguments, {_PG_BLANK}) = '' OR fsm_json_valid(arguments)"
+#: roles whose messages always have content (a string, possibly ``""``, or content parts).
+MESSAGE_CONTENT_CHECK = (
+    "role NOT IN ('system', 'developer', 'user', 'tool')"
+    " OR content IS NOT NULL OR content_parts IS NOT NULL"
+)
+
+
+#: the columns of each table's SQLite ``types`` check, by kind (migration 0003 lists the same).
+MESSAGE_TYPES: dict[str, list[str]] = {
+    "ints": ["seq", "n_calls", "slots_left"],
+    "nullable_ints": [
+        "choice",
+        "prev_seq",
+        "prev_slots_left",
+        "assistant_seq",
+        "call_position",
+        "block_end_seq",
+    ],
+    "texts": ["conversation_id", "role", "created_at"],
+    "nullable_texts": [
+        "content",
+        "name",
+        "refusal",
+        "reasoning",
+        "model",
+        "response_id",
+        "finish_reason",
+        "idempotency_key",
+        "tool_call_id",
+    ],
+    "nullable_jsons": ["content_parts", "usage"],
+}
+TOOL_CALL_TYPES: dict[str, list[str]] = {
+    "ints": ["assistant_seq", "position", "assistant_n_calls"],
+    "nullable_ints": ["provider_index"],
+    "bools": ["repaired"],
+    "texts": ["conversation_id", "call_id", "type", "name", "arguments", "state"],
+    "nullable_texts": ["raw_arguments"],
+}
+ATTEMPT_TYPES: dict[str, list[str]] = {
+    "ints": ["id", "at_seq"],
+    "nullable_ints": ["choice"],
+    "bools": ["complete"],
+    "texts": ["conversation_id", "created_at"],
+    "nullable_texts": [
+        "response_id",
+        "model",
+        "finish_reason",
+        "end_how",
+        "end_reason",
+        "content",
+        "reasoning",
+        "refusal",
+        "error",
+    ],
+    "jsons": ["anomalies"],
+    "nullable_jsons": ["usage"],
+}
+ATTEMPT_CALL_TYPES: dict[str, list[str]] = {
+    "ints": ["attempt_id", "position"],
+    "nullable_ints": ["provider_index"],
+    "bools": ["repaired"],
+    "texts": ["call_id", "type", "name", "arguments", "state"],
+    "nullable_texts": ["raw_arguments", "reason"],
+    "nullable_jsons": ["result"],
+}
+
+
 class Conversation(Base):
     """A conversation: the owner of messages and attempts (deleting it deletes them)."""
 
     __tablename__ = "conversations"
 
+    #: clean text (no U+0000, no surrogate, no leading U+FDD0): stored as it is.
     id: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=_NOW)
     meta: Mapped[dict[str, Any] | None] = mapped_column()
+
+    __table_args__ = (
+        _sqlite_check(
+            sqlite_types_check(texts=["id", "created_at"], nullable_jsons=["meta"]), "types"
+        ),
+    )
 
 
 class Message(Base):
@@ -132,16 +359,17 @@ class Message(Base):
     seq: Mapped[int] = mapped_column(primary_key=True)
     role: Mapped[str] = mapped_column(ROLE)
     #: the text content; ``content_parts`` holds a list content instead (never both).
-    content: Mapped[str | None] = mapped_column(sa.Text)
+    content: Mapped[str | None] = mapped_column(StoredText)
     content_parts: Mapped[list[Any] | None] = mapped_column()
-    name: Mapped[str | None] = mapped_column(sa.Text)
-    refusal: Mapped[str | None] = mapped_column(sa.Text)
-    reasoning: Mapped[str | None] = mapped_column(sa.Text)
-    model: Mapped[str | None] = mapped_column(sa.Text)
-    response_id: Mapped[str | None] = mapped_column(sa.Text)
+    name: Mapped[str | None] = mapped_column(StoredText)
+    refusal: Mapped[str | None] = mapped_column(StoredText)
+    reasoning: Mapped[str | None] = mapped_column(StoredText)
+    model: Mapped[str | None] = mapped_column(StoredText)
+    response_id: Mapped[str | None] = mapped_column(StoredText)
     choice: Mapped[int | None] = mapped_column()
-    finish_reason: Mapped[str | None] = mapped_column(sa.String(64))
+    finish_reason: Mapped[str | None] = mapped_column(StoredText)
     usage: Mapped[dict[str, Any] | None] = mapped_column()
+    #: clean text of at most 512 UTF-8 bytes: stored as it is.
     idempotency_key: Mapped[str | None] = mapped_column(sa.Text)
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=_NOW)
 
@@ -152,7 +380,7 @@ class Message(Base):
     prev_seq: Mapped[int | None] = mapped_column()
     prev_slots_left: Mapped[int | None] = mapped_column()
     #: tool rows: the call answered, by its assistant's seq, its position and its id text.
-    tool_call_id: Mapped[str | None] = mapped_column(sa.Text)
+    tool_call_id: Mapped[str | None] = mapped_column(StoredText)
     assistant_seq: Mapped[int | None] = mapped_column()
     call_position: Mapped[int | None] = mapped_column()
     #: assistant rows with calls: the seq of the last result (``seq + n_calls``).
@@ -186,6 +414,7 @@ class Message(Base):
         ),
         sa.CheckConstraint("seq >= 0", name="seq"),
         sa.CheckConstraint("content IS NULL OR content_parts IS NULL", name="one_content"),
+        sa.CheckConstraint(MESSAGE_CONTENT_CHECK, name="content"),
         sa.CheckConstraint(
             "n_calls >= 0 AND (role = 'assistant' OR n_calls = 0)",
             name="n_calls",
@@ -219,6 +448,7 @@ class Message(Base):
             " OR ((role <> 'assistant' OR n_calls = 0) AND block_end_seq IS NULL)",
             name="block_end",
         ),
+        _sqlite_check(sqlite_types_check(**MESSAGE_TYPES), "types"),
         sa.Index("ix_messages_conversation_id_prev_seq", "conversation_id", "prev_seq"),
         sa.Index(
             "ix_messages_conversation_id_assistant_seq_call_position",
@@ -275,15 +505,15 @@ class ToolCallRow(Base):
     position: Mapped[int] = mapped_column(primary_key=True)
     assistant_n_calls: Mapped[int] = mapped_column()
     #: the provider's id, byte-exact (may be ``""``, may repeat).
-    call_id: Mapped[str] = mapped_column(sa.Text)
+    call_id: Mapped[str] = mapped_column(StoredText)
     #: the provider's ``index`` for the call, if it sent one.
     provider_index: Mapped[int | None] = mapped_column()
-    type: Mapped[str] = mapped_column(sa.String(64))
-    name: Mapped[str] = mapped_column(sa.Text)
+    type: Mapped[str] = mapped_column(StoredText)
+    name: Mapped[str] = mapped_column(StoredText)
     #: the arguments sent back in history, byte-exact.
-    arguments: Mapped[str] = mapped_column(sa.Text)
+    arguments: Mapped[str] = mapped_column(StoredText)
     #: the provider's arguments when opt-in repair appended to them, else NULL.
-    raw_arguments: Mapped[str | None] = mapped_column(sa.Text)
+    raw_arguments: Mapped[str | None] = mapped_column(StoredText)
     repaired: Mapped[bool] = mapped_column()
     state: Mapped[ToolCallState] = mapped_column(TOOL_CALL_STATE)
 
@@ -300,6 +530,11 @@ class ToolCallRow(Base):
             "(repaired AND raw_arguments IS NOT NULL) OR (NOT repaired AND raw_arguments IS NULL)",
             name="repaired",
         ),
+        _sqlite_check(SQLITE_NAME_CHECK, "name"),
+        _postgres_check(PG_NAME_CHECK, "name"),
+        _sqlite_check(SQLITE_ARGUMENTS_CHECK, "arguments"),
+        _postgres_check(PG_ARGUMENTS_CHECK, "arguments"),
+        _sqlite_check(sqlite_types_check(**TOOL_CALL_TYPES), "types"),
         sa.Index("ix_tool_calls_name", "name"),
         # audit (migration 0002): the calls of one tool in key order (a LIMIT stops early)
         sa.Index(
@@ -324,25 +559,29 @@ class Attempt(Base):
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=_NOW)
     #: the conversation's next seq when the attempt was recorded (where it would have gone).
     at_seq: Mapped[int] = mapped_column()
-    response_id: Mapped[str | None] = mapped_column(sa.Text)
+    response_id: Mapped[str | None] = mapped_column(StoredText)
     choice: Mapped[int | None] = mapped_column()
-    model: Mapped[str | None] = mapped_column(sa.Text)
-    finish_reason: Mapped[str | None] = mapped_column(sa.String(64))
+    model: Mapped[str | None] = mapped_column(StoredText)
+    finish_reason: Mapped[str | None] = mapped_column(StoredText)
     complete: Mapped[bool] = mapped_column()
     #: how the stream ended (``done``, ``eof``, ``error``, ``aborted``, ...) and why.
-    end_how: Mapped[str | None] = mapped_column(sa.String(64))
-    end_reason: Mapped[str | None] = mapped_column(sa.Text)
-    content: Mapped[str | None] = mapped_column(sa.Text)
-    reasoning: Mapped[str | None] = mapped_column(sa.Text)
-    refusal: Mapped[str | None] = mapped_column(sa.Text)
+    end_how: Mapped[str | None] = mapped_column(StoredText)
+    end_reason: Mapped[str | None] = mapped_column(StoredText)
+    content: Mapped[str | None] = mapped_column(StoredText)
+    reasoning: Mapped[str | None] = mapped_column(StoredText)
+    refusal: Mapped[str | None] = mapped_column(StoredText)
     usage: Mapped[dict[str, Any] | None] = mapped_column()
     #: the parser's anomalies: a list of ``{"kind", "detail", "choice"}`` objects.
     anomalies: Mapped[list[Any]] = mapped_column()
+    #: why the turn failed after its tools ran (a commit that failed), if it did.
+    error: Mapped[str | None] = mapped_column(StoredText)
 
-    # audit (migration 0002): attempts in key order, and failures by model and by time
+    # audit (migration 0002): attempts in key order, and failures by model and by time; hash
+    # indexes on PostgreSQL, whose b-tree entries cannot exceed ~2.7 KB (migration 0003)
     __table_args__ = (
+        _sqlite_check(sqlite_types_check(**ATTEMPT_TYPES), "types"),
         sa.Index("ix_attempts_conversation_id_at_seq_id", "conversation_id", "at_seq", "id"),
-        sa.Index("ix_attempts_model", "model"),
+        sa.Index("ix_attempts_model", "model", postgresql_using="hash"),
         sa.Index("ix_attempts_created_at", "created_at"),
     )
 
@@ -357,20 +596,24 @@ class AttemptCall(Base):
     )
     position: Mapped[int] = mapped_column(primary_key=True)
     provider_index: Mapped[int | None] = mapped_column()
-    call_id: Mapped[str] = mapped_column(sa.Text)
-    type: Mapped[str] = mapped_column(sa.String(64))
-    name: Mapped[str] = mapped_column(sa.Text)
-    arguments: Mapped[str] = mapped_column(sa.Text)
-    raw_arguments: Mapped[str | None] = mapped_column(sa.Text)
+    call_id: Mapped[str] = mapped_column(StoredText)
+    type: Mapped[str] = mapped_column(StoredText)
+    name: Mapped[str] = mapped_column(StoredText)
+    arguments: Mapped[str] = mapped_column(StoredText)
+    raw_arguments: Mapped[str | None] = mapped_column(StoredText)
     repaired: Mapped[bool] = mapped_column()
     state: Mapped[ToolCallState] = mapped_column(TOOL_CALL_STATE)
     #: why the call is truncated or aborted.
-    reason: Mapped[str | None] = mapped_column(sa.Text)
+    reason: Mapped[str | None] = mapped_column(StoredText)
+    #: the tool's result that would have been committed (a string or a content-parts list).
+    result: Mapped[Any] = mapped_column(sa.JSON(none_as_null=True), nullable=True)
 
     __table_args__ = (
         sa.CheckConstraint("position >= 0", name="position"),
-        # audit (migration 0002): calls of attempts by tool, state and reason
-        sa.Index("ix_attempt_calls_name", "name"),
+        _sqlite_check(sqlite_types_check(**ATTEMPT_CALL_TYPES), "types"),
+        # audit (migration 0002): calls of attempts by tool, state and reason (hash indexes on
+        # PostgreSQL for the texts of any length, migration 0003)
+        sa.Index("ix_attempt_calls_name", "name", postgresql_using="hash"),
         sa.Index("ix_attempt_calls_state", "state"),
-        sa.Index("ix_attempt_calls_reason", "reason"),
+        sa.Index("ix_attempt_calls_reason", "reason", postgresql_using="hash"),
     )

@@ -18,6 +18,9 @@ breaks the contract, so even a bug here could not store an invalid history.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -31,6 +34,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from fsm.errors import IncompleteTurnError
 from fsm.parser import Anomaly, ParseResult, Turn
 from fsm.states import ToolCallState
+from fsm.store.codec import MARK
 from fsm.store.engine import (
     BUSY_TIMEOUT_SECONDS,
     WRITE,
@@ -42,19 +46,22 @@ from fsm.store.errors import (
     ConflictError,
     ConversationExistsError,
     ConversationNotFoundError,
+    CorruptStoreError,
     IdempotencyMismatchError,
     InvalidConversationIdError,
+    InvalidIdempotencyKeyError,
     InvalidMessageError,
     InvalidTurnError,
     ResultsError,
     StoreBusyError,
     UnsupportedValueError,
+    ValueRejectedError,
 )
 from fsm.store.migrate import ensure_at_head
 from fsm.store.models import Attempt, AttemptCall, Conversation, Message, ToolCallRow
-from fsm.toolcall import ToolCall
+from fsm.toolcall import ToolCall, is_json
 
-__all__ = ["CommittedTurn", "ConversationStore", "Results", "StoreCore"]
+__all__ = ["MAX_KEY_BYTES", "CommittedTurn", "ConversationStore", "Results", "StoreCore"]
 
 #: Tool results of a turn: one per call in call order (a string, or a dict with ``content``),
 #: or a mapping from call id to result when the turn's ids are unique and non-empty.
@@ -71,6 +78,19 @@ _RESULT_KEYS = {"role", "content", "tool_call_id"}
 
 #: The isolation level of PostgreSQL read transactions: one snapshot for every statement.
 READ_SNAPSHOT = "REPEATABLE READ"
+
+#: The longest call id, tool name, model, response id and idempotency key the store takes, in
+#: UTF-8 bytes: the parser's default limit for the same fields, and short enough that an index
+#: entry holding one (in the codec's form, at most twice as long) with a conversation id stays
+#: within PostgreSQL's b-tree limit (about 2.7 KB).
+MAX_KEY_BYTES = 512
+
+#: JSON nesting the store keeps in content parts and metadata (deeper is refused), and in the
+#: JSON of attempts (deeper is kept as a string rendering).
+MAX_JSON_DEPTH = 512
+ATTEMPT_JSON_DEPTH = 32
+_INT64 = 2**63
+_UNCLEAN = re.compile("[\x00\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,13 +208,14 @@ class ConversationStore:
         ``exist_ok`` (then the existing conversation is kept as it is).
         """
         row = self._core.conversation_row(conversation_id, metadata)
-        try:
-            with self._core.translate(), self._writer.begin() as conn:
-                self._core.insert_conversation(conn, row)
-        except sa_exc.IntegrityError as exc:
-            if exist_ok:
-                return str(row["id"])
-            raise ConversationExistsError(row["id"]) from exc
+        with self._core.translate():
+            try:
+                with self._writer.begin() as conn:
+                    self._core.insert_conversation(conn, row)
+            except sa_exc.IntegrityError as exc:
+                if exist_ok:
+                    return str(row["id"])
+                raise ConversationExistsError(row["id"]) from exc
         return str(row["id"])
 
     def delete_conversation(self, conversation_id: str) -> bool:
@@ -202,6 +223,7 @@ class ConversationStore:
 
         Returns whether it existed.
         """
+        self._core.check_conversation_id(conversation_id)
         with self._core.translate(), self._writer.begin() as conn:
             return self._core.delete_conversation(conn, conversation_id)
 
@@ -210,6 +232,7 @@ class ConversationStore:
 
         Pass it as ``expected_seq`` to a later write to detect that someone wrote in between.
         """
+        self._core.check_conversation_id(conversation_id)
         with self._engine.connect() as conn:
             return self._core.next_seq(conn, conversation_id)
 
@@ -233,6 +256,7 @@ class ConversationStore:
         :class:`~fsm.store.errors.ConflictError` is raised and nothing is written.
         Returns the conversation's next seq after the write.
         """
+        self._core.check_conversation_id(conversation_id)
         rows = self._core.plain_rows(messages)
         with self._core.translate(), self._writer.begin() as conn:
             return self._core.append(conn, conversation_id, rows, expected_seq)
@@ -272,6 +296,8 @@ class ConversationStore:
         ``expected_seq``: the seq the assistant message must get; if another writer appended
         first, :class:`~fsm.store.errors.ConflictError` (retryable) is raised.
         """
+        self._core.check_conversation_id(conversation_id)
+        self._core.check_idempotency_key(idempotency_key)
         plan = self._core.plan_turn(turn, results)
         with self._core.translate(), self._writer.begin() as conn:
             return self._core.commit_turn(
@@ -283,6 +309,8 @@ class ConversationStore:
         conversation_id: str,
         attempt: Turn | ParseResult,
         *,
+        results: Results | None = None,
+        error: str | None = None,
         anomalies: Sequence[Anomaly] = (),
     ) -> list[int]:
         """Record a turn that did not (or must not) go to history, for audit.
@@ -292,8 +320,19 @@ class ConversationStore:
         call is kept with its final state, reason and raw arguments, with the parser's
         anomalies (a ``ParseResult`` brings its own; for a bare ``Turn`` pass ``anomalies``).
         Attempts are never part of history. Returns the new attempt ids.
+
+        ``results``: the results of the calls that ran, in the shapes :meth:`commit_turn` takes
+        (a list in call order, which may stop early, or a mapping from call id); each is kept
+        with its call (``attempts()`` returns it as the call's ``result``: a string or a list
+        of content parts). A result that matches no call is kept as an ``unmatched_result``
+        anomaly. ``error``: why the turn failed after its tools ran (a commit that failed).
+
+        Never fails for the values of a failed turn: text is stored losslessly (U+0000, lone
+        surrogates, megabytes of reason), and JSON values that no engine stores as they are
+        (NaN, infinities, integers beyond 64 bits, nesting deeper than 32) are kept as strings.
         """
-        plan = self._core.plan_attempt(attempt, anomalies)
+        plan = self._core.plan_attempt(attempt, anomalies, results=results, error=error)
+        self._core.check_conversation_id(conversation_id)
         with self._core.translate(), self._writer.begin() as conn:
             return self._core.record_attempt(conn, conversation_id, plan)
 
@@ -315,6 +354,7 @@ class ConversationStore:
         back). Two queries (messages, then tool calls) in one snapshot, whatever the length of
         the conversation.
         """
+        self._core.check_conversation_id(conversation_id)
         self._core.check_last(last)
         with self._reader() as conn:
             return self._core.history(conn, conversation_id, last, include_reasoning)
@@ -324,8 +364,11 @@ class ConversationStore:
 
         Each is a dict of the ``attempts`` columns plus ``tool_calls``: one dict per call with
         ``position``, ``index`` (the provider's), ``id``, ``type``, ``name``, ``arguments``,
-        ``raw_arguments`` (what the provider sent), ``state``, ``reason`` and ``repaired``.
+        ``raw_arguments`` (what the provider sent), ``state``, ``reason``, ``repaired`` and
+        ``result`` (the result given to :meth:`record_attempt`, else ``None``); the attempt's
+        ``error`` says why a commit failed after the tools ran.
         """
+        self._core.check_conversation_id(conversation_id)
         with self._reader() as conn:
             return self._core.attempts(conn, conversation_id)
 
@@ -369,19 +412,98 @@ class StoreCore:
     # -- errors ------------------------------------------------------------------------------
     @contextmanager
     def translate(self) -> Iterator[None]:
-        """Turn driver errors a caller can act on into typed store errors."""
+        """Turn driver errors a caller can act on into typed store errors: a lost race or a
+        busy database into :class:`~fsm.store.errors.StoreBusyError` (retryable), a value the
+        database refuses (a constraint, a type, a size limit) into
+        :class:`~fsm.store.errors.ValueRejectedError`, with a one-line message."""
         try:
             yield
         except sa_exc.OperationalError as exc:
             text = str(exc.orig).lower()
             # SQLite: "database is locked"; PostgreSQL: deadlock, serialization, lock timeout
-            sqlstate = getattr(exc.orig, "sqlstate", None)
+            sqlstate = getattr(exc.orig, "sqlstate", None) or ""
             if "locked" in text or "busy" in text or sqlstate in ("40P01", "40001", "55P03"):
                 raise StoreBusyError(
-                    f"the database {self.url} stayed locked by another writer ({exc.orig}); "
-                    "retry later"
+                    f"the database {self.url} stayed locked by another writer "
+                    f"({_first_line(exc.orig)}); retry later"
                 ) from exc
+            if sqlstate.startswith("54") or "too big" in text or "too large" in text:
+                # PostgreSQL program limits (an index row too large), SQLite "string or blob
+                # too big"
+                raise self._rejected(exc) from exc
             raise
+        except (sa_exc.IntegrityError, sa_exc.DataError) as exc:
+            raise self._rejected(exc) from exc
+        except sa_exc.StatementError as exc:
+            if isinstance(exc, sa_exc.DBAPIError):
+                raise
+            # a bind parameter that could not be converted (say, JSON that is not strict)
+            raise ValueRejectedError(
+                f"a value could not be written to {self.url}: {_first_line(exc.orig)}"
+            ) from exc
+
+    def _rejected(self, exc: sa_exc.DBAPIError) -> ValueRejectedError:
+        diag = getattr(exc.orig, "diag", None)
+        constraint = getattr(diag, "constraint_name", None)
+        text = _first_line(exc.orig)
+        if constraint is None:
+            found = re.search(r"constraint failed: (\w+)", text)
+            constraint = found.group(1) if found else None
+        return ValueRejectedError(
+            f"the database {self.url} refused the write ({text}); nothing was written"
+            + (
+                ""
+                if constraint is None
+                else f" (if the store's data was edited by hand, run: fsm audit check --db "
+                f"'{self.url}')"
+            ),
+            constraint=constraint,
+        )
+
+    @contextmanager
+    def reading(self, conversation_id: str) -> Iterator[None]:
+        """Turn a broken stored history found while reading into
+        :class:`~fsm.store.errors.CorruptStoreError` (which names the check to run)."""
+        try:
+            yield
+        except _Corrupt as exc:
+            raise CorruptStoreError(conversation_id, self.url, str(exc)) from None
+
+    # -- validation (no I/O) -----------------------------------------------------------------
+    @staticmethod
+    def check_conversation_id(conversation_id: object) -> None:
+        """A conversation id is a non-empty string of at most 255 characters of clean text."""
+        problem: str | None
+        if not isinstance(conversation_id, str) or not conversation_id:
+            problem = "is not a non-empty string"
+        elif len(conversation_id) > 255:
+            problem = f"has {len(conversation_id)} characters"
+        else:
+            problem = _unclean(conversation_id)
+            if problem is None:
+                return
+        raise InvalidConversationIdError(
+            f"a conversation id is a non-empty string of at most 255 characters, without "
+            f"U+0000, surrogates or a leading U+FDD0: {_show(conversation_id)} {problem}"
+        )
+
+    @staticmethod
+    def check_idempotency_key(key: object) -> None:
+        """An idempotency key is ``None`` or clean text of at most 512 UTF-8 bytes."""
+        if key is None:
+            return
+        if not isinstance(key, str):
+            problem: str | None = f"is a {type(key).__name__}, not a string"
+        elif _utf8_len(key) > MAX_KEY_BYTES:
+            problem = f"has {_utf8_len(key)} UTF-8 bytes"
+        else:
+            problem = _unclean(key)
+            if problem is None:
+                return
+        raise InvalidIdempotencyKeyError(
+            f"an idempotency key is a string of at most {MAX_KEY_BYTES} UTF-8 bytes, without "
+            f"U+0000, surrogates or a leading U+FDD0: {_show(key)} {problem}"
+        )
 
     # -- plans (no I/O) ----------------------------------------------------------------------
     @staticmethod
@@ -395,12 +517,13 @@ class StoreCore:
     ) -> dict[str, Any]:
         """The ``conversations`` row to insert (a new random hex id when none is given)."""
         cid = uuid.uuid4().hex if conversation_id is None else conversation_id
-        if not isinstance(cid, str) or not cid or len(cid) > 255:
-            raise InvalidConversationIdError(
-                f"a conversation id is a non-empty string of at most 255 characters, not {cid!r}"
-            )
-        self._check_text(cid, "the conversation id")
-        return {"id": cid, "meta": dict(metadata) if metadata else None}
+        self.check_conversation_id(cid)
+        meta = dict(metadata) if metadata else None
+        if meta is not None:
+            problem = _json_problem(meta)
+            if problem is not None:
+                raise UnsupportedValueError(f"the conversation's metadata {problem}")
+        return {"id": cid, "meta": meta}
 
     def plain_rows(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The rows (without positions) of plain messages given to ``append``."""
@@ -414,13 +537,19 @@ class StoreCore:
         calls = _complete_calls(single)
         contents = _normalize_results(calls, results)
         assistant = _assistant_message(single, calls)
-        self._check_values(assistant, contents)
+        _check_key_lengths(single, calls)
         return TurnPlan(single, calls, contents, assistant)
 
     def plan_attempt(
-        self, attempt: Turn | ParseResult, anomalies: Sequence[Anomaly] = ()
+        self,
+        attempt: Turn | ParseResult,
+        anomalies: Sequence[Anomaly] = (),
+        *,
+        results: Results | None = None,
+        error: str | None = None,
     ) -> AttemptPlan:
-        """The ``attempts`` rows (one per choice) and their calls' rows."""
+        """The ``attempts`` rows (one per choice) and their calls' rows, every value made
+        storable (see :meth:`ConversationStore.record_attempt`)."""
         if isinstance(attempt, ParseResult):
             result: ParseResult | None = attempt
             turns: list[Turn | None] = list(attempt.turns) or [None]
@@ -432,23 +561,47 @@ class StoreCore:
                 f"record_attempt() takes a Turn or a ParseResult, not {type(attempt).__name__}"
             )
         plan: AttemptPlan = []
-        for turn in turns:
+        for number, turn in enumerate(turns):
             calls = turn.tool_calls if turn is not None else []
+            row = _attempt_row(result, turn, found)
+            stored: list[Any] = [None] * len(calls)
+            notes: list[str] = []
+            if number == 0 and results is not None:
+                if len(turns) == 1:
+                    stored, notes = _attempt_results(calls, results)
+                else:
+                    notes = [f"results given for a response of {len(turns)} choices"]
+            row["anomalies"] = _json_safe(
+                row["anomalies"]
+                + [
+                    {"kind": "unmatched_result", "detail": note, "choice": row["choice"]}
+                    for note in notes
+                ]
+            )
+            row["usage"] = _json_safe(row.get("usage"))
+            row["error"] = _text(error)
+            for key in ("response_id", "model", "finish_reason", "end_how", "end_reason"):
+                row[key] = _text(row.get(key))
+            for key in ("content", "reasoning", "refusal"):
+                row[key] = _text(row.get(key))
+            row["complete"] = bool(row["complete"])
+            row["choice"] = _small_int(row["choice"])
             plan.append(
                 (
-                    _attempt_row(result, turn, found),
+                    row,
                     [
                         {
                             "position": p,
-                            "provider_index": call.index,
-                            "call_id": call.id,
-                            "type": call.type,
-                            "name": call.name,
-                            "arguments": call.arguments,
-                            "raw_arguments": call.raw_arguments if call.repaired else None,
-                            "repaired": call.repaired,
+                            "provider_index": _small_int(call.index),
+                            "call_id": _text(call.id) or "",
+                            "type": _text(call.type) or "",
+                            "name": _text(call.name) or "",
+                            "arguments": _text(call.arguments) or "",
+                            "raw_arguments": _text(call.raw_arguments) if call.repaired else None,
+                            "repaired": bool(call.repaired),
                             "state": call.state,
-                            "reason": call.reason,
+                            "reason": _text(call.reason),
+                            "result": stored[p],
                         }
                         for p, call in enumerate(calls)
                     ],
@@ -475,7 +628,8 @@ class StoreCore:
     def next_seq(self, conn: Connection, conversation_id: str) -> int:
         """The conversation's next seq (``ConversationNotFoundError`` if it does not exist)."""
         _require(conn, conversation_id)
-        return _next_seq(conn, conversation_id)
+        with self.reading(conversation_id):
+            return _next_seq(conn, conversation_id)
 
     def append(
         self,
@@ -486,7 +640,8 @@ class StoreCore:
     ) -> int:
         """Append rows from :meth:`plain_rows`; returns the next seq after them."""
         _require(conn, conversation_id, lock=self.postgres)
-        seq = _next_seq(conn, conversation_id)
+        with self.reading(conversation_id):
+            seq = _next_seq(conn, conversation_id)
         _check_expected(conversation_id, expected_seq, seq)
         if not prepared:
             return seq
@@ -517,9 +672,11 @@ class StoreCore:
         _require(conn, conversation_id, lock=self.postgres)
         turn, calls, contents, assistant = plan.turn, plan.calls, plan.contents, plan.assistant
         n = len(calls)
-        seq, stored_at = _position(conn, conversation_id, turn, idempotency_key)
+        with self.reading(conversation_id):
+            seq, stored_at = _position(conn, conversation_id, turn, idempotency_key)
+            if stored_at is not None:
+                stored = _read(conn, conversation_id, turn_at=stored_at, include_reasoning=False)
         if stored_at is not None:
-            stored = _read(conn, conversation_id, turn_at=stored_at, include_reasoning=False)
             if stored[0] != assistant:
                 raise IdempotencyMismatchError(
                     f"conversation {conversation_id!r} already holds a different turn under "
@@ -547,7 +704,7 @@ class StoreCore:
                 "response_id": turn.response_id or None,
                 "choice": turn.index,
                 "finish_reason": turn.finish_reason,
-                "usage": turn.usage,
+                "usage": _json_safe(turn.usage),
                 "idempotency_key": idempotency_key,
                 "n_calls": n,
                 "slots_left": n,
@@ -607,7 +764,8 @@ class StoreCore:
     ) -> list[int]:
         """Insert planned attempts at the conversation's current position; their ids."""
         _require(conn, conversation_id, lock=self.postgres)
-        at_seq = _next_seq(conn, conversation_id)
+        with self.reading(conversation_id):
+            at_seq = _next_seq(conn, conversation_id)
         ids: list[int] = []
         for row, calls in plan:
             attempt_id = conn.execute(
@@ -625,7 +783,8 @@ class StoreCore:
         self, conn: Connection, conversation_id: str, last: int | None, include_reasoning: bool
     ) -> list[dict[str, Any]]:
         """The history (see :meth:`ConversationStore.history`), in a read transaction."""
-        messages = _read(conn, conversation_id, last=last, include_reasoning=include_reasoning)
+        with self.reading(conversation_id):
+            messages = _read(conn, conversation_id, last=last, include_reasoning=include_reasoning)
         if not messages:
             _require(conn, conversation_id)
         return messages
@@ -633,6 +792,18 @@ class StoreCore:
     def attempts(self, conn: Connection, conversation_id: str) -> list[dict[str, Any]]:
         """The attempts (see :meth:`ConversationStore.attempts`), in a read transaction."""
         _require(conn, conversation_id)
+        with self.reading(conversation_id):
+            return _read_attempts(conn, conversation_id)
+
+    # -- messages ----------------------------------------------------------------------------
+    def _plain_row(self, i: int, message: Mapping[str, Any]) -> dict[str, Any]:
+        return _plain_row(i, message)
+
+
+def _read_attempts(conn: Connection, conversation_id: str) -> list[dict[str, Any]]:
+    """The attempts of a conversation with their calls (``_Corrupt`` if a stored value cannot
+    be read back)."""
+    try:
         rows = (
             conn.execute(
                 sa.select(Attempt)
@@ -652,88 +823,69 @@ class StoreCore:
             .mappings()
             .all()
         )
-        by_attempt: dict[int, list[dict[str, Any]]] = {}
-        for call in calls:
-            by_attempt.setdefault(call["attempt_id"], []).append(
-                {
-                    "position": call["position"],
-                    "index": call["provider_index"],
-                    "id": call["call_id"],
-                    "type": call["type"],
-                    "name": call["name"],
-                    "arguments": call["arguments"],
-                    "raw_arguments": call["raw_arguments"] or call["arguments"],
-                    "state": call["state"].value,
-                    "reason": call["reason"],
-                    "repaired": call["repaired"],
-                }
-            )
-        return [{**row, "tool_calls": by_attempt.get(row["id"], [])} for row in rows]
+    except (ValueError, TypeError, LookupError) as exc:
+        # a value SQLAlchemy cannot convert back (JSON that is not JSON, an unknown state)
+        raise _Corrupt(f"a stored attempt cannot be read back: {_first_line(exc)}") from None
+    by_attempt: dict[Any, list[dict[str, Any]]] = {}
+    for call in calls:
+        state = call["state"]
+        by_attempt.setdefault(call["attempt_id"], []).append(
+            {
+                "position": call["position"],
+                "index": call["provider_index"],
+                "id": call["call_id"],
+                "type": call["type"],
+                "name": call["name"],
+                "arguments": call["arguments"],
+                "raw_arguments": call["raw_arguments"] or call["arguments"],
+                "state": state.value if isinstance(state, ToolCallState) else state,
+                "reason": call["reason"],
+                "repaired": call["repaired"],
+                "result": call["result"],
+            }
+        )
+    return [{**row, "tool_calls": by_attempt.get(row["id"], [])} for row in rows]
 
-    # -- validation --------------------------------------------------------------------------
-    def _check_text(self, value: str | None, what: str) -> None:
-        if self.postgres and value is not None and "\x00" in value:
-            raise UnsupportedValueError(
-                f"{what} contains the character U+0000, which PostgreSQL text cannot store; "
-                "use SQLite or remove it"
-            )
 
-    def _check_values(
-        self, assistant: Mapping[str, Any], contents: Sequence[tuple[str | None, Any]]
-    ) -> None:
-        if not self.postgres:
-            return
-        for key in ("content", "refusal"):
-            self._check_text(assistant.get(key), f"the assistant {key}")
-        for call in assistant.get("tool_calls", []):
-            self._check_text(call["id"], "a tool call id")
-            self._check_text(call["function"]["name"], "a tool call name")
-            self._check_text(call["function"]["arguments"], "tool call arguments")
-        for text, _parts in contents:
-            self._check_text(text, "a tool result")
-
-    def _plain_row(self, i: int, message: Mapping[str, Any]) -> dict[str, Any]:
-        if not isinstance(message, Mapping):
-            raise InvalidMessageError(f"message {i} is not a dict: {message!r}")
-        role = message.get("role")
-        if role == "tool":
-            raise InvalidMessageError(
-                f"message {i} is a tool result: results go in with their turn, "
-                "through commit_turn()"
-            )
-        if role not in _PLAIN_ROLES:
-            raise InvalidMessageError(
-                f"message {i} has role {role!r}; append() takes {', '.join(_PLAIN_ROLES)}"
-            )
-        extra = set(message) - _MESSAGE_KEYS[role]
-        if extra:
-            raise InvalidMessageError(
-                f"message {i} ({role}) has keys fsm does not store: {sorted(extra)}"
-            )
-        if message.get("tool_calls"):
-            raise InvalidMessageError(
-                f"message {i} is an assistant message with tool calls: commit it with its "
-                "results through commit_turn()"
-            )
-        content = message.get("content")
-        refusal = message.get("refusal")
-        text, parts = _content(content, f"message {i}")
-        if content is None and not (role == "assistant" and refusal is not None):
-            raise InvalidMessageError(f"message {i} ({role}) has no content")
-        for key in ("name", "refusal", "reasoning_content"):
-            value = message.get(key)
-            if value is not None and not isinstance(value, str):
-                raise InvalidMessageError(f"message {i}: {key} must be a string, not {value!r}")
-            self._check_text(value, f"message {i}'s {key}")
-        self._check_text(text, f"message {i}'s content")
-        return {
-            "role": role,
-            "content": text,
-            "content_parts": parts,
-            "name": message.get("name"),
-            "refusal": refusal,
-            "reasoning": message.get("reasoning_content"),
-        }
+def _plain_row(i: int, message: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(message, Mapping):
+        raise InvalidMessageError(f"message {i} is not a dict: {message!r}")
+    role = message.get("role")
+    if role == "tool":
+        raise InvalidMessageError(
+            f"message {i} is a tool result: results go in with their turn, through commit_turn()"
+        )
+    if role not in _PLAIN_ROLES:
+        raise InvalidMessageError(
+            f"message {i} has role {role!r}; append() takes {', '.join(_PLAIN_ROLES)}"
+        )
+    extra = set(message) - _MESSAGE_KEYS[role]
+    if extra:
+        raise InvalidMessageError(
+            f"message {i} ({role}) has keys fsm does not store: {sorted(extra)}"
+        )
+    if message.get("tool_calls"):
+        raise InvalidMessageError(
+            f"message {i} is an assistant message with tool calls: commit it with its "
+            "results through commit_turn()"
+        )
+    content = message.get("content")
+    refusal = message.get("refusal")
+    text, parts = _content(content, f"message {i}")
+    if content is None and not (role == "assistant" and refusal is not None):
+        raise InvalidMessageError(f"message {i} ({role}) has no content")
+    for key in ("name", "refusal", "reasoning_content"):
+        value = message.get(key)
+        if value is not None and not isinstance(value, str):
+            raise InvalidMessageError(f"message {i}: {key} must be a string, not {value!r}")
+    return {
+        "role": role,
+        "content": text,
+        "content_parts": parts,
+        "name": message.get("name"),
+        "refusal": refusal,
+        "reasoning": message.get("reasoning_content"),
+    }
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -781,6 +933,8 @@ def _position(
         .scalar_subquery()
     )
     last, at = conn.execute(sa.select(last_seq, stored)).one()
+    if at is not None and not _is_int(at):
+        raise _Corrupt(f"a message has seq {_show(at)}, not an integer")
     return _after(last), at
 
 
@@ -799,6 +953,11 @@ def _read(
     cost is linear in what is read whatever the planner's statistics say (a join can be
     planned as a nested loop on tables that were never analyzed). Call it inside one
     transaction with a stable snapshot, so both scans see the same commits.
+
+    What is read is checked against the contract as it is merged (dense seqs, whole tool
+    blocks, results answering their calls, finished calls, values of the right types): a
+    database edited with its enforcement switched off raises ``_Corrupt`` instead of giving a
+    history the model would refuse.
     """
     m, t = Message, ToolCallRow
     query = (
@@ -812,6 +971,8 @@ def _read(
             m.reasoning if include_reasoning else sa.null(),
             m.tool_call_id,
             m.n_calls,
+            m.assistant_seq,
+            m.call_position,
         )
         .where(m.conversation_id == conversation_id)
         .order_by(m.seq)
@@ -832,7 +993,10 @@ def _read(
             .scalar_subquery()
         )
         query = query.where(m.seq >= first)
-    rows = conn.execute(query).all()
+    try:
+        rows = conn.execute(query).all()
+    except (ValueError, TypeError) as exc:  # JSON that is not JSON
+        raise _Corrupt(f"a stored message cannot be read back: {_first_line(exc)}") from None
     start = 0
     if last is not None:
         # a window starts at a message boundary: drop results whose assistant is outside
@@ -840,49 +1004,154 @@ def _read(
             start += 1
     messages: list[dict[str, Any]] = []
     calls_of: dict[int, list[dict[str, Any]]] = {}
-    for seq, role, content, parts, name, refusal, reasoning, tool_call_id, n_calls in (
-        rows[start:] if start else rows
-    ):
+    #: for each assistant message with calls: its n_calls and its results' tool_call_ids
+    blocks: dict[int, tuple[int, list[str]]] = {}
+    expected: int | None = None
+    block: int | None = None  # the assistant seq whose results are being read
+    for (
+        seq,
+        role,
+        content,
+        parts,
+        name,
+        refusal,
+        reasoning,
+        tool_call_id,
+        n_calls,
+        assistant_seq,
+        call_position,
+    ) in rows[start:] if start else rows:
+        if not _is_int(seq):
+            raise _Corrupt(f"a message has seq {_show(seq)}, not an integer")
+        if expected is None:
+            want = seq if last is not None else (0 if turn_at is None else turn_at)
+            if seq != want:
+                raise _Corrupt(f"seq {want} is missing (the first message has seq {seq})")
+        elif seq != expected:
+            raise _Corrupt(f"seq {expected} is missing (the next message has seq {seq})")
+        expected = seq + 1
+        if role not in _ROLES:
+            raise _Corrupt(f"message {seq} has role {_show(role)}")
+        if not _is_int(n_calls) or n_calls < 0 or (n_calls and role != "assistant"):
+            raise _Corrupt(f"message {seq} ({role}) has n_calls {_show(n_calls)}")
+        if content is not None and not isinstance(content, str):
+            raise _Corrupt(f"message {seq} has content {_show(content)}, not text")
+        if parts is not None and not isinstance(parts, list):
+            raise _Corrupt(f"message {seq} has content parts {_show(parts)}, not a list")
+        if content is None and parts is None and role != "assistant":
+            raise _Corrupt(f"message {seq} ({role}) has no content")
         message: dict[str, Any]
         if role == "tool":
+            if block is None:
+                raise _Corrupt(f"message {seq} is a tool result outside a tool block")
+            size, answered = blocks[block]
+            if assistant_seq != block or call_position != len(answered):
+                raise _Corrupt(
+                    f"message {seq} is the result of call ({_show(assistant_seq)}, "
+                    f"{_show(call_position)}), but its slot is call {len(answered)} of "
+                    f"message {block}"
+                )
+            if not isinstance(tool_call_id, str):
+                raise _Corrupt(f"message {seq} has tool_call_id {_show(tool_call_id)}")
+            answered.append(tool_call_id)
+            if len(answered) == size:
+                block = None
             message = {"role": role, "tool_call_id": tool_call_id, "content": content}
         else:
+            if block is not None:
+                size, answered = blocks[block]
+                raise _Corrupt(
+                    f"message {block} has {size} tool call(s) but {len(answered)} result(s) "
+                    f"before message {seq}"
+                )
             message = {"role": role, "content": content}
-            if name is not None:
-                message["name"] = name
-            if refusal is not None:
-                message["refusal"] = refusal
-            if reasoning is not None:
-                message["reasoning_content"] = reasoning
+            for key, value in (
+                ("name", name),
+                ("refusal", refusal),
+                ("reasoning_content", reasoning),
+            ):
+                if value is not None:
+                    if not isinstance(value, str):
+                        raise _Corrupt(f"message {seq} has {key} {_show(value)}, not text")
+                    message[key] = value
             if n_calls:
                 calls_of[seq] = message["tool_calls"] = []
+                blocks[seq] = (n_calls, [])
+                block = seq
         if parts is not None:
             message["content"] = parts
         messages.append(message)
-    if calls_of:
-        calls = conn.execute(
-            sa.select(t.assistant_seq, t.call_id, t.type, t.name, t.arguments)
-            .where(
-                t.conversation_id == conversation_id,
-                t.assistant_seq >= min(calls_of),
-                t.assistant_seq <= max(calls_of),
-            )
-            .order_by(t.assistant_seq, t.position)
+    if block is not None:
+        size, answered = blocks[block]
+        raise _Corrupt(
+            f"message {block} has {size} tool call(s) but {len(answered)} result(s) "
+            "(the history ends there)"
         )
-        for assistant_seq, call_id, kind, name, arguments in calls:
-            calls_of[assistant_seq].append(
+    if turn_at is not None and not messages:
+        raise _Corrupt(f"message {turn_at} cannot be read")
+    if calls_of:
+        try:
+            calls = conn.execute(
+                sa.select(
+                    t.assistant_seq,
+                    t.position,
+                    t.call_id,
+                    t.type,
+                    t.name,
+                    t.arguments,
+                    sa.type_coerce(t.state, sa.String),
+                )
+                .where(
+                    t.conversation_id == conversation_id,
+                    t.assistant_seq >= min(calls_of),
+                    t.assistant_seq <= max(calls_of),
+                )
+                .order_by(t.assistant_seq, t.position)
+            ).all()
+        except (ValueError, TypeError) as exc:
+            raise _Corrupt(f"a stored tool call cannot be read back: {_first_line(exc)}") from None
+        for assistant_seq, position, call_id, kind, name, arguments, state in calls:
+            target = calls_of.get(assistant_seq) if _is_int(assistant_seq) else None
+            where = f"call {_show(position)} of message {_show(assistant_seq)}"
+            if target is None:
+                raise _Corrupt(f"{where} belongs to no assistant message with tool calls")
+            if position != len(target) or len(target) >= blocks[assistant_seq][0]:
+                raise _Corrupt(f"{where} is not call {len(target)} of {blocks[assistant_seq][0]}")
+            if state != ToolCallState.FINISHED.value:
+                raise _Corrupt(f"{where} is {_show(state)}, not finished")
+            if not all(isinstance(v, str) for v in (call_id, kind, name, arguments)):
+                raise _Corrupt(f"{where} has a value that is not text")
+            if not name.strip(_JSON_WHITESPACE):
+                raise _Corrupt(f"{where} has a blank name")
+            if not is_json(arguments):
+                raise _Corrupt(f"{where} has arguments that are not JSON")
+            if call_id != blocks[assistant_seq][1][position]:
+                raise _Corrupt(
+                    f"the result of {where} answers {_show(blocks[assistant_seq][1][position])}, "
+                    f"not the call's id {_show(call_id)}"
+                )
+            target.append(
                 {
                     "id": call_id,
                     "type": kind,
                     "function": {"name": name, "arguments": arguments},
                 }
             )
+        for seq, found in calls_of.items():
+            if len(found) != blocks[seq][0]:
+                raise _Corrupt(
+                    f"message {seq} has {blocks[seq][0]} tool call(s) but {len(found)} call row(s)"
+                )
     return messages
 
 
-def _after(last_seq: int | None) -> int:
+def _after(last_seq: object) -> int:
     """The seq after ``last_seq`` (the max seq of a conversation, ``None`` when it is empty)."""
-    return 0 if last_seq is None else int(last_seq) + 1
+    if last_seq is None:
+        return 0
+    if not isinstance(last_seq, int) or not _is_int(last_seq):
+        raise _Corrupt(f"a message has seq {_show(last_seq)}, not an integer")
+    return last_seq + 1
 
 
 def _check_expected(conversation_id: str, expected: int | None, actual: int) -> None:
@@ -928,7 +1197,11 @@ def _content(value: Any, where: str) -> tuple[str | None, list[Any] | None]:
     if value is None or isinstance(value, str):
         return value, None
     if isinstance(value, list) and all(isinstance(part, Mapping) for part in value):
-        return None, [dict(part) for part in value]
+        parts = [dict(part) for part in value]
+        problem = _json_problem(parts)
+        if problem is not None:
+            raise InvalidMessageError(f"{where}: the content parts {problem}")
+        return None, parts
     raise InvalidMessageError(
         f"{where}: content must be a string or a list of content-part dicts, not {value!r}"
     )
@@ -1047,3 +1320,224 @@ def _attempt_row(
         )
         row["end_how"] = turn.end_reason or row["end_how"]
     return row
+
+
+# -- values --------------------------------------------------------------------------------------
+class _Corrupt(Exception):
+    """A stored history that breaks the contract (becomes ``CorruptStoreError``)."""
+
+
+_ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
+_JSON_WHITESPACE = " \t\r\n"
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int
+
+
+def _show(value: object, limit: int = 60) -> str:
+    """A short ``repr`` for a one-line message."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"
+
+
+def _first_line(exc: BaseException | None) -> str:
+    text = str(exc).strip() if exc is not None else ""
+    return (text.splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _unclean(text: str) -> str | None:
+    """Why ``text`` is not clean text (kept as it is, never marked), or ``None``."""
+    if "\x00" in text:
+        return "contains U+0000"
+    if text.isascii():
+        return None
+    if text.startswith(MARK):
+        return "starts with U+FDD0"
+    if _UNCLEAN.search(text):
+        return "contains a lone surrogate"
+    return None
+
+
+def _check_key_lengths(turn: Turn, calls: Sequence[ToolCall]) -> None:
+    """Ids, names, the model and the response id fit the store's indexes (``MAX_KEY_BYTES``)."""
+    keys: list[tuple[str, str | None]] = [
+        ("model", turn.model),
+        ("response id", turn.response_id),
+    ]
+    for p, call in enumerate(calls):
+        keys += [(f"call {p}'s id", call.id), (f"call {p}'s name", call.name)]
+    for what, value in keys:
+        if value is not None and _utf8_len(value) > MAX_KEY_BYTES:
+            raise UnsupportedValueError(
+                f"the turn's {what} has {_utf8_len(value)} UTF-8 bytes; the store takes at most "
+                f"{MAX_KEY_BYTES} (the parser's default limit): nothing was written"
+            )
+
+
+def _json_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be stored as JSON that reads back equal, or ``None``.
+
+    JSON here is what both engines hold: dicts with string keys, lists (tuples), strings,
+    booleans, ``None``, finite floats and integers of at most 4,300 digits, nested at most
+    ``MAX_JSON_DEPTH`` deep.
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if item is None or isinstance(item, str | bool):
+            continue
+        if isinstance(item, int):
+            try:
+                str(item)
+            except ValueError:
+                return f"holds an integer too long for JSON text ({item.bit_length()} bits)"
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return f"holds {item!r}, which is not JSON"
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            return f"is nested deeper than {MAX_JSON_DEPTH} levels"
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if not isinstance(key, str):
+                    return f"has a key {_show(key)} that is not a string"
+                stack.append((inner, depth + 1))
+        elif isinstance(item, list | tuple):
+            stack.extend((inner, depth + 1) for inner in item)
+        else:
+            return f"holds a {type(item).__name__}, which is not JSON"
+    return None
+
+
+def _int_text(value: int) -> str:
+    try:
+        return str(value)
+    except ValueError:  # beyond Python's digit limit for decimal text
+        return hex(value)
+
+
+def _render(value: Any, limit: int = 65536) -> str:
+    """A JSON-like text of any value, however deep or odd, without recursion (for values of
+    attempts nested too deep to keep as JSON); at most about ``limit`` characters."""
+    out: list[str] = []
+    size = 0
+    stack: list[tuple[bool, Any]] = [(False, value)]  # (is a literal piece, item)
+    while stack and size < limit:
+        literal, item = stack.pop()
+        if literal:
+            piece = item
+        elif isinstance(item, dict):
+            pieces: list[tuple[bool, Any]] = [(True, "{")]
+            for i, (key, inner) in enumerate(item.items()):
+                if i:
+                    pieces.append((True, ", "))
+                pieces += [(False, key if isinstance(key, str) else _render(key, 256))]
+                pieces += [(True, ": "), (False, inner)]
+            pieces.append((True, "}"))
+            stack.extend(reversed(pieces))
+            continue
+        elif isinstance(item, list | tuple):
+            pieces = [(True, "[")]
+            for i, inner in enumerate(item):
+                if i:
+                    pieces.append((True, ", "))
+                pieces.append((False, inner))
+            pieces.append((True, "]"))
+            stack.extend(reversed(pieces))
+            continue
+        elif isinstance(item, str):
+            piece = json.dumps(item[:limit])
+        elif isinstance(item, bool) or item is None:
+            piece = json.dumps(item)
+        elif isinstance(item, int):
+            piece = _int_text(item)
+        elif isinstance(item, float):
+            piece = repr(item)
+        else:
+            piece = _show(item, 256)
+        out.append(piece)
+        size += len(piece)
+    text = "".join(out)
+    return text if not stack else text[:limit] + "..."
+
+
+def _json_safe(value: Any, depth: int = 0) -> Any:
+    """``value`` as JSON both engines store (for attempts and usage, which must never fail):
+    NaN and infinities become strings (``"nan"``, ``"inf"``), integers beyond 64 bits their
+    decimal text, non-string keys text, other objects their ``repr``, and anything nested deeper
+    than ``ATTEMPT_JSON_DEPTH`` a string rendering of it."""
+    if value is None or isinstance(value, str | bool):
+        return value
+    if isinstance(value, int):
+        return int(value) if -_INT64 <= value < _INT64 else _int_text(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if depth >= ATTEMPT_JSON_DEPTH and isinstance(value, Mapping | list | tuple):
+        return _render(value)
+    if isinstance(value, Mapping):
+        return {
+            (key if isinstance(key, str) else _render(key, 256)): _json_safe(inner, depth + 1)
+            for key, inner in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_json_safe(inner, depth + 1) for inner in value]
+    return _show(value, 4096)
+
+
+def _text(value: object) -> str | None:
+    """A text column's value for an attempt: any string as it is (the codec stores it), other
+    objects as their ``str``."""
+    if value is None or isinstance(value, str):
+        return value
+    try:
+        return str(value)
+    except Exception:
+        return _show(value)
+
+
+def _small_int(value: object) -> int | None:
+    """An integer column's value for an attempt (``None`` when it does not fit 64 bits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value < _INT64:
+        return int(value)
+    return None
+
+
+def _result_value(value: Any) -> Any:
+    """The stored form of one result given to ``record_attempt`` (its content)."""
+    if isinstance(value, Mapping) and "content" in value:
+        value = value["content"]
+    return _json_safe(value)
+
+
+def _attempt_results(calls: Sequence[ToolCall], results: Any) -> tuple[list[Any], list[str]]:
+    """One stored result (or ``None``) per call of an attempt, and a note for each result
+    that matches no call. Never raises: an attempt is recorded whatever it was given."""
+    stored: list[Any] = [None] * len(calls)
+    notes: list[str] = []
+    if isinstance(results, Mapping):
+        for key, value in results.items():
+            free = [p for p, c in enumerate(calls) if c.id == key and stored[p] is None]
+            if free:
+                stored[free[0]] = _result_value(value)
+            else:
+                notes.append(f"result for id {_show(key)}: no call: {_render(value, 4096)}")
+    elif isinstance(results, str | bytes) or not isinstance(results, Sequence):
+        notes.append(f"results that are not a list or a dict: {_render(results, 4096)}")
+    else:
+        for p, value in enumerate(results):
+            if p < len(calls):
+                stored[p] = _result_value(value)
+            else:
+                notes.append(
+                    f"result {p}: the turn has {len(calls)} call(s): {_render(value, 4096)}"
+                )
+    return stored, notes
