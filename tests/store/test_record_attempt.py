@@ -147,9 +147,7 @@ def test_attempt_rows_hold_the_columns(store: ConversationStore) -> None:
     """The new columns, seen through SQLAlchemy: ``attempts.error`` and
     ``attempt_calls.result`` (JSON)."""
     cid = store.create_conversation()
-    [attempt_id] = store.record_attempt(
-        cid, truncated_turn(), results=["r\ud800"], error="e\x00"
-    )
+    [attempt_id] = store.record_attempt(cid, truncated_turn(), results=["r\ud800"], error="e\x00")
     with store.engine.connect() as conn:
         error = conn.execute(sa.select(Attempt.error).where(Attempt.id == attempt_id)).scalar()
         result = conn.execute(
