@@ -899,11 +899,19 @@ def _require(conn: Connection, conversation_id: str, *, lock: bool = False) -> N
         raise ConversationNotFoundError(conversation_id)
 
 
+def _last_row(conversation_id: str) -> sa.Select[int, int]:
+    """The conversation's last message: its seq and open result slots (through the key)."""
+    return (
+        sa.select(Message.seq, Message.slots_left)
+        .where(Message.conversation_id == conversation_id)
+        .order_by(Message.seq.desc())
+        .limit(1)
+    )
+
+
 def _next_seq(conn: Connection, conversation_id: str) -> int:
-    last = conn.execute(
-        sa.select(sa.func.max(Message.seq)).where(Message.conversation_id == conversation_id)
-    ).scalar()
-    return _after(last)
+    last = conn.execute(_last_row(conversation_id)).first()
+    return _after(*last) if last is not None else 0
 
 
 def _position(
@@ -911,11 +919,6 @@ def _position(
 ) -> tuple[int, int | None]:
     """The next seq, and the seq of an earlier commit of the same turn (or ``None``): the
     same idempotency key if one is given, else the same response id and choice."""
-    last_seq = (
-        sa.select(sa.func.max(Message.seq))
-        .where(Message.conversation_id == conversation_id)
-        .scalar_subquery()
-    )
     same: sa.ColumnElement[bool]
     if idempotency_key is not None:
         same = Message.idempotency_key == idempotency_key
@@ -932,10 +935,17 @@ def _position(
         .where(Message.conversation_id == conversation_id, same)
         .scalar_subquery()
     )
-    last, at = conn.execute(sa.select(last_seq, stored)).one()
+    last = _last_row(conversation_id)
+    at, last_seq, slots_left = conn.execute(
+        sa.select(
+            stored,
+            last.with_only_columns(Message.seq).scalar_subquery(),
+            last.with_only_columns(Message.slots_left).scalar_subquery(),
+        )
+    ).one()
     if at is not None and not _is_int(at):
         raise _Corrupt(f"a message has seq {_show(at)}, not an integer")
-    return _after(last), at
+    return (0 if last_seq is None else _after(last_seq, slots_left)), at
 
 
 def _read(
@@ -1089,25 +1099,27 @@ def _read(
         )
     if turn_at is not None and not messages:
         raise _Corrupt(f"message {turn_at} cannot be read")
-    if calls_of:
+    whole = last is None and turn_at is None
+    if calls_of or (whole and messages):
+        calls_query = (
+            sa.select(
+                t.assistant_seq,
+                t.position,
+                t.call_id,
+                t.type,
+                t.name,
+                t.arguments,
+                sa.type_coerce(t.state, sa.String),
+            )
+            .where(t.conversation_id == conversation_id)
+            .order_by(t.assistant_seq, t.position)
+        )
+        if not whole:  # a window: the calls of its messages (a whole read checks them all)
+            calls_query = calls_query.where(
+                t.assistant_seq >= min(calls_of), t.assistant_seq <= max(calls_of)
+            )
         try:
-            calls = conn.execute(
-                sa.select(
-                    t.assistant_seq,
-                    t.position,
-                    t.call_id,
-                    t.type,
-                    t.name,
-                    t.arguments,
-                    sa.type_coerce(t.state, sa.String),
-                )
-                .where(
-                    t.conversation_id == conversation_id,
-                    t.assistant_seq >= min(calls_of),
-                    t.assistant_seq <= max(calls_of),
-                )
-                .order_by(t.assistant_seq, t.position)
-            ).all()
+            calls = conn.execute(calls_query).all()
         except (ValueError, TypeError) as exc:
             raise _Corrupt(f"a stored tool call cannot be read back: {_first_line(exc)}") from None
         for assistant_seq, position, call_id, kind, name, arguments, state in calls:
@@ -1145,12 +1157,15 @@ def _read(
     return messages
 
 
-def _after(last_seq: object) -> int:
-    """The seq after ``last_seq`` (the max seq of a conversation, ``None`` when it is empty)."""
-    if last_seq is None:
-        return 0
+def _after(last_seq: object, slots_left: object) -> int:
+    """The seq after the conversation's last message (``last_seq``), which must close its
+    tool block (``slots_left`` 0)."""
     if not isinstance(last_seq, int) or not _is_int(last_seq):
         raise _Corrupt(f"a message has seq {_show(last_seq)}, not an integer")
+    if slots_left != 0:
+        raise _Corrupt(
+            f"the last message (seq {last_seq}) leaves {_show(slots_left)} tool result slot(s) open"
+        )
     return last_seq + 1
 
 
