@@ -9,7 +9,14 @@ streamed answer with fsm as it arrives (:mod:`fsm.clients`), and then
 * a **complete turn without tool calls** (the answer): commit it and stop;
 * an **incomplete turn** (truncated, aborted, cut, a failed request): record it as an attempt
   (``record_attempts=True``, the default), write nothing to history, and raise
-  :class:`TurnFailedError`, whose ``reason`` says why.
+  :class:`TurnFailedError`, whose ``reason`` says why;
+* a **commit that fails after the tools ran** (a conflict with another writer, a busy or
+  unreachable database, a value the database refuses, an idempotency mismatch, a dropped
+  connection): record the turn as an attempt *with the tool results* and the error text, and
+  raise :class:`TurnFailedError` with reason ``commit_failed: <the error>``, its ``results``
+  (what the tools returned) and the store's exception as ``__cause__``. A turn whose tools ran
+  is never lost silently: if recording the attempt fails too, :class:`TurnNotRecordedError`
+  (a ``TurnFailedError``) says both and still carries the results.
 
 Every request's ``messages`` is ``store.history(conversation)``: what was committed, byte-exact,
 tool results right after their assistant message. The loop stops after ``max_turns`` requests
@@ -37,7 +44,12 @@ with ``status="max_turns"``.
 :class:`~fsm.store.aio.AsyncConversationStore`, tools that may be coroutine functions, run
 concurrently). Cancelling its task mid-stream aborts the turn (reason ``cancelled``), records the
 attempt when ``record_attempts`` is true, commits nothing, and re-raises
-:class:`asyncio.CancelledError`. A cancellation while tools run commits nothing either.
+:class:`asyncio.CancelledError`. A cancellation while tools run commits nothing either; one
+during the commit records the attempt with the results (error ``cancelled``) and re-raises.
+
+Store errors before any tool runs (creating the conversation, appending ``messages``, reading the
+history) propagate: fsm's typed store errors as they are, anything else (a driver's error) as
+:class:`AgentStoreError`, naming the operation.
 
 Progress: ``on_event`` receives the parser's events as they arrive
 (:class:`~fsm.events.ToolCallOpened` carries a tool's name as soon as the stream names it) and the
@@ -54,7 +66,7 @@ import json
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from fsm.clients import CANCELLED, aiter_openai_events, iter_openai_events
 from fsm.errors import FsmError
@@ -73,6 +85,7 @@ __all__ = [
     "AgentError",
     "AgentEvent",
     "AgentResult",
+    "AgentStoreError",
     "AsyncStoreLike",
     "AttemptRecorded",
     "RequestSent",
@@ -80,6 +93,7 @@ __all__ = [
     "ToolExecuted",
     "TurnCommitted",
     "TurnFailedError",
+    "TurnNotRecordedError",
     "arun_agent_loop",
     "function_tool",
     "run_agent_loop",
@@ -163,31 +177,144 @@ class AgentError(FsmError):
 
 
 class TurnFailedError(AgentError):
-    """A request did not give a complete turn, so the loop stopped.
+    """A request's turn did not make it into history, so the loop stopped.
 
-    Attributes: ``step`` (1-based request number), ``reason`` (why: ``length``, ``eof``,
-    ``invalid_json``, the provider's error message, the transport's error, ...), ``result`` (the
+    Two cases, told apart by ``results``:
+
+    * the request did not give a complete turn (``results is None``): ``reason`` is why
+      (``length``, ``eof``, ``invalid_json``, the provider's error message, the transport's
+      error, ...); no tool ran;
+    * the turn was complete and its tools ran, but committing it failed (``results`` holds what
+      the tools returned, in call order): ``reason`` is ``commit_failed: <the error, one line>``
+      and ``__cause__`` is the store's (or the driver's) exception. The attempt was recorded with
+      the results and the error text, so nothing the tools did is lost. The turn can be
+      committed later as it is, without running a tool again:
+      ``store.commit_turn(conversation, error.turn, error.results,
+      expected_seq=error.expected_seq)`` (safe even if the connection failed during the
+      database's own COMMIT and it was applied: a turn with a response id is idempotent, and
+      ``expected_seq`` refuses a second copy of one without). ``retryable`` says whether the
+      store called its error retryable (a conflict, a busy database).
+
+    Attributes: ``step`` (1-based request number), ``reason``, ``result`` (the
     :class:`~fsm.parser.ParseResult`: every call with its final state and reason),
-    ``attempt_ids`` (the recorded attempts; empty when ``record_attempts`` is false). The
-    transport's exception, if any, is ``__cause__``. Nothing of the turn is in history.
+    ``attempt_ids`` (the recorded attempts; empty when ``record_attempts`` is false), ``turn``
+    (choice 0, when it was complete), ``results`` and ``expected_seq`` (the seq the turn was to
+    be committed at). The transport's or the store's exception, if any, is ``__cause__``.
     """
 
     def __init__(
-        self, step: int, reason: str, result: ParseResult, attempt_ids: Sequence[int]
+        self,
+        step: int,
+        reason: str,
+        result: ParseResult,
+        attempt_ids: Sequence[int],
+        *,
+        turn: Turn | None = None,
+        results: Sequence[str] | None = None,
+        expected_seq: int | None = None,
     ) -> None:
         self.step = step
         self.reason = reason
         self.result = result
         self.attempt_ids = list(attempt_ids)
-        recorded = (
-            f"recorded as attempt {', '.join(map(str, self.attempt_ids))}"
-            if self.attempt_ids
-            else "not recorded"
+        self.turn = turn
+        self.results = list(results) if results is not None else None
+        self.expected_seq = expected_seq
+        super().__init__(self._describe())
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the cause is an error the store calls retryable (``ConflictError``,
+        ``StoreBusyError``): the same write may succeed later."""
+        return bool(getattr(self.__cause__, "retryable", False))
+
+    def _recorded(self) -> str:
+        if self.attempt_ids:
+            return f"recorded as attempt {', '.join(map(str, self.attempt_ids))}"
+        return "not recorded"
+
+    def _describe(self) -> str:
+        if self.results is None:
+            return (
+                f"request {self.step} did not give a complete turn ({self.reason}); nothing was "
+                f"written to history ({self._recorded()})"
+            )
+        if not self.results:
+            return (
+                f"request {self.step} gave a complete turn without tool calls, but committing it "
+                f"failed ({self.reason}); it is not in history ({self._recorded()})"
+            )
+        return (
+            f"{_ran(self.step, len(self.results))}, but committing it failed ({self.reason}); "
+            f"it is not in history ({self._recorded()}"
+            + (" with the tool results" if self.attempt_ids else "")
+            + "); the tool results are on this error (results)"
         )
+
+
+class TurnNotRecordedError(TurnFailedError):
+    """A turn did not make it into history, and recording it as an attempt failed too.
+
+    Everything of :class:`TurnFailedError` (``attempt_ids`` is empty), plus ``record_error``: the
+    exception ``record_attempt`` raised (its text is in the message). ``__cause__`` is the turn's
+    own failure: the commit's error when the tools ran (then ``results`` is the only copy of what
+    they returned), else the transport's error, or the recording error when there is neither.
+    """
+
+    def __init__(
+        self,
+        step: int,
+        reason: str,
+        result: ParseResult,
+        record_error: BaseException,
+        *,
+        turn: Turn | None = None,
+        results: Sequence[str] | None = None,
+        expected_seq: int | None = None,
+    ) -> None:
+        self.record_error = record_error
         super().__init__(
-            f"request {step} did not give a complete turn ({reason}); nothing was written to "
-            f"history ({recorded})"
+            step, reason, result, (), turn=turn, results=results, expected_seq=expected_seq
         )
+
+    def _describe(self) -> str:
+        recording = f"recording it as an attempt failed too ({_one_line(self.record_error)})"
+        if self.results is None:
+            return (
+                f"request {self.step} did not give a complete turn ({self.reason}); nothing was "
+                f"written to history, and {recording}"
+            )
+        if not self.results:
+            return (
+                f"request {self.step} gave a complete turn without tool calls, but committing it "
+                f"failed ({self.reason}) and {recording}: the turn is only on this error (turn)"
+            )
+        return (
+            f"{_ran(self.step, len(self.results))}, but committing it failed ({self.reason}) and "
+            f"{recording}: the tool results exist only on this error (results)"
+        )
+
+
+def _ran(step: int, calls: int) -> str:
+    return f"request {step} gave a complete turn and its {calls} tool call(s) ran"
+
+
+class AgentStoreError(AgentError):
+    """A store operation of the loop outside a turn's commit (checking or creating the
+    conversation, appending the first messages, reading the history) failed with an exception
+    that is not one of fsm's typed errors (the database is unreachable, a connection dropped).
+
+    Attributes: ``operation`` (the store method: ``history``, ``append``, ...), ``step`` (the
+    request it was for; 0 before the first). ``__cause__`` is the driver's exception. fsm's own
+    typed errors (:class:`~fsm.store.errors.StoreError` and its subclasses) propagate as they
+    are; no tool had run when this is raised.
+    """
+
+    def __init__(self, operation: str, step: int, cause: BaseException) -> None:
+        self.operation = operation
+        self.step = step
+        when = f"before request {step}" if step else "before the first request"
+        super().__init__(f"the store's {operation}() failed {when}: {_one_line(cause)}")
 
 
 # -- what the loop needs of a store --------------------------------------------------------------
@@ -224,6 +351,8 @@ class StoreLike(Protocol):
         attempt: Turn | ParseResult,
         *,
         anomalies: Sequence[Anomaly] = ...,
+        results: Results | None = ...,
+        error: str | None = ...,
     ) -> list[int]: ...
 
     def history(
@@ -264,6 +393,8 @@ class AsyncStoreLike(Protocol):
         attempt: Turn | ParseResult,
         *,
         anomalies: Sequence[Anomaly] = ...,
+        results: Results | None = ...,
+        error: str | None = ...,
     ) -> list[int]: ...
 
     async def history(
@@ -304,23 +435,28 @@ def run_agent_loop(
         request_options: more arguments for ``chat.completions.create`` (``temperature``, ...).
 
     Returns an :class:`AgentResult`. Raises :class:`TurnFailedError` for an incomplete turn or a
-    failed request (nothing of it in history), and the store's errors as they are (a
+    failed request (nothing of it in history), and for a turn whose commit failed after its
+    tools ran (reason ``commit_failed: ...``, the tool results on the error, the attempt
+    recorded with them, the store's error as ``__cause__``: for instance a
     :class:`~fsm.store.errors.ConflictError` if another writer appended to the conversation
-    while a turn streamed: every commit names the seq it expects). ``KeyboardInterrupt`` during
-    a stream records the attempt (reason ``KeyboardInterrupt``) and is re-raised.
+    while a turn streamed or its tools ran, since every commit names the seq it expects; then
+    ``error.retryable`` is true). :class:`TurnNotRecordedError` when recording the attempt
+    failed as well. Store errors before the tools run propagate as fsm's typed store errors, or
+    as :class:`AgentStoreError` for a driver's error. ``KeyboardInterrupt`` during a stream or
+    a commit records the attempt (reason ``KeyboardInterrupt``) and is re-raised.
     """
     _check_max_turns(max_turns)
     emit = on_event or _ignore
     request = _base_request(model, tools, tool_specs, request_options)
     try:
-        store.next_seq(conversation)
+        _checked("next_seq", 0, store.next_seq, conversation)
     except LookupError:  # ConversationNotFoundError
-        store.create_conversation(conversation, exist_ok=True)
+        _checked("create_conversation", 0, store.create_conversation, conversation, exist_ok=True)
     if messages:
-        store.append(conversation, list(messages))
+        _checked("append", 0, store.append, conversation, list(messages))
     committed: list[CommittedTurn] = []
     for step in range(1, max_turns + 1):
-        history = store.history(conversation)
+        history = _checked("history", step, store.history, conversation)
         emit(RequestSent(step, len(history)))
         parser = StreamParser()
         try:
@@ -328,14 +464,24 @@ def run_agent_loop(
         except BaseException as exc:  # KeyboardInterrupt, a failing on_event: record, re-raise
             _abort(parser, exc)
             if record_attempts:
-                ids = store.record_attempt(conversation, parser.result())
-                emit(AttemptRecorded(step, ids, _why(parser.result())))
+                try:
+                    ids = store.record_attempt(conversation, parser.result())
+                except Exception as record_exc:
+                    _note_not_recorded(exc, record_exc)
+                else:
+                    emit(AttemptRecorded(step, ids, _why(parser.result())))
             raise
         result = parser.result()
         turn = _usable_turn(result, failure)
         if turn is None:
             reason = _why(result)
-            ids = store.record_attempt(conversation, result) if record_attempts else []
+            ids = []
+            if record_attempts:
+                try:
+                    ids = store.record_attempt(conversation, result)
+                except Exception as record_exc:
+                    lost_too = TurnNotRecordedError(step, reason, result, record_exc)
+                    raise lost_too from failure or record_exc
             emit(AttemptRecorded(step, ids, reason))
             raise TurnFailedError(step, reason, result, ids) from failure
         contents: list[str] = []
@@ -343,7 +489,27 @@ def run_agent_loop(
             content, error = _run_tool(tools, call)
             contents.append(content)
             emit(_executed(step, position, call, content, error))
-        done = store.commit_turn(conversation, turn, contents, expected_seq=len(history))
+        try:
+            done = store.commit_turn(conversation, turn, contents, expected_seq=len(history))
+        except BaseException as exc:  # the tools ran: record the turn with their results
+            lost = _Lost(step, result, turn, contents, len(history), exc)
+            if record_attempts:
+                try:
+                    lost.ids = store.record_attempt(
+                        conversation,
+                        lost.attempt,
+                        anomalies=result.anomalies,
+                        results=contents,
+                        error=lost.error_text,
+                    )
+                except Exception as record_exc:
+                    lost.record_error = record_exc
+            if lost.record_error is None:
+                emit(AttemptRecorded(step, lost.ids, lost.reason))
+            if not isinstance(exc, Exception):  # KeyboardInterrupt, cancelled: as it is
+                lost.note_not_recorded()
+                raise
+            raise lost.error() from exc
         committed.append(done)
         emit(TurnCommitted(step, done))
         if not turn.tool_calls:
@@ -409,7 +575,9 @@ async def arun_agent_loop(
     Cancellation: cancelling the task while a turn streams aborts the turn with reason
     ``cancelled``, records it as an attempt when ``record_attempts`` is true, writes nothing to
     history and re-raises :class:`asyncio.CancelledError`. Cancelled while tools run, nothing is
-    committed (the turn and its results only go in together).
+    committed (the turn and its results only go in together); cancelled during the commit, the
+    attempt is recorded with the results (error ``cancelled``) and the cancellation re-raised.
+    Commit failures raise :class:`TurnFailedError` as in :func:`run_agent_loop`.
     """
     _check_max_turns(max_turns)
     request = _base_request(model, tools, tool_specs, request_options)
@@ -421,14 +589,16 @@ async def arun_agent_loop(
                 await outcome
 
     try:
-        await store.next_seq(conversation)
+        await _achecked("next_seq", 0, store.next_seq, conversation)
     except LookupError:
-        await store.create_conversation(conversation, exist_ok=True)
+        await _achecked(
+            "create_conversation", 0, store.create_conversation, conversation, exist_ok=True
+        )
     if messages:
-        await store.append(conversation, list(messages))
+        await _achecked("append", 0, store.append, conversation, list(messages))
     committed: list[CommittedTurn] = []
     for step in range(1, max_turns + 1):
-        history = await store.history(conversation)
+        history = await _achecked("history", step, store.history, conversation)
         await emit(RequestSent(step, len(history)))
         parser = StreamParser()
         try:
@@ -436,21 +606,51 @@ async def arun_agent_loop(
         except BaseException as exc:  # cancelled, or on_event failed: record, re-raise
             _abort(parser, exc)
             if record_attempts:
-                ids = await store.record_attempt(conversation, parser.result())
-                await emit(AttemptRecorded(step, ids, _why(parser.result())))
+                try:
+                    ids = await store.record_attempt(conversation, parser.result())
+                except Exception as record_exc:
+                    _note_not_recorded(exc, record_exc)
+                else:
+                    await emit(AttemptRecorded(step, ids, _why(parser.result())))
             raise
         result = parser.result()
         turn = _usable_turn(result, failure)
         if turn is None:
             reason = _why(result)
-            ids = await store.record_attempt(conversation, result) if record_attempts else []
+            ids = []
+            if record_attempts:
+                try:
+                    ids = await store.record_attempt(conversation, result)
+                except Exception as record_exc:
+                    lost_too = TurnNotRecordedError(step, reason, result, record_exc)
+                    raise lost_too from failure or record_exc
             await emit(AttemptRecorded(step, ids, reason))
             raise TurnFailedError(step, reason, result, ids) from failure
         calls = turn.tool_calls
         contents = list(
             await asyncio.gather(*(_aexecute(tools, step, p, c, emit) for p, c in enumerate(calls)))
         )
-        done = await store.commit_turn(conversation, turn, contents, expected_seq=len(history))
+        try:
+            done = await store.commit_turn(conversation, turn, contents, expected_seq=len(history))
+        except BaseException as exc:  # the tools ran (cancelled too): record them, then raise
+            lost = _Lost(step, result, turn, contents, len(history), exc)
+            if record_attempts:
+                try:
+                    lost.ids = await store.record_attempt(
+                        conversation,
+                        lost.attempt,
+                        anomalies=result.anomalies,
+                        results=contents,
+                        error=lost.error_text,
+                    )
+                except Exception as record_exc:
+                    lost.record_error = record_exc
+            if lost.record_error is None:
+                await emit(AttemptRecorded(step, lost.ids, lost.reason))
+            if not isinstance(exc, Exception):  # KeyboardInterrupt, cancelled: as it is
+                lost.note_not_recorded()
+                raise
+            raise lost.error() from exc
         committed.append(done)
         await emit(TurnCommitted(step, done))
         if not calls:
@@ -605,6 +805,121 @@ def _as_content(value: Any) -> str:
 
 def _executed(step: int, position: int, call: ToolCall, content: str, error: bool) -> ToolExecuted:
     return ToolExecuted(step, position, call.id, call.name, call.arguments, content, error)
+
+
+# -- store failures ------------------------------------------------------------------------------
+_T = TypeVar("_T")
+
+#: the longest error text recorded with an attempt (a driver's message is far shorter)
+_ERROR_TEXT_LIMIT = 8000
+#: the longest error text in a ``reason``
+_REASON_LIMIT = 300
+
+
+def _checked(operation: str, step: int, method: Callable[..., _T], *args: Any, **kw: Any) -> _T:
+    """``method(*args, **kw)``, a store operation before any tool ran: fsm's typed errors as they
+    are, anything else (a driver's error) as :class:`AgentStoreError`."""
+    try:
+        return method(*args, **kw)
+    except (FsmError, LookupError):
+        raise
+    except Exception as exc:
+        raise AgentStoreError(operation, step, exc) from exc
+
+
+async def _achecked(
+    operation: str, step: int, method: Callable[..., Awaitable[_T]], *args: Any, **kw: Any
+) -> _T:
+    """The async twin of :func:`_checked`."""
+    try:
+        return await method(*args, **kw)
+    except (FsmError, LookupError):
+        raise
+    except Exception as exc:
+        raise AgentStoreError(operation, step, exc) from exc
+
+
+@dataclass(slots=True)
+class _Lost:
+    """A complete turn whose tools ran but whose commit raised ``exc``."""
+
+    step: int
+    result: ParseResult
+    turn: Turn
+    contents: list[str]
+    expected_seq: int
+    exc: BaseException
+    ids: list[int] = field(default_factory=list)
+    record_error: Exception | None = None
+
+    @property
+    def attempt(self) -> Turn | ParseResult:
+        """What to record: the whole response when it is this one turn (it brings the stream's
+        end and anomalies), else the turn."""
+        return self.result if len(self.result.turns) == 1 else self.turn
+
+    @property
+    def error_text(self) -> str:
+        return _error_text(self.exc)
+
+    @property
+    def reason(self) -> str:
+        return f"commit_failed: {_one_line(self.exc)}"
+
+    def error(self) -> TurnFailedError:
+        if self.record_error is not None:
+            return TurnNotRecordedError(
+                self.step,
+                self.reason,
+                self.result,
+                self.record_error,
+                turn=self.turn,
+                results=self.contents,
+                expected_seq=self.expected_seq,
+            )
+        return TurnFailedError(
+            self.step,
+            self.reason,
+            self.result,
+            self.ids,
+            turn=self.turn,
+            results=self.contents,
+            expected_seq=self.expected_seq,
+        )
+
+    def note_not_recorded(self) -> None:
+        if self.record_error is not None:
+            _note_not_recorded(self.exc, self.record_error, self.contents)
+
+
+def _note_not_recorded(
+    exc: BaseException, record_error: BaseException, results: Sequence[str] | None = None
+) -> None:
+    """Say on ``exc`` (re-raised as it is) that recording its turn failed."""
+    note = f"fsm: recording the turn as an attempt failed too: {_one_line(record_error)}"
+    if results is not None:
+        note += f"; the tools had run, their results: {list(results)!r}"
+    exc.add_note(note)
+
+
+def _error_text(exc: BaseException) -> str:
+    """The exception as text for an attempt's ``error``: its type and message, without the SQL
+    statement, parameters and link that a SQLAlchemy error appends."""
+    if isinstance(exc, asyncio.CancelledError):
+        return CANCELLED
+    text = _describe(exc)
+    for marker in ("\n[SQL: ", "\n(Background on this error at: "):
+        cut = text.find(marker)
+        if cut >= 0:
+            text = text[:cut]
+    return text[:_ERROR_TEXT_LIMIT]
+
+
+def _one_line(exc: BaseException) -> str:
+    """The first line of :func:`_error_text`, at most :data:`_REASON_LIMIT` characters."""
+    lines = _error_text(exc).strip().splitlines()
+    line = lines[0].strip() if lines else type(exc).__name__
+    return line if len(line) <= _REASON_LIMIT else line[: _REASON_LIMIT - 3] + "..."
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -343,7 +343,9 @@ def test_max_turns(kind: str, url: str) -> None:
 
 
 def test_another_writer_mid_stream_is_a_conflict(url: str) -> None:
-    """Every commit names the seq its request was built from: a write in between is caught."""
+    """Every commit names the seq its request was built from: a write in between is caught.
+    The tools had run: the turn is recorded as an attempt with their results, and the
+    TurnFailedError says so (tests/test_agent_commit_failures.py tries every other failure)."""
     with ConversationStore(url) as other, ReplayServer(demo_script()) as server:
         other.create_conversation("conv")
 
@@ -353,11 +355,16 @@ def test_another_writer_mid_stream_is_a_conflict(url: str) -> None:
 
         with ConversationStore(url) as store:
             client = openai.OpenAI(base_url=server.base_url, api_key="t", max_retries=0)
-            with pytest.raises(ConflictError):
+            with pytest.raises(TurnFailedError) as failed:
                 run_agent_loop(client, store, "conv", TOOLS, model=MODEL, messages=[USER],
                                on_event=meddle)  # fmt: skip
             client.close()
             assert [m["content"] for m in store.history("conv")] == [USER["content"], "me too"]
+            (attempt,) = store.attempts("conv")
+    error = failed.value
+    assert isinstance(error.__cause__, ConflictError) and error.retryable
+    assert error.reason.startswith("commit_failed: ") and error.results == ["6912", "408"]
+    assert error.attempt_ids == [attempt["id"]]
 
 
 def test_function_tool_schema() -> None:
