@@ -251,16 +251,17 @@ _PG_BLANK = r"E' \t\r\n'"
 SQLITE_NAME_CHECK = f"trim(name, {_SQLITE_BLANK}) <> ''"
 PG_NAME_CHECK = f"btrim(name, {_PG_BLANK}) <> ''"
 #: ``tool_calls.arguments`` is blank or valid JSON. On SQLite a value marked by the codec (its
-#: first character U+FDD0) is checked as the text it stands for: ``\\`` hidden as U+0000 (which
-#: never occurs unescaped) while each remaining ``\uXXXX`` (a lone surrogate) becomes ``x``,
-#: which is valid where a raw surrogate is (inside a string) and nowhere else; ``\0`` (U+0000)
-#: is never valid.
+#: first character U+FDD0) is checked as the text it stands for: each ``\\`` is hidden as
+#: U+D800 (which no stored text holds: the codec escapes surrogates, and U+0000, the obvious
+#: choice, cannot be a ``replace()`` pattern), then each remaining ``\uXXXX`` (a lone surrogate)
+#: becomes ``x``, which is valid where a raw surrogate is (inside a string) and nowhere else,
+#: and ``\0`` (U+0000) is never valid.
 SQLITE_ARGUMENTS_CHECK = (
     f"trim(arguments, {_SQLITE_BLANK}) = '' OR json_valid(arguments)"
     " OR (substr(arguments, 1, 1) = char(64976)"
-    r" AND instr(replace(substr(arguments, 2), '\\', char(0)), '\0') = 0"
-    r" AND json_valid(replace(replace(replace(substr(arguments, 2), '\\', char(0)), '\u', 'x'),"
-    r" char(0), '\')))"
+    r" AND instr(replace(substr(arguments, 2), '\\', char(55296)), '\0') = 0"
+    r" AND json_valid(replace(replace(replace(substr(arguments, 2), '\\', char(55296)), '\u', 'x'),"
+    r" char(55296), '\')))"
 )
 PG_ARGUMENTS_CHECK = f"btrim(arguments, {_PG_BLANK}) = '' OR fsm_json_valid(arguments)"
 #: roles whose messages always have content (a string, possibly ``""``, or content parts).

@@ -27,7 +27,7 @@ Create Date: 2026-12-01
   marked values as they are.)
 
 Rows that break a new check (written with raw SQL, or by an older fsm: ``Infinity`` in a SQLite
-``usage`` is rewritten as the string ``"Infinity"`` instead) stop the upgrade with a message
+``usage`` is rewritten as the string ``"inf"`` instead) stop the upgrade with a message
 naming the check; nothing is changed then.
 
 Revisions import nothing from fsm: the SQL below is the text ``fsm/store/models.py`` builds
@@ -59,9 +59,9 @@ _PG_NAME = f"btrim(name, {_PG_BLANK}) <> ''"
 _SQLITE_ARGUMENTS = (
     f"trim(arguments, {_SQLITE_BLANK}) = '' OR json_valid(arguments)"
     " OR (substr(arguments, 1, 1) = char(64976)"
-    r" AND instr(replace(substr(arguments, 2), '\\', char(0)), '\0') = 0"
-    r" AND json_valid(replace(replace(replace(substr(arguments, 2), '\\', char(0)), '\u', 'x'),"
-    r" char(0), '\')))"
+    r" AND instr(replace(substr(arguments, 2), '\\', char(55296)), '\0') = 0"
+    r" AND json_valid(replace(replace(replace(substr(arguments, 2), '\\', char(55296)), '\u', 'x'),"
+    r" char(55296), '\')))"
 )
 _PG_ARGUMENTS = f"btrim(arguments, {_PG_BLANK}) = '' OR fsm_json_valid(arguments)"
 _CONTENT = (
@@ -324,20 +324,31 @@ def _sqlite_fix_json() -> None:
             )
 
 
+def _mark(text: str) -> str:
+    """fsm.store.codec's marked form of a text that holds U+0000 or starts with U+FDD0 (SQLite
+    never held a lone surrogate)."""
+    return _MARK + text.replace("\\", "\\\\").replace("\x00", "\\0")
+
+
 def _sqlite_mark_legacy_texts() -> None:
     """Values with U+0000 or a leading U+FDD0 in the codec's marked form (foreign keys are off,
-    so a call's id and its result's ``tool_call_id`` are rewritten alike)."""
+    so a call's id and its result's ``tool_call_id`` are rewritten alike). SQLite's
+    ``replace()`` cannot take U+0000 as a pattern: the rows are rewritten from Python."""
     bind = op.get_bind()
     for table, columns in _CODEC_TEXTS.items():
         for column in columns:
-            bind.execute(
+            rows = bind.execute(
                 sa.text(
-                    f"UPDATE {table} SET {column} = char(64976)"
-                    rf" || replace(replace({column}, '\', '\\'), char(0), '\0')"
-                    f" WHERE typeof({column}) = 'text'"
-                    f" AND (substr({column}, 1, 1) = char(64976) OR instr({column}, char(0)) > 0)"
+                    f"SELECT rowid, {column} FROM {table} WHERE typeof({column}) = 'text'"
+                    f" AND (substr({column}, 1, 1) = char(64976)"
+                    f" OR instr(CAST({column} AS BLOB), X'00') > 0)"
                 )
-            )
+            ).all()
+            for rowid, text in rows:
+                bind.execute(
+                    sa.text(f"UPDATE {table} SET {column} = :text WHERE rowid = :rowid"),
+                    {"text": _mark(text), "rowid": rowid},
+                )
 
 
 def _upgrade_sqlite() -> None:

@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from fsm.store import ConversationStore
+from fsm.store.codec import encode_text
 from tests.store.conftest import make_turn
 
 Row = dict[str, Any]
@@ -370,3 +371,380 @@ def test_sqlite_store_connections_enforce_foreign_keys(store: ConversationStore)
     with store.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+# -- round 2: what "finished" means, content, and pinned types ---------------------------------
+def _call_with(conv: str, seq: int, **values: Any) -> list[Step]:
+    """An assistant at ``seq`` with one call (its values overridden) and its result."""
+    return [
+        ("messages", assistant_row(conv, seq, 1)),
+        ("tool_calls", {**call_row(conv, seq, 0, 1, "p"), **values}),
+        ("messages", result_row(conv, seq + 1, seq, 0, 1, "p")),
+    ]
+
+
+_MARKED = "\ufdd0"
+FINISHED_CASES: dict[str, tuple[list[Step], str]] = {
+    "empty_name": (_call_with("c", 4, name=""), "ck_tool_calls_name"),
+    "blank_name": (_call_with("c", 4, name=" \t\r\n"), "ck_tool_calls_name"),
+    "invalid_json_arguments": (_call_with("c", 4, arguments='{"a": 1'), "ck_tool_calls_arguments"),
+    "nan_arguments": (_call_with("c", 4, arguments='{"a": NaN}'), "ck_tool_calls_arguments"),
+    "bare_nan_arguments": (_call_with("c", 4, arguments="NaN"), "ck_tool_calls_arguments"),
+    "infinity_arguments": (_call_with("c", 4, arguments="[Infinity]"), "ck_tool_calls_arguments"),
+    "single_quoted_arguments": (
+        _call_with("c", 4, arguments="{'a': 1}"),
+        "ck_tool_calls_arguments",
+    ),
+    "trailing_garbage_arguments": (_call_with("c", 4, arguments="{} x"), "ck_tool_calls_arguments"),
+    "marked_invalid_arguments": (
+        _call_with("c", 4, arguments=encode_text("{\ud83d")),
+        "ck_tool_calls_arguments",
+    ),
+    "marked_nul_arguments": (
+        _call_with("c", 4, arguments=encode_text('"\x00\ud83d"')),
+        "ck_tool_calls_arguments",
+    ),
+    "marked_surrogate_outside_a_string": (
+        _call_with("c", 4, arguments=encode_text("[\ud83d]")),
+        "ck_tool_calls_arguments",
+    ),
+    "marked_surrogate_after_a_backslash": (
+        # the original is {"a": "\<U+D83D>"}: a backslash escaping a raw surrogate
+        _call_with("c", 4, arguments=encode_text('{"a": "\\\ud83d"}')),
+        "ck_tool_calls_arguments",
+    ),
+    "marked_text_that_is_not_the_codec_s": (
+        _call_with("c", 4, arguments=_MARKED + "not json"),
+        "ck_tool_calls_arguments",
+    ),
+    "null_user_content": (
+        [("messages", {**user_row("c", 4), "content": None})],
+        "ck_messages_content",
+    ),
+    "null_system_content": (
+        [("messages", {**user_row("c", 4), "role": "system", "content": None})],
+        "ck_messages_content",
+    ),
+    "null_developer_content": (
+        [("messages", {**user_row("c", 4), "role": "developer", "content": None})],
+        "ck_messages_content",
+    ),
+    "null_tool_content": (
+        [
+            ("messages", assistant_row("c", 4, 1)),
+            ("tool_calls", call_row("c", 4, 0, 1, "p")),
+            ("messages", {**result_row("c", 5, 4, 0, 1, "p"), "content": None}),
+        ],
+        "ck_messages_content",
+    ),
+    "null_user_content_by_update": (
+        ["UPDATE messages SET content = NULL WHERE conversation_id = 'c' AND seq = 0"],
+        "ck_messages_content",
+    ),
+    "blank_name_by_update": (
+        ["UPDATE tool_calls SET name = '  ' WHERE conversation_id = 'c' AND position = 0"],
+        "ck_tool_calls_name",
+    ),
+    "invalid_arguments_by_update": (
+        ["UPDATE tool_calls SET arguments = '{' WHERE conversation_id = 'c' AND position = 0"],
+        "ck_tool_calls_arguments",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FINISHED_CASES))
+def test_finished_means_name_and_json_and_content(seeded: ConversationStore, name: str) -> None:
+    steps, constraint = FINISHED_CASES[name]
+    before = dump(seeded)
+    with pytest.raises(sa.exc.IntegrityError) as caught, seeded.engine.begin() as conn:
+        run_steps(conn, steps)
+    orig = caught.value.orig
+    if seeded.engine.dialect.name == "postgresql":
+        assert orig.diag.constraint_name == constraint, str(orig)  # type: ignore[union-attr]
+    else:
+        assert f"CHECK constraint failed: {constraint}" in str(orig), str(orig)
+    assert dump(seeded) == before
+
+
+ACCEPTED_ARGUMENTS = [
+    "",
+    "  \t\r\n",
+    "{}",
+    ' {"a": [1, 2.5e-3, true, null]} ',
+    '"\\ud800"',  # a lone surrogate escape: valid JSON text
+    '"\\u0000"',
+    "1e1000000",
+    "1" * 5000,
+    "[" * 500 + "]" * 500,
+    # stored marked by the codec (what a split surrogate pair gives): a raw lone surrogate in
+    # a string, after an escaped backslash, and next to text that looks like the codec's escapes
+    encode_text('{"a": "\ud83d\ude00"}'),
+    encode_text('{"a": "\\\\\ud83d"}'),
+    encode_text('{"\\\\u0041": "\\\\0 \ud800", "b": "\\u00e9"}'),
+]
+
+
+@pytest.mark.parametrize("arguments", ACCEPTED_ARGUMENTS, ids=range(len(ACCEPTED_ARGUMENTS)))
+def test_blank_or_valid_json_arguments_are_accepted(
+    seeded: ConversationStore, arguments: str
+) -> None:
+    """Control: what the checks accept (stored text, as the codec writes it)."""
+    with seeded.engine.begin() as conn:
+        run_steps(conn, _call_with("c", 4, arguments=arguments, name=" f "))
+        conn.execute(
+            sa.text(
+                "INSERT INTO messages (conversation_id, seq, role, content, n_calls, slots_left,"
+                " prev_seq, prev_slots_left, tool_call_id, assistant_seq, call_position)"
+                " VALUES ('c', 6, 'assistant', NULL, 0, 0, 5, 0, NULL, NULL, NULL)"
+            )
+        )
+    assert seeded.next_seq("c") == 7
+
+
+def test_a_tool_result_may_be_empty_and_an_assistant_may_have_no_content(
+    seeded: ConversationStore,
+) -> None:
+    with seeded.engine.begin() as conn:
+        run_steps(
+            conn,
+            [
+                ("messages", assistant_row("c", 4, 1)),
+                ("tool_calls", call_row("c", 4, 0, 1, "p")),
+                ("messages", {**result_row("c", 5, 4, 0, 1, "p"), "content": ""}),
+            ],
+        )
+    assert seeded.history("c")[-1] == {"role": "tool", "tool_call_id": "p", "content": ""}
+
+
+# -- wrong types in every integer column -------------------------------------------------------
+@dataclass(frozen=True)
+class Raw:
+    """An SQL literal written into a statement as it is."""
+
+    sql: str
+
+
+def _literal(value: Any, postgres: bool) -> str:
+    if isinstance(value, Raw):
+        return value.sql
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return ("true" if value else "false") if postgres else str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _literal_insert(table: str, row: Row, postgres: bool) -> str:
+    values = ", ".join(_literal(v, postgres) for v in row.values())
+    return f"INSERT INTO {table} ({', '.join(row)}) VALUES ({values})"
+
+
+def _attempt(attempt_id: Any = 1000, **values: Any) -> Row:
+    return {
+        "id": attempt_id,
+        "conversation_id": "c",
+        "at_seq": 4,
+        "choice": 0,
+        "complete": False,
+        "anomalies": "[]",
+        **values,
+    }
+
+
+def _attempt_call(**values: Any) -> Row:
+    return {
+        "attempt_id": 1000,
+        "position": 0,
+        "provider_index": 0,
+        "call_id": "a",
+        "type": "function",
+        "name": "f",
+        "arguments": "{",
+        "repaired": False,
+        "state": "truncated",
+        **values,
+    }
+
+
+def _type_steps(table: str, column: str, value: Any) -> list[tuple[str, Row]]:
+    """Otherwise valid rows with ``value`` in ``table.column``."""
+    if table == "messages":
+        if column in ("assistant_seq", "call_position"):
+            return [
+                ("messages", assistant_row("c", 4, 1)),
+                ("tool_calls", call_row("c", 4, 0, 1, "p")),
+                ("messages", {**result_row("c", 5, 4, 0, 1, "p"), column: value}),
+            ]
+        if column in ("n_calls", "slots_left", "block_end_seq"):
+            return [
+                ("messages", {**assistant_row("c", 4, 1), column: value}),
+                ("tool_calls", call_row("c", 4, 0, 1, "p")),
+                ("messages", result_row("c", 5, 4, 0, 1, "p")),
+            ]
+        return [("messages", {**user_row("c", 4), column: value})]
+    if table == "tool_calls":
+        return [
+            ("messages", assistant_row("c", 4, 1)),
+            ("tool_calls", {**call_row("c", 4, 0, 1, "p"), column: value}),
+            ("messages", result_row("c", 5, 4, 0, 1, "p")),
+        ]
+    if table == "attempts":
+        return [("attempts", _attempt(**{column: value}))]
+    return [("attempts", _attempt()), ("attempt_calls", _attempt_call(**{column: value}))]
+
+
+INTEGER_COLUMNS = {
+    "messages": [
+        "seq",
+        "choice",
+        "n_calls",
+        "slots_left",
+        "prev_seq",
+        "prev_slots_left",
+        "assistant_seq",
+        "call_position",
+        "block_end_seq",
+    ],
+    "tool_calls": ["assistant_seq", "position", "assistant_n_calls", "provider_index"],
+    "attempts": ["id", "at_seq", "choice"],
+    "attempt_calls": ["attempt_id", "position", "provider_index"],
+}
+BOOLEAN_COLUMNS = {
+    "tool_calls": ["repaired"],
+    "attempts": ["complete"],
+    "attempt_calls": ["repaired"],
+}
+
+#: (label, SQLite literal, PostgreSQL literal): text, real and blob values
+WRONG_INTEGERS = [
+    ("text '4x'", Raw("'4x'"), Raw("'4x'")),
+    ("text '0.5'", Raw("'0.5'"), Raw("'0.5'")),
+    ("real 0.5", Raw("0.5"), Raw("'0.5'::float8::text")),
+    ("real 1e300", Raw("1e300"), Raw("1e300")),
+    ("blob X'00'", Raw("X'00'"), Raw("'\\x00'::bytea")),
+]
+WRONG_BOOLEANS = [
+    ("integer 2", Raw("2"), Raw("2")),
+    ("text 'x'", Raw("'x'"), Raw("'x'")),
+    ("real 0.5", Raw("0.5"), Raw("0.5")),
+    ("blob X'01'", Raw("X'01'"), Raw("'\\x01'::bytea")),
+]
+
+
+def _rejected(store: ConversationStore, steps: list[tuple[str, Row]]) -> BaseException | None:
+    """Run ``steps`` in one transaction: the error that rejected them, or ``None``."""
+    postgres = store.engine.dialect.name == "postgresql"
+    try:
+        with store.engine.begin() as conn:
+            for table, row in steps:
+                conn.exec_driver_sql(_literal_insert(table, row, postgres))
+    except sa.exc.DBAPIError as exc:
+        return exc
+    return None
+
+
+@pytest.mark.parametrize(
+    ("table", "column"),
+    [(t, c) for t, cs in INTEGER_COLUMNS.items() for c in cs],
+    ids=[f"{t}.{c}" for t, cs in INTEGER_COLUMNS.items() for c in cs],
+)
+def test_wrong_types_in_every_integer_column_are_rejected(
+    seeded: ConversationStore, table: str, column: str
+) -> None:
+    """Text, real and blob values in each integer column: SQLite's types check (or another
+    check) rejects them, PostgreSQL's column type does; the store is unchanged."""
+    postgres = seeded.engine.dialect.name == "postgresql"
+    before = dump(seeded)
+    for label, sqlite_value, pg_value in WRONG_INTEGERS:
+        value = pg_value if postgres else sqlite_value
+        error = _rejected(seeded, _type_steps(table, column, value))
+        assert error is not None, f"{table}.{column} = {label} was accepted"
+        assert isinstance(error, sa.exc.IntegrityError | sa.exc.DataError | sa.exc.ProgrammingError)
+        assert dump(seeded) == before
+
+
+@pytest.mark.parametrize(
+    ("table", "column"),
+    [(t, c) for t, cs in BOOLEAN_COLUMNS.items() for c in cs],
+    ids=[f"{t}.{c}" for t, cs in BOOLEAN_COLUMNS.items() for c in cs],
+)
+def test_wrong_values_in_boolean_columns_are_rejected(
+    seeded: ConversationStore, table: str, column: str
+) -> None:
+    postgres = seeded.engine.dialect.name == "postgresql"
+    extra = {"raw_arguments": "{"} if column == "repaired" else {}
+    for label, sqlite_value, pg_value in WRONG_BOOLEANS:
+        steps = _type_steps(table, column, pg_value if postgres else sqlite_value)
+        steps = [(t, {**r, **extra} if t.endswith("calls") else r) for t, r in steps]
+        assert _rejected(seeded, steps) is not None, f"{table}.{column} = {label} was accepted"
+    # control: a valid value goes in
+    valid = _type_steps(table, column, True)
+    valid = [(t, {**r, **extra} if t.endswith("calls") else r) for t, r in valid]
+    assert _rejected(seeded, valid) is None
+    _undo(seeded)
+
+
+def test_the_type_steps_are_valid_with_valid_values(seeded: ConversationStore) -> None:
+    """Control: each template with an ordinary value of its column is accepted (so the
+    rejections above are the value's doing)."""
+    normal = {
+        ("messages", "seq"): 4,
+        ("messages", "choice"): 0,
+        ("messages", "prev_seq"): 3,
+        ("messages", "prev_slots_left"): 0,
+        ("messages", "n_calls"): 1,
+        ("messages", "slots_left"): 1,
+        ("messages", "block_end_seq"): 5,
+        ("messages", "assistant_seq"): 4,
+        ("messages", "call_position"): 0,
+        ("tool_calls", "assistant_seq"): 4,
+        ("tool_calls", "position"): 0,
+        ("tool_calls", "assistant_n_calls"): 1,
+        ("tool_calls", "provider_index"): 7,
+        ("attempts", "id"): 1000,
+        ("attempts", "at_seq"): 4,
+        ("attempts", "choice"): 0,
+        ("attempt_calls", "attempt_id"): 1000,
+        ("attempt_calls", "position"): 0,
+        ("attempt_calls", "provider_index"): 3,
+    }
+    before = dump(seeded)
+    for (table, column), value in normal.items():
+        assert _rejected(seeded, _type_steps(table, column, value)) is None, (table, column)
+        _undo(seeded)
+        assert dump(seeded) == before
+
+
+def _undo(store: ConversationStore) -> None:
+    """Remove what a template wrote: results (which point at their calls), calls (which point
+    at their assistant message), then the other messages."""
+    where = "conversation_id = 'c' AND seq >= 4"
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"DELETE FROM messages WHERE {where} AND role = 'tool'"))
+        conn.execute(
+            sa.text("DELETE FROM tool_calls WHERE conversation_id = 'c' AND assistant_seq >= 4")
+        )
+        conn.execute(sa.text(f"DELETE FROM messages WHERE {where}"))
+        conn.execute(sa.text("DELETE FROM attempts WHERE id = 1000"))
+
+
+def test_sqlite_text_keys_refuse_blobs(seeded: ConversationStore) -> None:
+    """A blob in a text key (SQLite would store it: TEXT affinity converts numbers, not
+    blobs) is refused by the types check."""
+    if seeded.engine.dialect.name != "sqlite":
+        pytest.skip("SQLite only: PostgreSQL's text columns hold text")
+    cases: list[list[tuple[str, Row]]] = [
+        [("messages", {**user_row("c", 4), "role": Raw("X'75736572'")})],
+        [("messages", {**user_row("c", 4), "content": Raw("X'00'")})],
+        *[
+            _type_steps("tool_calls", column, Raw("X'66'"))
+            for column in ("call_id", "name", "arguments", "type", "state")
+        ],
+        [("attempts", _attempt(conversation_id=Raw("X'63'")))],
+    ]
+    for steps in cases:
+        error = _rejected(seeded, steps)
+        assert error is not None, steps
+        assert "CHECK constraint failed" in str(error.orig) or "FOREIGN KEY" in str(error.orig)
