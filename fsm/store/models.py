@@ -33,7 +33,6 @@ PostgreSQL check):
   ``block_end_seq = seq + n_calls`` and a *deferred* foreign key to that row, checked at COMMIT.
   By the rules above that row can only be its last result, so a transaction that leaves an
   assistant message without all its results cannot commit.
-
 * **Types are pinned, on SQLite too.** PostgreSQL's column types reject a value of the wrong
   type. SQLite's type affinity would store ``'5x'``, ``0.5``, ``1e300`` or a blob in an INTEGER
   column (and a blob in a TEXT one), so every SQLite table has a check ``ck_<table>_types``:

@@ -353,6 +353,14 @@ class ConversationStore:
         ``reasoning_content`` to assistant messages that have reasoning (some providers want it
         back). Two queries (messages, then tool calls) in one snapshot, whatever the length of
         the conversation.
+
+        What is read is checked as it is merged (dense seqs, whole tool blocks, results that
+        answer their calls, finished calls with a name and JSON arguments, values of the right
+        types): a database edited with its enforcement switched off raises
+        :class:`~fsm.store.errors.CorruptStoreError`, whose message names the command that lists
+        every violation (``fsm audit check --db URL``). ``append``, ``commit_turn`` and
+        ``next_seq`` raise it too when the conversation's last message is broken (a text seq,
+        result slots left open).
         """
         self._core.check_conversation_id(conversation_id)
         self._core.check_last(last)
