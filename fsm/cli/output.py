@@ -9,7 +9,9 @@ One set of flags, one writer, for every command that prints rows:
   (JSON lines), ``--csv`` / ``--tsv``: a header row then one row per line (``--no-headers``
   leaves the header out). Values are exact: nothing is cut or escaped beyond the format's own
   rules; times are ISO 8601 in UTC (``2026-11-30T14:05:09Z``); lists and objects are JSON
-  inside CSV cells; ``null`` is an empty CSV cell.
+  inside CSV cells; ``null`` is an empty CSV cell. A lone surrogate (an id or a text stored as a
+  provider sent it, ``"\\ud83d"``), which no UTF-8 output can carry, is written as the JSON
+  escape ``\\ud83d`` in JSON (the same string, exactly) and as that text in CSV and TSV cells.
 
 The table is the default whether or not stdout is a terminal: what a person sees is what a
 pipe gets, and a script asks for a machine format explicitly (``--json``, ``--nl``, ``--csv``),
@@ -22,6 +24,7 @@ from __future__ import annotations
 import csv
 import functools
 import json
+import re
 import sys
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,6 +39,7 @@ __all__ = [
     "FORMATS",
     "OutputFormat",
     "emit",
+    "escape_surrogates",
     "json_default",
     "mermaid_sequence",
     "mermaid_text",
@@ -122,7 +126,19 @@ def json_default(value: Any) -> Any:
 
 def to_json(value: Any) -> str:
     """``value`` as compact JSON text (times in ISO 8601, UTC as ``Z``)."""
-    return json.dumps(value, ensure_ascii=False, default=json_default, separators=(",", ":"))
+    text = json.dumps(value, ensure_ascii=False, default=json_default, separators=(",", ":"))
+    return escape_surrogates(text)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def escape_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate written ``\\uXXXX`` (inside JSON strings, the only place
+    ``json.dumps`` can leave one, that is the same string; elsewhere it is readable text)."""
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return text
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def _cell_text(value: Any) -> str:
@@ -134,7 +150,7 @@ def _cell_text(value: Any) -> str:
     if isinstance(value, datetime | date):
         return _time(value)
     if isinstance(value, str):
-        return value
+        return escape_surrogates(value)
     if isinstance(value, int | float | Decimal):
         return str(value)
     return to_json(value)
@@ -210,7 +226,7 @@ def emit(
         first = True
         for row in rows:
             record = {c: row.get(c) for c in columns} if columns else dict(row)
-            text = json.dumps(record, ensure_ascii=False, default=json_default)
+            text = escape_surrogates(json.dumps(record, ensure_ascii=False, default=json_default))
             if kind == "nl":
                 out.write(text + "\n")
             else:
