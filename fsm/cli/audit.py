@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import click
 
-from fsm.cli.output import OutputFormat, emit, json_default, output_options
+from fsm.cli.output import OutputFormat, emit, escape_surrogates, json_default, output_options
 
 __all__ = ["audit"]
 
@@ -114,7 +114,7 @@ def _store(url: str | None) -> Iterator[Any]:
 
 def _cursor(key: Any) -> str:
     """An opaque, shell-safe cursor for a row key."""
-    raw = json.dumps(list(key), separators=(",", ":"), ensure_ascii=False).encode()
+    raw = json.dumps(list(key), separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -397,7 +397,9 @@ def stats(
 
     The incomplete share of a model is incomplete attempts / (committed turns + incomplete
     attempts): how often a turn it streamed could not go to history. Tokens come from the
-    usage of the assistant messages; days are UTC.
+    usage of the assistant messages (a count that is not an integer from 0 to 2^31-1 is left
+    out; a note on stderr says how many messages have a usage that is not a JSON object at
+    all); days are UTC.
 
     \b
     Examples:
@@ -441,15 +443,23 @@ def stats(
             "total_tokens",
         ),
     }
+    if result.unreadable_usage:
+        click.echo(
+            f"note: {result.unreadable_usage} assistant message(s) have a usage that is not a "
+            "JSON object (malformed, Infinity, an array): their tokens are not counted",
+            err=True,
+        )
     if by is not None:
         emit(sections[by][1], output, columns=columns[by])
         return
     totals = result.totals.as_dict() if result.totals is not None else {}
     totals.pop("model", None)
     if output.kind == "json":
+        totals["unreadable_usage"] = result.unreadable_usage
         document = {title: rows for title, rows in sections.values()}
         document["totals"] = totals  # type: ignore[assignment]
-        click.echo(json.dumps(document, ensure_ascii=False, indent=2, default=json_default))
+        text = json.dumps(document, ensure_ascii=False, indent=2, default=json_default)
+        click.echo(escape_surrogates(text))
         return
     for key, (title, rows) in sections.items():
         click.echo(f"{title}:")
@@ -481,15 +491,21 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
 
     Like fsck: re-verifies every conversation (dense seq from 0; each assistant message with N
     calls followed by exactly its N results in call order, nothing in between; each result's
-    tool_call_id equal to its call's id; only finished calls; the columns the database enforces
-    the contract with) and prints one row per violation: conversation, seq, kind, detail. A
-    summary goes to stderr. Exit status: 0 clean, 1 violations found.
+    tool_call_id equal to its call's id; only finished calls, with a name and blank or valid
+    JSON arguments; content where the format needs it; the columns the database enforces the
+    contract with) and every key, foreign key, check and column type of the schema, so that
+    rows written with the database's enforcement off (SQLite PRAGMA foreign_keys=OFF or
+    ignore_check_constraints=ON, PostgreSQL session_replication_role = replica, constraints
+    dropped or NOT VALID) are found. Prints one row (one line) per violation: conversation, seq,
+    kind, detail. A summary goes to stderr. Exit status: 0 clean, 1 violations found (whatever
+    the database holds), 2 when the store cannot be read.
 
     \b
     Kinds:
-      seq_start seq_gap seq_duplicate invalid_row result_misplaced duplicate_result
-      interleaved missing_result result_id_mismatch orphan_result not_finished
-      call_count_mismatch orphan_call orphan_row bookkeeping
+      seq_start seq_gap seq_duplicate invalid_row invalid_type invalid_name
+      invalid_arguments missing_content result_misplaced duplicate_result interleaved
+      missing_result result_id_mismatch orphan_result not_finished call_count_mismatch
+      orphan_call orphan_row duplicate_key bookkeeping
 
     \b
     Examples:
@@ -499,6 +515,8 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
     """
     import time
 
+    from fsm.cli.main import EXIT_UNUSABLE
+    from fsm.errors import FsmError
     from fsm.store import audit as audit_api
 
     bar: list[Any] = []
@@ -517,18 +535,25 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
 
     counts: dict[str, int] = {}
     started = time.perf_counter()
-    with _store(url) as engine:
+    try:
+        with _store(url) as engine:
 
-        def dicts() -> Iterator[dict[str, Any]]:
-            for violation in audit_api.check(engine, progress=on_progress, batch_size=batch_size):
-                counts[violation.kind] = counts.get(violation.kind, 0) + 1
-                yield violation.as_dict()
+            def dicts() -> Iterator[dict[str, Any]]:
+                for violation in audit_api.check(
+                    engine, progress=on_progress, batch_size=batch_size
+                ):
+                    counts[violation.kind] = counts.get(violation.kind, 0) + 1
+                    yield violation.as_dict()
 
-        try:
-            emit(dicts(), output, columns=("conversation_id", "seq", "kind", "detail"))
-        finally:
-            if bar and bar[0] is not None:
-                bar[0].__exit__(None, None, None)
+            try:
+                emit(dicts(), output, columns=("conversation_id", "seq", "kind", "detail"))
+            finally:
+                if bar and bar[0] is not None:
+                    bar[0].__exit__(None, None, None)
+    except FsmError as exc:
+        # the store could not be checked: not "violations found" (1), so scripts can tell
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_UNUSABLE)
     seconds = time.perf_counter() - started
     found = sum(counts.values())
     if found:

@@ -35,13 +35,15 @@ other filters (or the key order, with the page's ``LIMIT``) lead to.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -52,15 +54,18 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import event
 from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL, Connection, Engine
 
 from fsm.states import ToolCallState
+from fsm.store.codec import MARK, decode_text, encode_text, needs_marking
 from fsm.store.engine import BUSY_TIMEOUT_SECONDS, display_url, normalize_url
 from fsm.store.errors import SchemaNotAtHeadError, StoreError
 from fsm.store.migrate import alembic_config, head_revision
 from fsm.store.models import Attempt, AttemptCall, Conversation, Message, ToolCallRow
 
 __all__ = [
+    "TOKEN_MAX",
     "VIOLATION_KINDS",
     "ArgFilter",
     "AuditError",
@@ -177,6 +182,8 @@ def _sqlite_readonly(parsed: URL, **kwargs: Any) -> Engine:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # fsm emits BEGIN itself (below)
+        # a text value that is not UTF-8 (raw SQL can store one) reads as text, never an error
+        dbapi_connection.text_factory = _lenient_text
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute("PRAGMA query_only=ON")
@@ -192,6 +199,10 @@ def _sqlite_readonly(parsed: URL, **kwargs: Any) -> Engine:
         connection.exec_driver_sql("BEGIN")
 
     return engine
+
+
+def _lenient_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
 
 
 def _uri_path(path: Path) -> str:
@@ -273,13 +284,72 @@ def _utc(value: datetime | date | str | None, what: str) -> datetime | None:
 
 
 def _as_utc(value: Any) -> datetime | None:
-    """A timestamp read from either engine, as an aware UTC datetime."""
-    if value is None:
+    """A timestamp read from either engine, as an aware UTC datetime (``None`` for a value that
+    is not a time: raw SQL can store anything in a SQLite column)."""
+    if isinstance(value, str):  # SQLite keeps text; read raw (see _raw)
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if not isinstance(value, datetime):
         return None
-    if isinstance(value, str):  # SQLite text that SQLAlchemy did not process
-        value = datetime.fromisoformat(value)
-    dt = cast(datetime, value)
-    return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _raw(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """``column`` selected as the engine stores it, without the type's result processing (a
+    StoredText decode, a JSON parse, a datetime parse, an enum lookup), any of which fails on a
+    value raw SQL wrote; the caller reads it with :func:`_text`, :func:`_json_value` or
+    :func:`_as_utc`. PostgreSQL gets JSON columns as their text (the driver would parse them)."""
+    if conn.dialect.name == "postgresql" and isinstance(column.type, sa.JSON):
+        return sa.cast(column, sa.Text)
+    return sa.type_coerce(column, sa.Text)
+
+
+def _text(value: Any) -> str:
+    """A text value read raw, as the string it stands for: a value stored marked by
+    :mod:`fsm.store.codec` decoded; a blob (SQLite, raw SQL) decoded as UTF-8 (errors
+    replaced); anything else as its ``str``."""
+    if isinstance(value, str):
+        return decode_text(value) if value.startswith(MARK) else value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
+def _opt_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
+
+def _int(value: Any) -> int | None:
+    """``value`` when it is an integer (not a bool), else ``None``."""
+    return value if type(value) is int else None
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text} is not a finite double")
+    return number
+
+
+def _no_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+def _json_value(value: Any) -> Any:
+    """A JSON column's value read raw (:func:`_raw`): the value it holds, or its text when that
+    is not JSON Python can hold exactly (malformed, ``NaN``/``Infinity``, a number beyond a
+    double or too long for an int, nested too deep)."""
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    text = _text(value)
+    try:
+        return json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return text
 
 
 def _time_bound(conn: Connection, column: sa.ColumnElement[Any], value: datetime) -> Any:
@@ -375,12 +445,21 @@ def _arg_condition(
     state: sa.ColumnElement[Any] | None,
     path: str,
     value: Any,
+    *,
+    try_jsonb: bool = False,
 ) -> sa.ColumnElement[bool]:
     """The SQL test "the arguments hold ``value`` at ``path``" for this engine.
 
     Only finished calls have JSON arguments (a truncated or aborted call's text is cut); empty or
-    whitespace-only arguments (no arguments) have no value at any path. Neither ever raises: the
-    engine's JSON parser only sees text that is a JSON document.
+    whitespace-only arguments (no arguments) have no value at any path. Neither ever raises, on
+    any committed value: SQLite's JSON functions only see text that ``json_valid`` accepts, and
+    PostgreSQL reads the arguments through ``fsm_try_jsonb`` (migration 0003: ``NULL`` for a text
+    ``jsonb`` cannot hold, such as a lone surrogate escape or ``1e1000000``), so such a call
+    simply does not match. ``jsonb`` cannot hold ``\\u0000`` either: that escape is read as
+    U+FFFD, on both sides of the comparison (for matching only). ``try_jsonb`` says whether the
+    function exists; a schema older than 0003 gets a guard that skips the values known to fail
+    the cast (surrogate escapes, exponents of six digits or more, documents over 20,000
+    characters).
     """
     parts = parse_json_path(path)
     if value is not None and not isinstance(value, str | int | float | bool):
@@ -388,7 +467,11 @@ def _arg_condition(
             f"argument filter {path!r}: compare a scalar (string, number, true/false, null), "
             f"not {type(value).__name__}; point the path at a value inside it instead"
         )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidFilterError(f"argument filter {path!r}: {value} is not a finite number")
     finished = state == ToolCallState.FINISHED if state is not None else None
+    # a string with a lone surrogate is in no document either engine's JSON functions can read
+    unmatchable = isinstance(value, str) and _has_lone_surrogate(value)
     if conn.dialect.name == "sqlite":
         sqlite_path = _sqlite_path(parts)
         json_type = sa.case(
@@ -400,7 +483,9 @@ def _arg_condition(
             else_=sa.null(),
         )
         condition: sa.ColumnElement[bool]
-        if value is None:
+        if unmatchable:
+            condition = sa.false()
+        elif value is None:
             condition = json_type == "null"
         elif isinstance(value, bool):
             condition = json_type == ("true" if value else "false")
@@ -409,32 +494,76 @@ def _arg_condition(
         else:
             condition = sa.and_(json_type.in_(["integer", "real"]), extracted == sa.literal(value))
         return condition if finished is None else sa.and_(finished, condition)
-    # PostgreSQL: cast the text to jsonb only when it is a document (non-blank) of a finished
-    # call; jsonb cannot hold \u0000, so that escape is read as U+FFFD (for matching only).
+    if unmatchable:
+        return sa.false()
+    # PostgreSQL: read the text as jsonb only when it is a document (non-blank) of a finished
+    # call, through the guard (never a raw cast: one value jsonb cannot hold would fail the
+    # whole query)
     blank = sa.func.btrim(arguments, sa.literal(" \t\n\r"))
     readable = sa.and_(blank != "", *([finished] if finished is not None else []))
-    document = sa.case(
-        (
-            readable,
-            sa.cast(
-                sa.func.replace(arguments, sa.literal("\\u0000"), sa.literal("\\ufffd")),
-                pg.JSONB,
-            ),
-        ),
-        else_=sa.null(),
-    )
+    document = sa.case((readable, _pg_jsonb(arguments, try_jsonb=try_jsonb)), else_=sa.null())
     path_array = sa.cast(
         sa.literal([str(p) for p in parts], pg.ARRAY(sa.Text)),
         pg.ARRAY(sa.Text),
     )
     found = document.op("#>")(path_array)
-    return found == sa.cast(sa.literal(json.dumps(value)), pg.JSONB)
+    literal = json.dumps(value).replace("\\u0000", "\\ufffd")
+    return found == sa.cast(sa.literal(literal), pg.JSONB)
+
+
+#: the JSON escapes ``jsonb`` cannot hold: ``\\u0000`` and surrogates (a lone one cannot be
+#: decoded; a pair is rewritten too, which only loses the character for matching)
+_PG_UNHELD_ESCAPES: Final = r"\\u(0000|[dD][89a-fA-F][0-9a-fA-F]{2})"
+
+
+def _pg_jsonb(text: sa.ColumnElement[Any], *, try_jsonb: bool) -> sa.ColumnElement[Any]:
+    """A stored text as ``jsonb`` for matching, or NULL when it cannot be one; never an error.
+
+    The escapes ``jsonb`` cannot hold are read as U+FFFD first (so one such value in a document
+    does not hide the rest of it), then ``fsm_try_jsonb`` (migration 0003) casts what is left,
+    NULL for anything else it cannot hold (invalid JSON, numbers beyond ``numeric``, nesting
+    deeper than the server's stack). Without the function (a schema before 0003) the cast is
+    guarded instead: texts over 20,000 characters or with an exponent of five digits or more
+    are not read.
+    """
+    held = sa.func.regexp_replace(
+        text, sa.literal(_PG_UNHELD_ESCAPES), sa.literal(r"\\ufffd"), sa.literal("g")
+    )
+    if try_jsonb:
+        return sa.func.fsm_try_jsonb(held, type_=pg.JSONB)
+    risky = sa.or_(sa.func.length(text) > 20_000, text.op("~")(sa.literal(r"[eE][-+]?[0-9]{5}")))
+    return sa.case((risky, sa.null()), else_=sa.cast(held, pg.JSONB))
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    return not text.isascii() and any("\ud800" <= ch <= "\udfff" for ch in text)
+
+
+def _pg_function(conn: Connection, signature: str) -> bool:
+    """Whether the PostgreSQL function ``signature`` (``name(argtypes)``) is on the search path."""
+    found = conn.execute(
+        sa.text("SELECT to_regprocedure(:signature) IS NOT NULL"), {"signature": signature}
+    ).scalar()
+    return bool(found)
 
 
 def _contains(conn: Connection, arguments: sa.ColumnElement[str], text: str) -> Any:
-    """``text`` occurs in the arguments, byte for byte (no wildcards, case-sensitive)."""
+    """``text`` occurs in the arguments, byte for byte (no wildcards, case-sensitive).
+
+    Values stored marked (:mod:`fsm.store.codec`: a text with U+0000 or a lone surrogate, which
+    only the cut arguments of an attempt can hold) are searched in their escaped form; a search
+    text that itself needs marking can only occur in those.
+    """
     function = sa.func.instr if conn.dialect.name == "sqlite" else sa.func.strpos
-    return function(arguments, sa.literal(text, sa.Text)) > 0
+    escaped = encode_text(MARK + text)[2:]  # the text as marked values spell it
+    marked = sa.and_(
+        sa.func.substr(arguments, 1, 1) == sa.literal(MARK, sa.Text),
+        function(arguments, sa.literal(escaped, sa.Text)) > 0,
+    )
+    if needs_marking(text) and not text.startswith(MARK):
+        return marked
+    plain = function(arguments, sa.literal(text, sa.Text)) > 0
+    return plain if escaped == text else sa.or_(plain, marked)
 
 
 # -- tool calls --------------------------------------------------------------------------------
@@ -483,6 +612,8 @@ class _CallFilters:
     until: datetime | None
     args: tuple[tuple[str, Any], ...]
     contains: str | None
+    #: PostgreSQL: whether ``fsm_try_jsonb`` exists (migration 0003)
+    try_jsonb: bool = False
 
 
 def tool_calls(
@@ -535,6 +666,8 @@ def tool_calls(
     history = source != "attempts" and filters.state in (None, ToolCallState.FINISHED.value)
     attempts = source != "history"
     with _connect(bind, snapshot=True) as conn:
+        if filters.args and conn.dialect.name == "postgresql":
+            filters = replace(filters, try_jsonb=_pg_function(conn, "fsm_try_jsonb(text)"))
         if limit is not None:
             yield from _call_page(conn, filters, history, attempts, limit, offset, after)
             return
@@ -565,9 +698,11 @@ def _call_page(
         return []
     arms: list[sa.Select[Any]] = []
     if history:
-        arms.append(_history_arm(_history_keys(conn, f, after, limit + offset).subquery("hk")))
+        keys = _history_keys(conn, f, after, limit + offset).subquery("hk")
+        arms.append(_history_arm(conn, keys))
     if attempts:
-        arms.append(_attempt_arm(_attempt_keys(conn, f, after, limit + offset).subquery("ak")))
+        keys = _attempt_keys(conn, f, after, limit + offset).subquery("ak")
+        arms.append(_attempt_arm(conn, keys))
     page = (arms[0] if len(arms) == 1 else sa.union_all(*arms)).subquery("page")
     query = sa.select(page).order_by(*(page.c[c] for c in _KEY_COLUMNS)).limit(limit).offset(offset)
     rows = []
@@ -575,38 +710,39 @@ def _call_page(
          content, parts, reason) in conn.execute(query):  # fmt: skip
         rows.append(
             CallRow(
-                conversation_id=cid,
+                conversation_id=_text(cid),
                 seq=seq,
                 position=position,
-                call_id=call_id,
-                name=name,
-                arguments=arguments,
-                state=state,
-                model=model,
+                call_id=_text(call_id),
+                name=_text(name),
+                arguments=_text(arguments),
+                state=_text(state),
+                model=_opt_text(model),
                 created_at=_as_utc(created),
-                result=parts if parts is not None else content,
+                result=_json_value(parts) if parts is not None else _opt_text(content),
                 attempt_id=attempt if rank == 0 else None,
-                reason=reason,
+                reason=_opt_text(reason),
             )
         )
     return rows
 
 
-def _history_arm(keys: sa.Subquery) -> sa.Select[Any]:
-    """The rows of history for ``keys``: the call, its assistant message, its result."""
+def _history_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
+    """The rows of history for ``keys``: the call, its assistant message, its result (every
+    value read raw, see :func:`_raw`)."""
     t = _CALLS.alias("tc")
     a = _MESSAGES.alias("am")
     r = _MESSAGES.alias("rm")
     return sa.select(
         *(keys.c[c] for c in _KEY_COLUMNS),
-        t.c.call_id,
-        t.c.name,
-        t.c.arguments,
+        _raw(conn, t.c.call_id).label("call_id"),
+        _raw(conn, t.c.name).label("name"),
+        _raw(conn, t.c.arguments).label("arguments"),
         sa.literal(ToolCallState.FINISHED.value, sa.String).label("state"),
-        a.c.model,
-        a.c.created_at,
-        r.c.content,
-        r.c.content_parts,
+        _raw(conn, a.c.model).label("model"),
+        _raw(conn, a.c.created_at).label("created_at"),
+        _raw(conn, r.c.content).label("content"),
+        _raw(conn, r.c.content_parts).label("content_parts"),
         sa.null().label("reason"),
     ).select_from(
         keys.join(
@@ -629,21 +765,21 @@ def _history_arm(keys: sa.Subquery) -> sa.Select[Any]:
     )
 
 
-def _attempt_arm(keys: sa.Subquery) -> sa.Select[Any]:
-    """The rows of attempts for ``keys``: the call and its attempt."""
+def _attempt_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
+    """The rows of attempts for ``keys``: the call and its attempt (read raw, see :func:`_raw`)."""
     c_ = _ATTEMPT_CALLS.alias("acd")
     a = _ATTEMPTS.alias("atd")
     return sa.select(
         *(keys.c[c] for c in _KEY_COLUMNS),
-        c_.c.call_id,
-        c_.c.name,
-        c_.c.arguments,
-        sa.type_coerce(c_.c.state, sa.String).label("state"),
-        a.c.model,
-        a.c.created_at,
+        _raw(conn, c_.c.call_id).label("call_id"),
+        _raw(conn, c_.c.name).label("name"),
+        _raw(conn, c_.c.arguments).label("arguments"),
+        _raw(conn, c_.c.state).label("state"),
+        _raw(conn, a.c.model).label("model"),
+        _raw(conn, a.c.created_at).label("created_at"),
         sa.null().label("content"),
         sa.null().label("content_parts"),
-        c_.c.reason,
+        _raw(conn, c_.c.reason).label("reason"),
     ).select_from(
         keys.join(
             c_,
@@ -677,7 +813,9 @@ def _history_keys(
     if f.conversation is not None:
         conditions.append(t.c.conversation_id == f.conversation)
     for path, value in f.args:
-        conditions.append(_arg_condition(conn, t.c.arguments, None, path, value))
+        conditions.append(
+            _arg_condition(conn, t.c.arguments, None, path, value, try_jsonb=f.try_jsonb)
+        )
     if f.contains is not None:
         conditions.append(_contains(conn, t.c.arguments, f.contains))
     if after is not None:
@@ -717,7 +855,9 @@ def _attempt_keys(
         conditions.append(a.c.model == f.model)
     conditions += _time_filters(conn, a.c.created_at, f.since, f.until)
     for path, value in f.args:
-        conditions.append(_arg_condition(conn, c_.c.arguments, c_.c.state, path, value))
+        conditions.append(
+            _arg_condition(conn, c_.c.arguments, c_.c.state, path, value, try_jsonb=f.try_jsonb)
+        )
     if f.contains is not None:
         conditions.append(_contains(conn, c_.c.arguments, f.contains))
     drive_from_attempts = f.name is None and f.state is None and not f.args and f.contains is None
@@ -890,23 +1030,24 @@ def failures(
             since=since,
             until=until,
         )
+        raw = functools.partial(_raw, conn)
         query = (
             sa.select(
                 a.c.id,
-                a.c.conversation_id,
+                raw(a.c.conversation_id),
                 a.c.at_seq,
                 c_.c.position,
-                c_.c.call_id,
-                c_.c.name,
-                c_.c.state,
-                c_.c.reason,
-                a.c.model,
-                a.c.finish_reason,
-                a.c.end_how,
-                a.c.end_reason,
-                a.c.anomalies,
-                a.c.created_at,
-                c_.c.arguments,
+                raw(c_.c.call_id),
+                raw(c_.c.name),
+                raw(c_.c.state),
+                raw(c_.c.reason),
+                raw(a.c.model),
+                raw(a.c.finish_reason),
+                raw(a.c.end_how),
+                raw(a.c.end_reason),
+                raw(a.c.anomalies),
+                raw(a.c.created_at),
+                raw(c_.c.arguments),
             )
             .select_from(c_.join(a, a.c.id == c_.c.attempt_id))
             .order_by(c_.c.attempt_id, c_.c.position)
@@ -919,22 +1060,27 @@ def failures(
                 bounded.append(sa.tuple_(c_.c.attempt_id, c_.c.position) > sa.tuple_(*after))
             rows = conn.execute(query.where(*bounded).limit(page).offset(skip)).all()
             for row in rows:
+                anomalies = _json_value(row[12])
                 yield FailureRow(
                     attempt_id=row[0],
-                    conversation_id=row[1],
+                    conversation_id=_text(row[1]),
                     seq=row[2],
                     position=row[3],
-                    call_id=row[4],
-                    name=row[5],
-                    state=row[6].value,
-                    reason=row[7],
-                    model=row[8],
-                    finish_reason=row[9],
-                    end_how=row[10],
-                    end_reason=row[11],
-                    anomalies=[str(a.get("kind")) for a in (row[12] or []) if isinstance(a, dict)],
+                    call_id=_text(row[4]),
+                    name=_text(row[5]),
+                    state=_text(row[6]),
+                    reason=_opt_text(row[7]),
+                    model=_opt_text(row[8]),
+                    finish_reason=_opt_text(row[9]),
+                    end_how=_opt_text(row[10]),
+                    end_reason=_opt_text(row[11]),
+                    anomalies=[
+                        _text(a.get("kind"))
+                        for a in (anomalies if isinstance(anomalies, list) else [])
+                        if isinstance(a, dict)
+                    ],
                     created_at=_as_utc(row[13]),
-                    arguments=row[14],
+                    arguments=_text(row[14]),
                 )
             if limit is not None or len(rows) < page:
                 return
@@ -969,21 +1115,24 @@ def failure_counts(
             until=until,
         )
         calls = sa.func.count()
+        model_, state_, reason_ = (_raw(conn, c) for c in (a.c.model, c_.c.state, c_.c.reason))
         query = (
             sa.select(
-                a.c.model,
-                c_.c.state,
-                c_.c.reason,
+                model_,
+                state_,
+                reason_,
                 calls,
                 sa.func.count(sa.distinct(c_.c.attempt_id)),
             )
             .select_from(c_.join(a, a.c.id == c_.c.attempt_id))
             .where(*conditions)
-            .group_by(a.c.model, c_.c.state, c_.c.reason)
+            .group_by(model_, state_, reason_)
         )
         rows = conn.execute(query).all()
     out = [
-        FailureCount(model=m, state=s.value, reason=r, calls=int(n), attempts=int(k))
+        FailureCount(
+            model=_opt_text(m), state=_text(s), reason=_opt_text(r), calls=int(n), attempts=int(k)
+        )
         for m, s, r, n, k in rows
     ]
     out.sort(key=lambda c: (-c.calls, c.model or "", c.state, c.reason or ""))
@@ -1054,21 +1203,76 @@ class Stats:
     models: list[ModelStat] = field(default_factory=list)
     days: list[DayStat] = field(default_factory=list)
     totals: ModelStat | None = None
+    #: assistant messages whose usage is set but is not a JSON object fsm can read (malformed
+    #: text, ``Infinity``, an array, a string): their tokens are left out of every sum, as is
+    #: any single token count that is not an integer from 0 to :data:`TOKEN_MAX`.
+    unreadable_usage: int = 0
 
 
-def _token(conn: Connection, usage: sa.ColumnElement[Any], key: str) -> sa.ColumnElement[Any]:
-    """The number at ``usage.key`` (``NULL`` when absent; never an error).
+#: the largest token count :func:`stats` adds up (larger, negative or fractional counts, text,
+#: ``Infinity`` and malformed usage are not counted: see :attr:`Stats.unreadable_usage`).
+TOKEN_MAX: Final = 2**31 - 1
+_TOKEN_KEYS: Final = ("prompt_tokens", "completion_tokens", "total_tokens")
 
-    SQLite: ``json_extract`` (a text that is not a number adds 0, as ``sum`` reads text).
-    PostgreSQL: the value only when JSON says it is a number.
+
+def _usage_reader(
+    conn: Connection, usage: sa.ColumnElement[Any], *, try_jsonb: bool
+) -> tuple[dict[str, sa.ColumnElement[Any]], sa.ColumnElement[Any]]:
+    """Per token key, the count at ``usage.key`` as an integer (``NULL`` when absent or not a
+    usable count: text, a fraction, a negative or huge number, ``true``); and 1 when the usage is
+    set but not a JSON object fsm can read (malformed, ``Infinity``, an array), else 0. Never an
+    error, on any value. (Which token values were unusable is not counted: on SQLite every
+    further JSON function per row costs a read of the column, which a scan of millions of
+    messages feels.)
+
+    SQLite: the JSON functions only see text ``json_valid`` accepts. PostgreSQL (``json``
+    column): a usage under 10,000 characters without ``\\u`` escapes is read as it is (``->`` can
+    only fail on an escape it cannot decode, or on nesting deeper than that); any other one as
+    ``jsonb`` through the guard of :func:`_pg_jsonb`.
     """
+    counts: dict[str, sa.ColumnElement[Any]] = {}
     if conn.dialect.name == "sqlite":
-        return sa.func.json_extract(usage, f'$."{key}"')
-    field_ = sa.type_coerce(usage, pg.JSON)[key]
-    return sa.case(
-        (sa.func.json_typeof(field_) == "number", sa.cast(field_.astext, sa.Numeric)),
-        else_=sa.null(),
-    )
+        valid = sa.func.json_valid(usage) == 1
+        for key in _TOKEN_KEYS:
+            path = f'$."{key}"'
+            kind = sa.case((valid, sa.func.json_type(usage, path)), else_=sa.null())
+            number = sa.func.json_extract(usage, path)
+            counts[key] = sa.case(
+                (
+                    kind == "integer",
+                    sa.case((number.between(0, TOKEN_MAX), number), else_=sa.null()),
+                ),
+                else_=sa.null(),
+            )
+        is_object = sa.and_(valid, sa.func.json_type(usage) == "object")
+    else:
+        text = sa.cast(usage, sa.Text)
+        plain = sa.and_(sa.func.length(text) < 10_000, sa.func.strpos(text, "\\u") == 0)
+        as_json = sa.type_coerce(usage, pg.JSON)
+        document = _pg_jsonb(text, try_jsonb=try_jsonb)
+        for key in _TOKEN_KEYS:
+            fast = as_json.op("->")(sa.literal(key))
+            slow = document.op("->")(sa.literal(key))
+            kind = sa.case((plain, sa.func.json_typeof(fast)), else_=sa.func.jsonb_typeof(slow))
+            number_text = sa.case(
+                (kind != "number", sa.null()),
+                (plain, as_json.op("->>")(sa.literal(key))),
+                else_=document.op("->>")(sa.literal(key)),
+            )
+            as_int = sa.cast(number_text, sa.BigInteger)
+            counts[key] = sa.case(
+                (
+                    number_text.op("~")(sa.literal("^[0-9]{1,10}$")),
+                    sa.case((as_int <= TOKEN_MAX, as_int), else_=sa.null()),
+                ),
+                else_=sa.null(),
+            )
+        is_object = sa.case(
+            (plain, sa.func.json_typeof(as_json) == "object"),
+            else_=sa.func.coalesce(sa.func.jsonb_typeof(document) == "object", sa.false()),
+        )
+    unreadable = sa.case((usage.is_(None), 0), (is_object, 0), else_=1)
+    return counts, unreadable
 
 
 def _sqlite_halves(engine: Engine, conn: Connection, query: sa.Select[Any]) -> list[Any]:
@@ -1090,8 +1294,20 @@ def _sqlite_halves(engine: Engine, conn: Connection, query: sa.Select[Any]) -> l
 
 def _day(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[str]:
     if conn.dialect.name == "sqlite":
-        return sa.func.substr(sa.type_coerce(column, sa.String), 1, 10)
+        return sa.func.substr(sa.cast(column, sa.Text), 1, 10)
     return sa.func.to_char(sa.func.timezone("UTC", column), "YYYY-MM-DD")
+
+
+def _counted(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """A count column as ``sum`` may add it up: on SQLite (where raw SQL can store any value)
+    only an integer from 0 to :data:`TOKEN_MAX` (``sum`` fails on an integer overflow)."""
+    if conn.dialect.name != "sqlite":
+        return column
+    return sa.case(
+        (sa.func.typeof(column) != "integer", sa.null()),
+        (column.between(0, TOKEN_MAX), column),
+        else_=sa.null(),
+    )
 
 
 def stats(
@@ -1125,22 +1341,25 @@ def stats(
         msg_where += _time_filters(conn, m.c.created_at, start, end)
         att_where += _time_filters(conn, a.c.created_at, start, end)
 
-        prompt = _token(conn, m.c.usage, "prompt_tokens")
-        completion = _token(conn, m.c.usage, "completion_tokens")
-        total = sa.func.coalesce(_token(conn, m.c.usage, "total_tokens"), prompt + completion)
+        try_jsonb = conn.dialect.name == "postgresql" and _pg_function(conn, "fsm_try_jsonb(text)")
+        counts, unreadable = _usage_reader(conn, m.c.usage, try_jsonb=try_jsonb)
+        prompt, completion = counts["prompt_tokens"], counts["completion_tokens"]
+        total = sa.func.coalesce(counts["total_tokens"], prompt + completion)
         day = _day(conn, m.c.created_at)
+        model_ = _raw(conn, m.c.model)
         turns_query = (
             sa.select(
-                m.c.model,
+                model_,
                 day,
                 sa.func.count(),
-                sa.func.sum(m.c.n_calls),
+                sa.func.sum(_counted(conn, m.c.n_calls)),
                 sa.func.sum(prompt),
                 sa.func.sum(completion),
                 sa.func.sum(total),
+                sa.func.sum(unreadable),
             )
             .where(*msg_where)
-            .group_by(m.c.model, day)
+            .group_by(model_, day)
         )
         unfiltered = len(msg_where) == 1
         if conn.dialect.name == "sqlite" and unfiltered and not isinstance(bind, Connection):
@@ -1150,14 +1369,16 @@ def stats(
                 conn.execute(sa.text("SET LOCAL work_mem = '64MB'"))  # sort in memory
             turns = list(conn.execute(turns_query).all())
         attempt_day = _day(conn, a.c.created_at)
+        attempt_model = _raw(conn, a.c.model)
         incomplete = sa.func.sum(sa.case((a.c.complete, 0), else_=1))
         attempts = conn.execute(
-            sa.select(a.c.model, attempt_day, sa.func.count(), incomplete)
+            sa.select(attempt_model, attempt_day, sa.func.count(), incomplete)
             .where(*att_where)
-            .group_by(a.c.model, attempt_day)
+            .group_by(attempt_model, attempt_day)
         ).all()
 
-        calls_query = sa.select(t.c.name, sa.func.count())
+        tool = _raw(conn, t.c.name)
+        calls_query = sa.select(tool, sa.func.count())
         if len(msg_where) > 1:
             calls_query = calls_query.select_from(
                 t.join(
@@ -1167,28 +1388,33 @@ def stats(
                     ),
                 )
             ).where(*msg_where)
-        per_tool: dict[str, int] = dict(conn.execute(calls_query.group_by(t.c.name)).all())
+        per_tool = {_text(k): v for k, v in conn.execute(calls_query.group_by(tool)).all()}
+        failed_tool = _raw(conn, ac.c.name)
         failed_query = (
-            sa.select(ac.c.name, sa.func.count())
-            .where(ac.c.state.in_([ToolCallState(s) for s in _FAILED_STATES]))
-            .group_by(ac.c.name)
+            sa.select(failed_tool, sa.func.count())
+            .where(_raw(conn, ac.c.state).in_(_FAILED_STATES))
+            .group_by(failed_tool)
         )
         if att_where:
             failed_query = failed_query.select_from(ac.join(a, a.c.id == ac.c.attempt_id)).where(
                 *att_where
             )
-        per_tool_failed: dict[str, int] = dict(conn.execute(failed_query).all())
+        per_tool_failed = {_text(k): v for k, v in conn.execute(failed_query).all()}
 
     def n(value: Any) -> int:
+        if isinstance(value, float) and not math.isfinite(value):
+            return 0
         return int(value) if isinstance(value, int | float | Decimal) else 0
 
     by_model: dict[str | None, list[int]] = {}
     by_day: dict[str, list[int]] = {}
+    unreadable_usage = 0
     # [turns, calls, attempts, incomplete, prompt, completion, total]
-    for model_name, day_text, count, n_calls, p, c, tt in turns:
+    for model_name, day_text, count, n_calls, p, c, tt, bad_usage in turns:
+        unreadable_usage += n(bad_usage)
         for bucket in (
-            by_model.setdefault(model_name, [0] * 7),
-            by_day.setdefault(day_text, [0] * 7),
+            by_model.setdefault(_opt_text(model_name), [0] * 7),
+            by_day.setdefault(_text(day_text), [0] * 7),
         ):
             bucket[0] += n(count)
             bucket[1] += n(n_calls)
@@ -1197,8 +1423,8 @@ def stats(
             bucket[6] += n(tt)
     for model_name, day_text, count, bad in attempts:
         for bucket in (
-            by_model.setdefault(model_name, [0] * 7),
-            by_day.setdefault(day_text, [0] * 7),
+            by_model.setdefault(_opt_text(model_name), [0] * 7),
+            by_day.setdefault(_text(day_text), [0] * 7),
         ):
             bucket[2] += n(count)
             bucket[3] += n(bad)
@@ -1237,7 +1463,9 @@ def stats(
         for k in set(per_tool) | set(per_tool_failed)
     ]
     tools.sort(key=lambda s: (-s.calls, -s.failed, s.name))
-    return Stats(tools=tools, models=models, days=days, totals=totals)
+    return Stats(
+        tools=tools, models=models, days=days, totals=totals, unreadable_usage=unreadable_usage
+    )
 
 
 # -- the integrity check -----------------------------------------------------------------------
@@ -1246,8 +1474,20 @@ VIOLATION_KINDS: Final[dict[str, str]] = {
     "seq_start": "a conversation's first message does not have seq 0 (rule 1)",
     "seq_gap": "seq numbers are missing between two messages (rule 1)",
     "seq_duplicate": "two messages of a conversation have the same seq (rule 1)",
-    "invalid_row": "a message's own fields contradict each other: an unknown role, tool calls on "
-    "a non-assistant message, a tool result without its call's link, link fields on another role",
+    "invalid_row": "a row's own fields contradict each other or a check of the schema: an "
+    "unknown role, tool calls on a non-assistant message, a tool result without its call's link, "
+    "link fields on another role, both a text content and content parts, a call of an attempt "
+    "with a negative position or an unknown state",
+    "invalid_type": "a value of the wrong type for its column, which the schema's types check "
+    "(SQLite: ck_<table>_types) refuses: text, a real or a blob in an integer column ('5x', 0.5, "
+    "1e300), a boolean other than 0 and 1, a blob in a text column, invalid JSON in a JSON "
+    "column; on either engine, NULL in a column the schema declares NOT NULL",
+    "invalid_name": "a call in history whose name is empty or blank (only spaces, tabs, CR, LF): "
+    "finished means a name (rule 4, ck_tool_calls_name)",
+    "invalid_arguments": "a call in history whose arguments are neither blank nor valid JSON: "
+    "finished means complete arguments (rule 4, ck_tool_calls_arguments)",
+    "missing_content": "a system, developer, user or tool message without content (neither a "
+    "text nor content parts; a tool result may be ''): ck_messages_content",
     "result_misplaced": "a tool result that is not in its call's slot "
     "(seq = assistant seq + 1 + position) (rule 2)",
     "duplicate_result": "a second tool result for a call whose slot holds its result (rule 2)",
@@ -1262,6 +1502,9 @@ VIOLATION_KINDS: Final[dict[str, str]] = {
     "orphan_call": "a tool call of a seq that is not an assistant message (rule 2)",
     "orphan_row": "messages or attempts of a conversation, or calls of an attempt, that does not "
     "exist",
+    "duplicate_key": "rows that share a key the schema makes unique (a conversation's or an "
+    "attempt's id, a call's position, an idempotency key), possible only once that key or its "
+    "unique index is gone",
     "bookkeeping": "the columns through which the database enforces the contract (prev_seq, "
     "prev_slots_left, slots_left, block_end_seq, assistant_n_calls, raw_arguments) disagree with "
     "the rows: later writes would not be checked right",
@@ -1283,8 +1526,14 @@ class Violation:
 
 
 # How the check covers the contract, per batch of conversations (a range of ids; RANGE(x) below
-# restricts table alias x to it), with three scans and lookups that only read indexes:
+# restricts table alias x to it), with a few scans and lookups that only read indexes:
 #
+# * the row checks (_row_rules): every check of fsm/store/models.py that is about one row and
+#   not about the history's structure, evaluated as the database evaluates it (a check passes
+#   unless its expression is false): on SQLite each table's types check (so a text, real or blob
+#   in an integer column is found, however the row got there), a finished call's name and
+#   arguments, a message's content, an attempt call's position and state; on either engine a
+#   NULL in a column the schema says NOT NULL when the database no longer refuses one.
 # * _CHECK_SEQ: per conversation, count / min / max of seq over the primary key: dense from 0 iff
 #   count = max + 1 and min = 0 (and count = distinct count when no key makes seq unique). Only
 #   the conversations that fail are read again (_CHECK_SEQ_DETAIL, window functions) to say where.
@@ -1294,6 +1543,7 @@ class Violation:
 #   message with its calls (positions exactly 0 .. n_calls - 1).
 # * _CHECK_CALLS: each call on its own (state, position below assistant_n_calls), with its
 #   assistant message (exists, same n_calls) and with a result that names it.
+# * duplicate keys, only where the database lost the key or unique index that keeps them out.
 #
 # Together: an assistant message with N calls has calls at positions 0 .. N-1, each has a
 # result naming it with its id, and each result sits in its call's slot; as two messages cannot
@@ -1301,23 +1551,31 @@ class Violation:
 # and nothing else (rules 2, 3, 5). With dense seq (rule 1) and finished calls (rule 4) that is
 # the whole contract. The enforcement columns are checked row by row and against the block
 # (a result's slots_left = assistant seq + N - seq): with the structure right, that implies the
-# foreign-key chain of prev_slots_left, so no pass over neighbouring rows is needed.
+# foreign-key chain of prev_slots_left, so no pass over neighbouring rows is needed. Every
+# foreign key of the schema is thereby re-verified by an anti-join, so PRAGMA foreign_keys=OFF
+# (SQLite) and session_replication_role = replica (PostgreSQL) hide nothing.
+#
+# Values of the wrong type (SQLite with PRAGMA ignore_check_constraints=ON) are the row checks'
+# finding; the structural scans compare with them without an error (SQLite compares any two
+# values) and skip them in Python. SEQ_OK(m) keeps the grouped seq scan to integer seqs.
+# BIG(x) widens an operand of arithmetic on PostgreSQL (int4 + int4 can overflow there when the
+# checks are gone; SQLite's integers are 64-bit and overflow into reals, without an error).
 _CHECK_SEQ = """
 SELECT g.conversation_id, g.n, g.d, g.lo, g.hi, CASE WHEN c.id IS NULL THEN 1 ELSE 0 END
 FROM (
   SELECT conversation_id, count(*) AS n, {distinct} AS d, min(seq) AS lo, max(seq) AS hi
-  FROM messages m WHERE RANGE(m) GROUP BY conversation_id
+  FROM messages m WHERE RANGE(m) AND SEQ_OK(m) GROUP BY conversation_id
 ) g LEFT JOIN conversations c ON c.id = g.conversation_id
-WHERE g.n <> g.hi + 1 OR g.lo <> 0 OR g.d <> g.n OR c.id IS NULL
+WHERE g.n <> BIG(g.hi) + 1 OR g.lo <> 0 OR g.d <> g.n OR c.id IS NULL
 """
 
 _CHECK_SEQ_DETAIL = """
 SELECT conversation_id, seq, p_seq FROM (
-  SELECT conversation_id, seq,
-         lag(seq) OVER (PARTITION BY conversation_id ORDER BY seq) AS p_seq
-  FROM messages WHERE conversation_id IN :ids
+  SELECT m.conversation_id, m.seq,
+         lag(m.seq) OVER (PARTITION BY m.conversation_id ORDER BY m.seq) AS p_seq
+  FROM messages m WHERE m.conversation_id IN :ids AND SEQ_OK(m)
 ) x
-WHERE (p_seq IS NULL AND seq <> 0) OR seq = p_seq OR seq > p_seq + 1
+WHERE (p_seq IS NULL AND seq <> 0) OR seq = p_seq OR seq > BIG(p_seq) + 1
 """
 
 # ``t`` and ``a`` are the checks (lookups that read only a unique index: the call with the
@@ -1333,23 +1591,23 @@ WITH bad AS MATERIALIZED (
   LEFT JOIN tool_calls t
     ON t.conversation_id = m.conversation_id AND t.assistant_seq = m.assistant_seq
        AND t.position = m.call_position AND t.call_id = m.tool_call_id
-       AND t.assistant_n_calls = m.slots_left + m.call_position + 1 AND RANGE(t)
+       AND t.assistant_n_calls = BIG(m.slots_left) + m.call_position + 1 AND RANGE(t)
   COUNT_JOIN
   WHERE RANGE(m) AND (
     -- each role's own rules (one branch per row)
     CASE m.role
       WHEN 'tool' THEN CASE
         WHEN m.tool_call_id IS NULL
-          OR COALESCE(m.assistant_seq + 1 + m.call_position, -1) <> m.seq
+          OR COALESCE(BIG(m.assistant_seq) + 1 + m.call_position, -1) <> m.seq
           OR m.n_calls <> 0 OR m.block_end_seq IS NOT NULL
-          OR COALESCE(m.prev_slots_left, 0) <= 0 OR m.slots_left <> m.prev_slots_left - 1
+          OR COALESCE(m.prev_slots_left, 0) <= 0 OR m.slots_left <> BIG(m.prev_slots_left) - 1
           OR t.conversation_id IS NULL
         THEN 1 ELSE 0 END
       WHEN 'assistant' THEN CASE
         WHEN m.tool_call_id IS NOT NULL OR m.assistant_seq IS NOT NULL
           OR m.call_position IS NOT NULL OR m.n_calls < 0 OR m.slots_left <> m.n_calls
           OR COALESCE(m.block_end_seq, -1)
-             <> CASE WHEN m.n_calls > 0 THEN m.seq + m.n_calls ELSE -1 END
+             <> CASE WHEN m.n_calls > 0 THEN BIG(m.seq) + m.n_calls ELSE -1 END
           OR COALESCE(m.prev_slots_left, 0) <> 0
           OR (m.n_calls > 0 AND COUNT_CHECK(m))
         THEN 1 ELSE 0 END
@@ -1361,7 +1619,7 @@ WITH bad AS MATERIALIZED (
         THEN 1 ELSE 0 END
     END = 1
     -- every role: the link to the previous row
-    OR COALESCE(m.prev_seq, -1) <> m.seq - 1
+    OR COALESCE(m.prev_seq, -1) <> BIG(m.seq) - 1
     OR (CASE WHEN m.prev_slots_left IS NULL THEN 0 ELSE 1 END)
        <> (CASE WHEN m.seq = 0 THEN 0 ELSE 1 END)
   )
@@ -1379,13 +1637,13 @@ SELECT bad.*,
         WHERE c.conversation_id = bad.conversation_id AND c.assistant_seq = bad.seq),
        (SELECT s.role FROM messages s
         WHERE s.conversation_id = bad.conversation_id
-          AND s.seq = bad.assistant_seq + 1 + bad.call_position),
+          AND s.seq = BIG(bad.assistant_seq) + 1 + bad.call_position),
        (SELECT s.assistant_seq FROM messages s
         WHERE s.conversation_id = bad.conversation_id
-          AND s.seq = bad.assistant_seq + 1 + bad.call_position),
+          AND s.seq = BIG(bad.assistant_seq) + 1 + bad.call_position),
        (SELECT s.call_position FROM messages s
         WHERE s.conversation_id = bad.conversation_id
-          AND s.seq = bad.assistant_seq + 1 + bad.call_position)
+          AND s.seq = BIG(bad.assistant_seq) + 1 + bad.call_position)
 FROM bad
 """
 
@@ -1434,7 +1692,7 @@ SELECT bad.*,
         WHERE a2.conversation_id = bad.conversation_id AND a2.seq = bad.assistant_seq),
        (SELECT s.role FROM messages s
         WHERE s.conversation_id = bad.conversation_id
-          AND s.seq = bad.assistant_seq + 1 + bad.position)
+          AND s.seq = BIG(bad.assistant_seq) + 1 + bad.position)
 FROM bad
 """
 
@@ -1451,14 +1709,17 @@ GROUP BY ac.attempt_id ORDER BY ac.attempt_id
 """
 
 
-_RANGE = re.compile(r"RANGE\((\w+)\)")
+_RANGE = re.compile(r"RANGE\((\w+)(?:\.(\w+))?\)")
+_BIG = re.compile(r"BIG\(([\w.]+)\)")
+_SEQ_OK = re.compile(r"SEQ_OK\((\w+)\)")
 
 
 def _ranged(sql: str, lo: str | None, hi: str | None) -> str:
-    """``sql`` with each ``RANGE(alias)`` replaced by the batch's bounds on that alias."""
+    """``sql`` with each ``RANGE(alias)`` (or ``RANGE(alias.column)``) replaced by the batch's
+    bounds on that alias's conversation id (or that column)."""
 
     def bounds(match: re.Match[str]) -> str:
-        column = f"{match.group(1)}.conversation_id"
+        column = f"{match.group(1)}.{match.group(2) or 'conversation_id'}"
         parts = []
         if lo is not None:
             parts.append(f"{column} >= :lo")
@@ -1469,6 +1730,307 @@ def _ranged(sql: str, lo: str | None, hi: str | None) -> str:
     return _RANGE.sub(bounds, sql)
 
 
+def _engine_sql(sql: str, dialect: str) -> str:
+    """``sql`` with the engine's ``BIG(x)`` and ``SEQ_OK(alias)``."""
+    if dialect == "postgresql":
+        sql = _BIG.sub(r"CAST(\1 AS BIGINT)", sql)
+        return _SEQ_OK.sub(r"\1.seq IS NOT NULL", sql)
+    sql = _BIG.sub(r"\1", sql)
+    return _SEQ_OK.sub(r"typeof(\1.seq) = 'integer' AND typeof(\1.conversation_id) = 'text'", sql)
+
+
+# -- the row checks ------------------------------------------------------------------------------
+#: The checks of the models that the structural scans verify (with more precise kinds), by table.
+_STRUCTURAL_CHECKS: Final = frozenset(
+    {
+        "ck_messages_seq",
+        "ck_messages_role",
+        "ck_messages_n_calls",
+        "ck_messages_slots_left",
+        "ck_messages_prev",
+        "ck_messages_result_slot",
+        "ck_messages_block_end",
+        "ck_tool_calls_position",
+        "ck_tool_calls_finished",
+        "ck_tool_calls_tool_call_state",
+        "ck_tool_calls_repaired",
+    }
+)
+
+#: The kind of violation of every other check (a check added to the models later is verified
+#: as ``invalid_row`` until it gets a kind of its own).
+_CHECK_KINDS: Final = {
+    "ck_conversations_types": "invalid_type",
+    "ck_messages_types": "invalid_type",
+    "ck_tool_calls_types": "invalid_type",
+    "ck_attempts_types": "invalid_type",
+    "ck_attempt_calls_types": "invalid_type",
+    "ck_tool_calls_name": "invalid_name",
+    "ck_tool_calls_arguments": "invalid_arguments",
+    "ck_messages_content": "missing_content",
+}
+
+#: Per table: the columns that say where a row is (and what it is about), read raw.
+_ROW_IDENTITY: Final = {
+    "conversations": "conversations.id, NULL, NULL, NULL",
+    "messages": "messages.conversation_id, messages.seq, messages.role, NULL",
+    "tool_calls": "tool_calls.conversation_id, tool_calls.assistant_seq, tool_calls.position, "
+    "tool_calls.call_id",
+    "attempts": "attempts.conversation_id, attempts.id, attempts.at_seq, NULL",
+    "attempt_calls": "(SELECT a.conversation_id FROM attempts a "
+    "WHERE a.id = attempt_calls.attempt_id), attempt_calls.attempt_id, attempt_calls.position, "
+    "attempt_calls.call_id",
+}
+_TABLES: Final = ("conversations", "messages", "tool_calls", "attempts", "attempt_calls")
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """A check of one row: ``sql`` is false for a row that breaks it (true or NULL passes)."""
+
+    name: str
+    kind: str
+    sql: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What one check run needs to know about the database it reads."""
+
+    dialect: str
+    #: messages has its primary key (conversation_id, seq): two rows cannot share a seq
+    unique_seq: bool
+    #: the row checks to evaluate, per table
+    rules: dict[str, tuple[_Rule, ...]]
+    #: (table, key columns, condition): unique keys whose key or index the database lost
+    lost_keys: tuple[tuple[str, tuple[str, ...], str | None], ...]
+    #: the columns of each table in the database
+    columns: dict[str, frozenset[str]]
+
+
+def _shape(conn: Connection) -> _Shape:
+    dialect = conn.dialect.name
+    inspector = sa.inspect(conn)
+    pk = inspector.get_pk_constraint("messages")
+    unique_seq = pk.get("constrained_columns") == ["conversation_id", "seq"]
+    lost: list[tuple[str, tuple[str, ...], str | None]] = []
+    for table in ("conversations", "tool_calls", "attempts", "attempt_calls"):
+        columns = tuple(c.name for c in _TABLE[table].primary_key.columns)
+        if tuple(inspector.get_pk_constraint(table).get("constrained_columns") or ()) != columns:
+            lost.append((table, columns, None))
+    indexes = {i["name"] for i in inspector.get_indexes("messages")}
+    if "ix_messages_conversation_id_idempotency_key" not in indexes:
+        lost.append(
+            ("messages", ("conversation_id", "idempotency_key"), "idempotency_key IS NOT NULL")
+        )
+    enforced: set[str] = set()
+    functions = {"fsm_json_valid": True}
+    nullable: dict[str, set[str]] = {}
+    if dialect == "postgresql":
+        # a check PostgreSQL holds (present and validated) no session can have bypassed: only a
+        # dropped or NOT VALID one needs its rows read
+        enforced = set(
+            conn.execute(
+                sa.text(
+                    "SELECT conname FROM pg_constraint WHERE contype = 'c' AND convalidated "
+                    "AND conrelid = ANY(CAST(:tables AS regclass[]))"
+                ),
+                {"tables": list(_TABLES)},
+            ).scalars()
+        )
+        functions["fsm_json_valid"] = _pg_function(conn, "fsm_json_valid(text)")
+    reflected = {table: inspector.get_columns(table) for table in _TABLES}
+    if dialect == "postgresql":
+        # a NOT NULL dropped lets NULLs in (SQLite cannot drop one without rebuilding the table)
+        nullable = {t: {c["name"] for c in cols if c["nullable"]} for t, cols in reflected.items()}
+    present_columns = {t: frozenset(c["name"] for c in cols) for t, cols in reflected.items()}
+    rules: dict[str, tuple[_Rule, ...]] = {}
+    for table in _TABLES:
+        # the columns the database has (a store at an older revision lacks the newer ones)
+        present = present_columns[table]
+        found = [
+            rule
+            for rule in _model_rules(_TABLE[table], dialect)
+            if rule.name not in enforced
+            and not rule.name.endswith("_types")
+            and not any(f"{f}(" in rule.sql and not ok for f, ok in functions.items())
+        ]
+        if dialect == "sqlite":
+            # the types check, term by term (the same terms, of the columns there are)
+            terms = [ok for column, ok in _sqlite_type_terms(_TABLE[table]) if column in present]
+            found.insert(0, _Rule(f"ck_{table}_types", "invalid_type", " AND ".join(terms)))
+        for column in _TABLE[table].columns:
+            if not column.nullable and column.name in nullable.get(table, ()):
+                found.append(
+                    _Rule(
+                        f"{table}.{column.name} NOT NULL",
+                        "invalid_type",
+                        f"{column.name} IS NOT NULL",
+                    )
+                )
+        rules[table] = tuple(found)
+    return _Shape(
+        dialect=dialect,
+        unique_seq=unique_seq,
+        rules=rules,
+        lost_keys=tuple(lost),
+        columns=present_columns,
+    )
+
+
+_TABLE: Final = {t.name: t for t in (_CONVERSATIONS, _MESSAGES, _CALLS, _ATTEMPTS, _ATTEMPT_CALLS)}
+
+
+def _model_rules(table: sa.Table, dialect: str) -> Iterator[_Rule]:
+    """The checks of ``table`` in the models that apply to ``dialect``, except the structural ones,
+    as row checks."""
+    compiler_dialect = _DIALECTS[dialect]
+    for constraint in table.constraints:
+        if not isinstance(constraint, sa.CheckConstraint) or not isinstance(constraint.name, str):
+            continue
+        name = str(constraint.name)
+        only = getattr(getattr(constraint, "_ddl_if", None), "dialect", None)
+        if name in _STRUCTURAL_CHECKS or (only is not None and only != dialect):
+            continue
+        text = str(
+            constraint.sqltext.compile(
+                dialect=compiler_dialect, compile_kwargs={"literal_binds": True}
+            )
+        )
+        yield _Rule(name, _CHECK_KINDS.get(name, "invalid_row"), text)
+
+
+_DIALECTS: Final[dict[str, Any]] = {
+    "sqlite": sqlite_dialect.dialect(),
+    "postgresql": pg.dialect(),  # type: ignore[no-untyped-call]
+}
+
+
+def _sqlite_type_terms(table: sa.Table) -> list[tuple[str, str]]:
+    """(column, SQL that is true when its value has the column's type) for a SQLite table, the
+    terms of its types check (:func:`fsm.store.models.sqlite_types_check`)."""
+    terms = []
+    for column in table.columns:
+        name = column.name
+        if isinstance(column.type, sa.Boolean):
+            ok = f"(typeof({name}) = 'integer' AND {name} IN (0, 1))"
+        elif isinstance(column.type, sa.Integer):
+            ok = f"typeof({name}) = 'integer'"
+        elif isinstance(column.type, sa.JSON):
+            ok = f"(typeof({name}) = 'text' AND json_valid({name}))"
+        else:
+            ok = f"typeof({name}) = 'text'"
+        if column.nullable:
+            ok = f"({name} IS NULL OR {ok})"
+        terms.append((name, ok))
+    return terms
+
+
+def _row_check_sql(table: str, rules: Sequence[_Rule], shape: _Shape, *, ranged: bool) -> str:
+    """One scan of ``table`` that picks the rows breaking any of ``rules``: the row's identity,
+    one flag per rule (1: broken), and on SQLite which columns have the wrong type."""
+    # a check passes unless its expression is false (NULL passes): NOT (x) is true only then.
+    # Conditions only (WHERE, CASE WHEN), never values: SQLite then evaluates AND and OR
+    # lazily (as a value, both sides of each are computed: several times slower)
+    flags = [f"CASE WHEN NOT ({r.sql}) THEN 1 ELSE 0 END" for r in rules]
+    detail = "NULL"
+    if shape.dialect == "sqlite":
+        parts = [
+            f"CASE WHEN {ok} THEN '' ELSE '{column} is ' || typeof({column}) || ' ' || "
+            f"substr(quote({column}), 1, 40) || '; ' END"
+            for column, ok in _sqlite_type_terms(_TABLE[table])
+            if column in shape.columns[table]
+        ]
+        detail = "rtrim(" + " || ".join(parts) + ", '; ')"
+    where = " AND ".join(f"({r.sql})" for r in rules)
+    scope = f"RANGE({table}.{'id' if table == 'conversations' else 'conversation_id'})"
+    return (
+        f"SELECT {_ROW_IDENTITY[table]}, {detail}, {', '.join(flags)} FROM {table} "
+        f"WHERE {scope if ranged else '1 = 1'} AND NOT ({where})"
+    )
+
+
+def _row_violations(table: str, rules: Sequence[_Rule], row: Any) -> Iterator[Violation]:
+    cid, a, b, c, detail, *flags = row
+    conversation = _opt_text(cid)
+    seq: int | None = None
+    if table == "conversations":
+        where = f"conversation {conversation!r}"
+    elif table == "messages":
+        seq = _int(a)
+        where = f"the {_text(b)} message at seq {_shown(a)}"
+    elif table == "tool_calls":
+        seq = _int(a)
+        where = f"call {_shown(b)} (id {_shown(c, text=True)}) of the message at seq {_shown(a)}"
+    elif table == "attempts":
+        where = f"attempt {_shown(a)} (at seq {_shown(b)})"
+    else:
+        where = f"call {_shown(b)} (id {_shown(c, text=True)}) of attempt {_shown(a)}"
+    for rule, broken in zip(rules, flags, strict=True):
+        if not broken:
+            continue
+        text = _RULE_TEXT.get(rule.kind, f"breaks the check {rule.name}")
+        if rule.kind == "invalid_type" and rule.name.endswith("NOT NULL"):
+            text = f"{rule.name.split('.', 1)[1].split()[0]} is NULL (the column is NOT NULL)"
+        elif rule.kind == "invalid_type" and detail:
+            text = f"wrong type: {_text(detail)}"
+        elif rule.name == "ck_messages_one_content":
+            text = "has both a text content and content parts"
+        elif rule.name == "ck_attempt_calls_position":
+            text = "has a negative position"
+        elif rule.name == "ck_attempt_calls_tool_call_state":
+            text = "has an unknown state"
+        yield Violation(conversation, seq, rule.kind, f"{where} {text} ({rule.name})")
+
+
+_RULE_TEXT: Final = {
+    "invalid_type": "holds a value of the wrong type",
+    "invalid_name": "is finished with an empty or blank name",
+    "invalid_arguments": "is finished with arguments that are neither blank nor valid JSON",
+    "missing_content": "has no content",
+}
+
+
+def _shown(value: Any, *, text: bool = False) -> str:
+    """A raw value for a detail: an integer as it is, text quoted, anything else with its type."""
+    if type(value) is int and not text:
+        return str(value)
+    if isinstance(value, str):
+        return repr(_text(value))
+    if value is None:
+        return "NULL"
+    return f"{_text(value)!r} ({type(value).__name__})"
+
+
+def _duplicates_sql(
+    table: str, columns: Sequence[str], condition: str | None, *, ranged: bool
+) -> str:
+    cols = ", ".join(columns)
+    where = [condition or "1 = 1"]
+    if ranged:
+        where.append(f"RANGE({table}.{'id' if table == 'conversations' else 'conversation_id'})")
+    return (
+        f"SELECT {cols}, count(*) FROM {table} WHERE {' AND '.join(where)} "
+        f"GROUP BY {cols} HAVING count(*) > 1"
+    )
+
+
+def _duplicate_violations(table: str, columns: Sequence[str], row: Any) -> Violation:
+    *key, n = row
+    values = ", ".join(f"{c} {_shown(v)}" for c, v in zip(columns, key, strict=True))
+    conversation = (
+        _opt_text(key[0]) if table in ("conversations", "messages", "tool_calls") else None
+    )
+    seq = _int(key[1]) if table == "tool_calls" else None
+    return Violation(
+        conversation,
+        seq,
+        "duplicate_key",
+        f"{n} {table} rows share the key ({values}), which the schema makes unique",
+    )
+
+
+# -- running the check ---------------------------------------------------------------------------
 def check(
     bind: Bind,
     *,
@@ -1478,18 +2040,30 @@ def check(
 ) -> Iterator[Violation]:
     """Re-verify the history contract over the whole store; yield every violation found.
 
-    The rules of ``spec/store.md`` ("The contract" 1-5) and more: seq dense from 0, every
-    assistant message with N calls followed by exactly its N results each in its slot, each
-    result's ``tool_call_id`` equal to its call's id, only finished calls, nothing between an
-    assistant message and its results, and the enforcement columns consistent. Each kind is in
-    :data:`VIOLATION_KINDS`. A store written through fsm has none: they can only come from writes
-    that bypassed the constraints (foreign keys off, dropped constraints, a broken migration).
+    The rules of ``spec/store.md`` ("The contract" 1-5), and every rule the database enforces:
+    seq dense from 0, every assistant message with N calls followed by exactly its N results
+    each in its slot, each result's ``tool_call_id`` equal to its call's id, only finished calls
+    (with a name, and arguments blank or valid JSON), nothing between an assistant message and
+    its results, content where the OpenAI format needs it, the enforcement columns consistent,
+    every foreign key, unique key and check of the schema, and the types of every column (on
+    SQLite, whose type affinity lets ``'5x'``, ``0.5`` or ``1e300`` into an INTEGER column when
+    its types check is ignored). Each kind is in :data:`VIOLATION_KINDS`.
 
-    The work is set-based: per batch of ``batch_size`` conversations (a range of ids), a grouped
-    scan of the seq numbers, one scan of the messages and one of the calls, joined to each other
-    through indexes (no query per conversation). Each batch runs in one read transaction, so
-    it sees one snapshot; every rule is about one conversation, and a conversation is checked
-    whole within one batch, so writers committing meanwhile cannot cause false violations.
+    A store written through fsm has none: they come only from writes made with the database's
+    enforcement switched off, which are *not* checked when they happen: SQLite ``PRAGMA
+    foreign_keys=OFF`` (every foreign key) or ``PRAGMA ignore_check_constraints=ON`` (every check,
+    types included), PostgreSQL ``SET session_replication_role = replica`` or ``ALTER TABLE ...
+    DISABLE TRIGGER ALL`` (foreign keys), constraints dropped or added back ``NOT VALID``, a
+    broken migration. Any value such a session stored is read without an error: the check
+    reports it, never crashes on it and never calls such a store clean.
+
+    The work is set-based: per batch of ``batch_size`` conversations (a range of ids), a scan of
+    each table for its row checks, a grouped scan of the seq numbers, one scan of the messages
+    and one of the calls, joined to each other through indexes (no query per conversation). On
+    PostgreSQL a check the database holds (present and validated) is not read again: no session
+    can bypass it. Each batch runs in one read transaction, so it sees one snapshot; every rule
+    is about one conversation, and a conversation is checked whole within one batch, so writers
+    committing meanwhile cannot cause false violations.
 
     Given an engine, ``workers`` batches run at once on their own connections (default 2: the
     database does the work, in parallel); given a connection, the batches run one after the
@@ -1503,25 +2077,28 @@ def check(
         raise InvalidFilterError("workers must be at least 1")
     with _connect(bind, snapshot=True) as conn:
         total = int(conn.execute(sa.text("SELECT count(*) FROM conversations")).scalar_one())
+        # batches are ranges of text ids (an id of another type, which only raw SQL on SQLite
+        # can store, sorts after every text: it falls in the last batch)
+        text_ids = "typeof(id) = 'text'" if conn.dialect.name == "sqlite" else "1 = 1"
         bounds = [
             str(b)
             for b in conn.execute(
                 sa.text(
                     "SELECT id FROM (SELECT id, row_number() OVER (ORDER BY id) AS n "
-                    "FROM conversations) x WHERE n > 1 AND (n - 1) % :size = 0 ORDER BY id"
+                    f"FROM conversations WHERE {text_ids}) x "
+                    "WHERE n > 1 AND (n - 1) % :size = 0 ORDER BY id"
                 ),
                 {"size": batch_size},
             ).scalars()
         ]
-        pk = sa.inspect(conn).get_pk_constraint("messages")
-        unique_seq = pk.get("constrained_columns") == ["conversation_id", "seq"]
+        shape = _shape(conn)
         edges: list[str | None] = [None, *bounds, None]
         ranges = list(itertools.pairwise(edges))
         if progress is not None:
             progress(0, total)
         if isinstance(bind, Connection) or (workers or 2) == 1 or len(ranges) == 1:
             batches: Iterator[list[Violation]] = (
-                _check_batch(conn, lo, hi, unique_seq=unique_seq, own=False) for lo, hi in ranges
+                _check_batch(conn, lo, hi, shape, own=False) for lo, hi in ranges
             )
             yield from _with_progress(batches, progress, batch_size, total)
         else:
@@ -1529,20 +2106,40 @@ def check(
 
             def run(bounds: tuple[str | None, str | None]) -> list[Violation]:
                 with _connect(engine, snapshot=True) as worker:
-                    return _check_batch(worker, *bounds, unique_seq=unique_seq, own=True)
+                    return _check_batch(worker, *bounds, shape, own=True)
 
             with ThreadPoolExecutor(workers or 2, thread_name_prefix="fsm-check") as pool:
                 try:
                     yield from _with_progress(pool.map(run, ranges), progress, batch_size, total)
                 finally:
                     pool.shutdown(cancel_futures=True)
-        for attempt_id, n in conn.execute(sa.text(_ORPHAN_ATTEMPT_CALLS)):
-            yield Violation(
+        yield from _check_global(conn, shape)
+
+
+def _check_global(conn: Connection, shape: _Shape) -> Iterator[Violation]:
+    """The checks of the tables that are not ranged by conversation: the calls of attempts (they
+    have no conversation id of their own) and keys that span conversations."""
+    rules = shape.rules["attempt_calls"]
+    found: list[Violation] = []
+    if rules:
+        sql = _row_check_sql("attempt_calls", rules, shape, ranged=False)
+        for row in conn.execute(sa.text(sql)):
+            found.extend(_row_violations("attempt_calls", rules, row))
+    for attempt_id, n in conn.execute(sa.text(_ORPHAN_ATTEMPT_CALLS)):
+        found.append(
+            Violation(
                 None,
                 None,
                 "orphan_row",
-                f"{n} attempt_calls row(s) of attempt {attempt_id}, which does not exist",
+                f"{n} attempt_calls row(s) of attempt {_shown(attempt_id)}, which does not exist",
             )
+        )
+    for table, columns, condition in shape.lost_keys:
+        if table in ("attempts", "attempt_calls"):
+            sql = _duplicates_sql(table, columns, condition, ranged=False)
+            for row in conn.execute(sa.text(sql)):
+                found.append(_duplicate_violations(table, columns, row))
+    yield from found
 
 
 def _with_progress(
@@ -1555,44 +2152,53 @@ def _with_progress(
 
 
 def _check_batch(
-    conn: Connection, lo: str | None, hi: str | None, *, unique_seq: bool, own: bool
+    conn: Connection, lo: str | None, hi: str | None, shape: _Shape, *, own: bool
 ) -> list[Violation]:
     """The violations of the conversations in [lo, hi), sorted by conversation and seq."""
     if own and conn.dialect.name == "postgresql":
         conn.execute(sa.text("SET LOCAL work_mem = '64MB'"))
-    found = list(_check_range(conn, lo, hi, unique_seq=unique_seq))
+    found = list(_check_range(conn, lo, hi, shape))
     found.sort(key=lambda v: (v.conversation_id or "", -1 if v.seq is None else v.seq))
     return found
 
 
 def _check_range(
-    conn: Connection, lo: str | None, hi: str | None, *, unique_seq: bool
+    conn: Connection, lo: str | None, hi: str | None, shape: _Shape
 ) -> Iterator[Violation]:
     params = {k: v for k, v in (("lo", lo), ("hi", hi)) if v is not None}
     # two rows with one seq need the primary key gone: count distinct values only then
-    distinct = "count(*)" if unique_seq else "count(DISTINCT seq)"
-
-    join, count_check = _COUNT_CHECKS.get(conn.dialect.name, _COUNT_CHECKS["postgresql"])
+    distinct = "count(*)" if shape.unique_seq else "count(DISTINCT seq)"
+    dialect = shape.dialect
+    join, count_check = _COUNT_CHECKS.get(dialect, _COUNT_CHECKS["postgresql"])
 
     def run(sql: str) -> Iterable[Any]:
         sql = sql.replace("COUNT_JOIN", join).replace("COUNT_CHECK(m)", f"({count_check})")
-        return conn.execute(sa.text(_ranged(sql.replace("{distinct}", distinct), lo, hi)), params)
+        sql = _engine_sql(sql.replace("{distinct}", distinct), dialect)
+        return conn.execute(sa.text(_ranged(sql, lo, hi)), params)
 
+    for table in ("conversations", "messages", "tool_calls", "attempts"):
+        rules = shape.rules[table]
+        if rules:
+            for row in run(_row_check_sql(table, rules, shape, ranged=True)):
+                yield from _row_violations(table, rules, row)
     unordered: list[str] = []
     for cid, n, n_distinct, first, last, orphan in run(_CHECK_SEQ):
         if orphan:
             yield Violation(
-                cid,
+                _text(cid),
                 None,
                 "orphan_row",
-                f"{n} message(s) of conversation {cid!r}, which does not exist",
+                f"{n} message(s) of conversation {_text(cid)!r}, which does not exist",
             )
         if n != last + 1 or first != 0 or n_distinct != n:
             unordered.append(cid)
     for start in range(0, len(unordered), 500):
         ids = unordered[start : start + 500]
-        detail = sa.text(_CHECK_SEQ_DETAIL).bindparams(sa.bindparam("ids", expanding=True))
+        detail = sa.text(_engine_sql(_CHECK_SEQ_DETAIL, dialect)).bindparams(
+            sa.bindparam("ids", expanding=True)
+        )
         for cid, seq, p_seq in conn.execute(detail, {"ids": ids}):
+            cid = _text(cid)
             if p_seq is None:
                 yield Violation(cid, seq, "seq_start", f"the first message has seq {seq}, not 0")
             elif seq == p_seq:
@@ -1611,17 +2217,83 @@ def _check_range(
         yield from _call_violations(row)
     for cid, n in run(_ORPHAN_ATTEMPTS):
         yield Violation(
-            cid, None, "orphan_row", f"{n} attempt(s) of conversation {cid!r}, which does not exist"
+            _text(cid),
+            None,
+            "orphan_row",
+            f"{n} attempt(s) of conversation {_text(cid)!r}, which does not exist",
         )
+    for table, columns, condition in shape.lost_keys:
+        if table not in ("attempts", "attempt_calls"):
+            for row in run(_duplicates_sql(table, columns, condition, ranged=True)):
+                yield _duplicate_violations(table, columns, row)
 
 
 _ROLES: Final = ("system", "developer", "user", "assistant", "tool")
+
+
+def _typed(*values: Any, nullable: Sequence[Any] = ()) -> bool:
+    """Whether ``values`` are integers and ``nullable`` integers or NULL (on SQLite, a row with a
+    value of another type is the types check's finding, and the structural rules skip it)."""
+    return all(type(v) is int for v in values) and all(
+        v is None or type(v) is int for v in nullable
+    )
 
 
 def _message_violations(row: Any) -> Iterator[Violation]:
     """The violations of one message row of _CHECK_MESSAGES (the SQL only picked it)."""
     (cid, seq, role, n_calls, slots_left, prev_seq, prev_slots, call_id, aseq, pos, block_end,
      real_id, call_n, a_role, calls, s_role, s_aseq, s_pos) = row  # fmt: skip
+    if not (
+        isinstance(cid, str)
+        and isinstance(role, str)
+        and (call_id is None or isinstance(call_id, str))
+        and _typed(seq, n_calls, slots_left, nullable=(prev_seq, prev_slots, aseq, pos, block_end))
+    ):
+        return
+    found = list(
+        _message_findings(
+            cid, seq, role, n_calls, slots_left, prev_seq, prev_slots, call_id, aseq, pos,
+            block_end, real_id if isinstance(real_id, str) else None, _int(call_n),
+            _opt_text(a_role), _int(calls) or 0, _opt_text(s_role), _int(s_aseq), _int(s_pos),
+        )
+    )  # fmt: skip
+    if not found:  # the SQL picked it for a reason the findings do not name: never call it clean
+        found.append(
+            Violation(
+                _text(cid),
+                seq,
+                "invalid_row",
+                f"the {role} message at seq {seq} breaks a rule of the schema (n_calls {n_calls}, "
+                f"slots_left {slots_left}, prev_seq {prev_seq}, prev_slots_left {prev_slots}, "
+                f"tool_call_id {_opt_text(call_id)!r}, assistant_seq {aseq}, call_position {pos}, "
+                f"block_end_seq {block_end})",
+            )
+        )
+    yield from found
+
+
+def _message_findings(
+    cid: str,
+    seq: int,
+    role: str,
+    n_calls: int,
+    slots_left: int,
+    prev_seq: int | None,
+    prev_slots: int | None,
+    call_id: str | None,
+    aseq: int | None,
+    pos: int | None,
+    block_end: int | None,
+    real_id: str | None,
+    call_n: int | None,
+    a_role: str | None,
+    calls: int,
+    s_role: str | None,
+    s_aseq: int | None,
+    s_pos: int | None,
+) -> Iterator[Violation]:
+    shown_id = _opt_text(call_id)
+    conversation = _text(cid)
     tool = role == "tool"
     linked = aseq is not None and pos is not None
     if (
@@ -1632,26 +2304,29 @@ def _message_violations(row: Any) -> Iterator[Violation]:
         or (not tool and (call_id is not None or aseq is not None or pos is not None))
     ):
         yield Violation(
-            cid, seq, "invalid_row", _invalid_row_detail(role, n_calls, call_id, aseq, pos)
+            conversation,
+            seq,
+            "invalid_row",
+            _invalid_row_detail(role, n_calls, shown_id, aseq, pos),
         )
-    misplaced = tool and linked and seq != aseq + 1 + pos
-    if misplaced:
+    misplaced = tool and aseq is not None and pos is not None and seq != aseq + 1 + pos
+    if misplaced and aseq is not None and pos is not None:
         slot = aseq + 1 + pos
         if s_role == "tool" and (s_aseq, s_pos) == (aseq, pos):
             yield Violation(
-                cid,
+                conversation,
                 seq,
                 "duplicate_result",
-                f"a second result (tool_call_id {call_id!r}) for call {pos} of the assistant "
+                f"a second result (tool_call_id {shown_id!r}) for call {pos} of the assistant "
                 f"message at seq {aseq}, whose slot (seq {slot}) holds its result",
             )
         else:
             yield Violation(
-                cid,
+                conversation,
                 seq,
                 "result_misplaced",
                 f"the result of call {pos} of the assistant message at seq {aseq} (tool_call_id "
-                f"{call_id!r}) is at seq {seq}, not in its slot (seq {slot})",
+                f"{shown_id!r}) is at seq {seq}, not in its slot (seq {slot})",
             )
     if tool and linked and (real_id is None or a_role != "assistant"):
         what = (
@@ -1662,36 +2337,38 @@ def _message_violations(row: Any) -> Iterator[Violation]:
             else f"whose seq is a {a_role} message"
         )
         yield Violation(
-            cid,
+            conversation,
             seq,
             "orphan_result",
-            f"the tool result at seq {seq} (tool_call_id {call_id!r}) answers call {pos} of the "
+            f"the tool result at seq {seq} (tool_call_id {shown_id!r}) answers call {pos} of the "
             f"assistant message at seq {aseq}, {what}",
         )
     elif real_id is not None and real_id != call_id:
         yield Violation(
-            cid,
+            conversation,
             seq,
             "result_id_mismatch",
-            f"the tool result at seq {seq} has tool_call_id {call_id!r}, but its call (position "
-            f"{pos} of the assistant message at seq {aseq}) has id {real_id!r}",
+            f"the tool result at seq {seq} has tool_call_id {shown_id!r}, but its call (position "
+            f"{pos} of the assistant message at seq {aseq}) has id {_text(real_id)!r}",
         )
     if role == "assistant" and n_calls > 0 and calls != n_calls:
         yield Violation(
-            cid,
+            conversation,
             seq,
             "call_count_mismatch",
             f"the assistant message at seq {seq} declares {n_calls} tool call(s) (n_calls) but "
             f"has {calls} call row(s)",
         )
     open_slots = None
-    if tool and linked and not misplaced and call_n is not None:
+    if tool and linked and not misplaced and call_n is not None and pos is not None:
         open_slots = call_n - 1 - pos
     wrong = _bookkeeping(
         role, seq, n_calls, slots_left, prev_seq, prev_slots, block_end, open_slots
     )
     if wrong:
-        yield Violation(cid, seq, "bookkeeping", f"{role} message: {wrong} disagree with the rows")
+        yield Violation(
+            conversation, seq, "bookkeeping", f"{role} message: {wrong} disagree with the rows"
+        )
 
 
 def _bookkeeping(
@@ -1726,6 +2403,47 @@ def _call_violations(row: Any) -> Iterator[Violation]:
     """The violations of one call row of _CHECK_CALLS (the SQL only picked it)."""
     (cid, aseq, pos, call_id, name, state, n_decl, repaired, no_raw, has_result, a_role, a_n,
      s_role) = row  # fmt: skip
+    if not (
+        isinstance(cid, str)
+        and isinstance(state, str)
+        and repaired in (0, 1)
+        and _typed(aseq, pos, n_decl)
+    ):
+        return
+    found = list(
+        _call_findings(
+            _text(cid), aseq, pos, _text(call_id), _text(name), state, n_decl, bool(repaired),
+            bool(no_raw), bool(has_result), _opt_text(a_role), _int(a_n), _opt_text(s_role),
+        )
+    )  # fmt: skip
+    if not found:  # never call a row the SQL picked clean
+        found.append(
+            Violation(
+                _text(cid),
+                aseq,
+                "invalid_row",
+                f"call {pos} (id {_text(call_id)!r}) of the message at seq {aseq} breaks a rule "
+                f"of the schema (assistant_n_calls {n_decl}, state {state!r})",
+            )
+        )
+    yield from found
+
+
+def _call_findings(
+    cid: str,
+    aseq: int,
+    pos: int,
+    call_id: str,
+    name: str,
+    state: str,
+    n_decl: int,
+    repaired: bool,
+    no_raw: bool,
+    has_result: bool,
+    a_role: str | None,
+    a_n: int | None,
+    s_role: str | None,
+) -> Iterator[Violation]:
     assistant = a_role == "assistant"
     where = f"call {pos} ({name}, id {call_id!r}) of the " + (
         f"assistant message at seq {aseq}" if assistant else f"message at seq {aseq}"
@@ -1738,7 +2456,7 @@ def _call_violations(row: Any) -> Iterator[Violation]:
             f"{where}: seq {aseq} is "
             + ("missing" if a_role is None else f"{_a(a_role)} message, not an assistant message"),
         )
-    elif pos < 0 or pos >= a_n:
+    elif a_n is not None and (pos < 0 or pos >= a_n):
         yield Violation(
             cid, aseq, "call_count_mismatch", f"{where}: the message declares {a_n} call(s)"
         )
@@ -1770,8 +2488,8 @@ def _call_violations(row: Any) -> Iterator[Violation]:
         wrong.append(f"assistant_n_calls {n_decl} (the message has {a_n})")
     elif pos >= n_decl:
         wrong.append(f"assistant_n_calls {n_decl} (position {pos})")
-    if bool(repaired) == bool(no_raw):
-        wrong.append(f"repaired {bool(repaired)} with raw_arguments {'NULL' if no_raw else 'set'}")
+    if repaired == no_raw:
+        wrong.append(f"repaired {repaired} with raw_arguments {'NULL' if no_raw else 'set'}")
     if wrong:
         yield Violation(cid, aseq, "bookkeeping", f"{where}: {', '.join(wrong)} disagree")
 
@@ -1784,7 +2502,7 @@ def _a(word: str) -> str:
 def _invalid_row_detail(
     role: str, n_calls: int, call_id: str | None, aseq: int | None, pos: int | None
 ) -> str:
-    if role not in ("system", "developer", "user", "assistant", "tool"):
+    if role not in _ROLES:
         return f"unknown role {role!r}"
     if (n_calls and role != "assistant") or n_calls < 0:
         return f"{role} message with n_calls {n_calls}"

@@ -123,6 +123,7 @@ class Case:
     at: tuple[str | None, int | None]
     keys: bool = False
     sqlite: bool = True
+    postgres: bool = True
 
 
 def message(seq: int, role: str = "user", **cols: object) -> str:
@@ -239,6 +240,44 @@ CASES = [
     Case("orphan_row", ["DELETE FROM conversations WHERE id = 'd'"], ("d", None)),
     Case("orphan_row", ["DELETE FROM attempts WHERE conversation_id = 'd'"], (None, None)),
     Case(
+        "invalid_type",  # SQLite's type affinity keeps a text in an INTEGER column
+        ["UPDATE messages SET n_calls = '2x' WHERE conversation_id = 'c' AND seq = 0"],
+        ("c", 0),
+        postgres=False,
+    ),
+    Case(
+        "invalid_type",  # a NOT NULL dropped
+        [
+            "ALTER TABLE tool_calls ALTER COLUMN type DROP NOT NULL",
+            "UPDATE tool_calls SET type = NULL WHERE conversation_id = 'c' AND assistant_seq = 6",
+        ],
+        ("c", 6),
+        sqlite=False,
+    ),
+    Case(
+        "invalid_name",
+        ["UPDATE tool_calls SET name = ' ' WHERE conversation_id = 'c' AND assistant_seq = 6"],
+        ("c", 6),
+    ),
+    Case(
+        "invalid_arguments",
+        ["UPDATE tool_calls SET arguments = '{' WHERE conversation_id = 'c' AND assistant_seq = 6"],
+        ("c", 6),
+    ),
+    Case(
+        "missing_content",
+        ["UPDATE messages SET content = NULL WHERE conversation_id = 'c' AND seq = 5"],
+        ("c", 5),
+    ),
+    Case(
+        "duplicate_key",  # the idempotency key of seq 6 given to seq 1 too
+        [
+            "DROP INDEX ix_messages_conversation_id_idempotency_key",
+            "UPDATE messages SET idempotency_key = 'second' WHERE conversation_id = 'c' AND seq = 1",
+        ],
+        ("c", None),
+    ),
+    Case(
         "bookkeeping",
         ["UPDATE messages SET prev_slots_left = 1 WHERE conversation_id = 'c' AND seq = 5"],
         ("c", 5),
@@ -272,7 +311,9 @@ def test_a_valid_store_has_no_violation(url: sa.URL) -> None:
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.kind}-{i}" for i, c in enumerate(CASES)])
 def test_check_finds(url: sa.URL, case: Case) -> None:
     if url.get_backend_name() == "sqlite" and not case.sqlite:
-        pytest.skip("SQLite cannot drop a table's primary key: two rows can never share a seq")
+        pytest.skip("SQLite cannot drop a table's primary key or a NOT NULL")
+    if url.get_backend_name() == "postgresql" and not case.postgres:
+        pytest.skip("PostgreSQL's column types refuse the value")
     with unguarded(url, keys=case.keys) as conn:
         for statement in case.sql:
             conn.execute(sa.text(statement))
