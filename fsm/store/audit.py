@@ -25,12 +25,23 @@ error, never created), PostgreSQL with ``default_transaction_read_only``.
   :func:`failure_counts` groups them by model, state and reason.
 * :func:`stats` counts calls per tool, per model and per day, tokens from the assistant messages'
   usage, and the share of incomplete turns per model.
-* :func:`check` re-verifies the whole history contract of ``spec/store.md`` with set-based SQL
-  over batches of conversations, streaming :class:`Violation` rows (see :data:`VIOLATION_KINDS`).
+* :func:`check` re-verifies the whole history contract of ``spec/store.md`` and every rule the
+  database enforces (keys, foreign keys, checks, column types) with set-based SQL over batches
+  of conversations, streaming :class:`Violation` rows (see :data:`VIOLATION_KINDS`): a database
+  edited with its enforcement switched off is reported, never called clean.
 
 Every filter is served by an index (migration ``0002``) except the argument-content filters: a
 JSON path or a substring of the arguments cannot be indexed, so those are checked on the rows the
 other filters (or the key order, with the page's ``LIMIT``) lead to.
+
+**Any committed value can be read.** Rows written with the enforcement off can hold anything
+(SQLite: a blob in a text column, text that is not UTF-8, malformed JSON, a created_at that is
+not a time); one such value never makes a query over the whole store fail. Values are selected
+raw and read leniently: text stored marked by :mod:`fsm.store.codec` (U+0000, lone surrogates)
+is decoded, a blob is shown as UTF-8 (errors replaced), a JSON column that is not JSON Python can
+hold exactly is shown as its text, a time that is not one as ``None``. JSON functions only see
+what the engine can parse (SQLite ``json_valid``; PostgreSQL ``fsm_try_jsonb`` after rewriting
+the escapes ``jsonb`` cannot hold, see :func:`_arg_condition` and :func:`stats`).
 """
 
 from __future__ import annotations
@@ -1505,6 +1516,10 @@ VIOLATION_KINDS: Final[dict[str, str]] = {
     "duplicate_key": "rows that share a key the schema makes unique (a conversation's or an "
     "attempt's id, a call's position, an idempotency key), possible only once that key or its "
     "unique index is gone",
+    "unenforced": "the database no longer enforces a rule of the schema (at head revision): a "
+    "key, foreign key, check or unique index of the models is missing, NOT VALID, or its "
+    "triggers are disabled (PostgreSQL ALTER TABLE ... DISABLE TRIGGER ALL); the rows were "
+    "checked above, but later writes will not be refused",
     "bookkeeping": "the columns through which the database enforces the contract (prev_seq, "
     "prev_slots_left, slots_left, block_end_seq, assistant_n_calls, raw_arguments) disagree with "
     "the rows: later writes would not be checked right",
@@ -2096,11 +2111,14 @@ def check(
         ranges = list(itertools.pairwise(edges))
         if progress is not None:
             progress(0, total)
-        if isinstance(bind, Connection) or (workers or 2) == 1 or len(ranges) == 1:
+        tables = [t for t in _TABLES if shape.rules[t]]
+        if isinstance(bind, Connection) or (workers or 2) == 1 or len(ranges) + len(tables) == 1:
             batches: Iterator[list[Violation]] = (
                 _check_batch(conn, lo, hi, shape, own=False) for lo, hi in ranges
             )
             yield from _with_progress(batches, progress, batch_size, total)
+            for table in tables:
+                yield from _row_checks(conn, shape, table)
         else:
             engine = bind
 
@@ -2108,23 +2126,42 @@ def check(
                 with _connect(engine, snapshot=True) as worker:
                     return _check_batch(worker, *bounds, shape, own=True)
 
+            def rows(table: str) -> list[Violation]:
+                with _connect(engine) as worker:
+                    return _row_checks(worker, shape, table)
+
             with ThreadPoolExecutor(workers or 2, thread_name_prefix="fsm-check") as pool:
                 try:
+                    # the whole-table row checks first: the biggest one runs beside the batches
+                    row_results = [pool.submit(rows, table) for table in tables]
                     yield from _with_progress(pool.map(run, ranges), progress, batch_size, total)
+                    for result in row_results:
+                        yield from result.result()
                 finally:
                     pool.shutdown(cancel_futures=True)
         yield from _check_global(conn, shape)
 
 
+def _row_checks(conn: Connection, shape: _Shape, table: str) -> list[Violation]:
+    """The row checks of ``table``, over the whole table (each is about one row), sorted.
+
+    (Not ``PRAGMA quick_check``, although it evaluates the checks faster: it skips them, and
+    says "ok", on a connection that ignores checks and on a read-only one, as audits are.)
+    """
+    rules = shape.rules[table]
+    if not rules:
+        return []
+    sql = _row_check_sql(table, rules, shape, ranged=False)
+    found = [v for row in conn.execute(sa.text(sql)) for v in _row_violations(table, rules, row)]
+    found.sort(key=lambda v: (v.conversation_id or "", -1 if v.seq is None else v.seq))
+    return found
+
+
 def _check_global(conn: Connection, shape: _Shape) -> Iterator[Violation]:
-    """The checks of the tables that are not ranged by conversation: the calls of attempts (they
-    have no conversation id of their own) and keys that span conversations."""
-    rules = shape.rules["attempt_calls"]
-    found: list[Violation] = []
-    if rules:
-        sql = _row_check_sql("attempt_calls", rules, shape, ranged=False)
-        for row in conn.execute(sa.text(sql)):
-            found.extend(_row_violations("attempt_calls", rules, row))
+    """The checks that are not ranged by conversation: the calls of attempts (they have no
+    conversation id of their own), keys that span conversations, and the schema's enforcement
+    itself."""
+    found: list[Violation] = list(_unenforced(conn))
     for attempt_id, n in conn.execute(sa.text(_ORPHAN_ATTEMPT_CALLS)):
         found.append(
             Violation(
@@ -2140,6 +2177,95 @@ def _check_global(conn: Connection, shape: _Shape) -> Iterator[Violation]:
             for row in conn.execute(sa.text(sql)):
                 found.append(_duplicate_violations(table, columns, row))
     yield from found
+
+
+_CONSTRAINT_KINDS: Final = (
+    (sa.PrimaryKeyConstraint, "primary key"),
+    (sa.ForeignKeyConstraint, "foreign key"),
+    (sa.UniqueConstraint, "unique key"),
+    (sa.CheckConstraint, "check"),
+)
+
+
+def _unenforced(conn: Connection) -> Iterator[Violation]:
+    """What the database no longer enforces of the models' schema: a key, foreign key, check or
+    unique index missing (dropped, or a table rebuilt without it), NOT VALID, or with its
+    triggers disabled (PostgreSQL). Only at head: an older revision lacks newer rules by design
+    (``fsm db upgrade`` adds them)."""
+    if MigrationContext.configure(conn).get_current_heads() != (head_revision(),):
+        return
+    dialect = conn.dialect.name
+    expected: dict[str, tuple[str, str]] = {}
+    for table in _TABLES:
+        for constraint in _TABLE[table].constraints:
+            only = getattr(getattr(constraint, "_ddl_if", None), "dialect", None)
+            if not isinstance(constraint.name, str) or (only is not None and only != dialect):
+                continue
+            what = next(w for cls, w in _CONSTRAINT_KINDS if isinstance(constraint, cls))
+            expected[str(constraint.name)] = (table, what)
+        for index in _TABLE[table].indexes:
+            if index.unique and isinstance(index.name, str):
+                expected[str(index.name)] = (table, "unique index")
+    present: dict[str, bool] = {}  # name -> validated
+    disabled: list[tuple[str, int]] = []
+    if dialect == "postgresql":
+        tables = {"tables": list(_TABLES)}
+        present = dict(
+            conn.execute(
+                sa.text(
+                    "SELECT conname, convalidated FROM pg_constraint "
+                    "WHERE conrelid = ANY(CAST(:tables AS regclass[])) "
+                    "UNION ALL SELECT c.relname, i.indisvalid FROM pg_index i "
+                    "JOIN pg_class c ON c.oid = i.indexrelid "
+                    "WHERE i.indrelid = ANY(CAST(:tables AS regclass[])) AND i.indisunique"
+                ),
+                tables,
+            ).all()
+        )
+        disabled = [
+            (str(t), int(n))
+            for t, n in conn.execute(
+                sa.text(
+                    "SELECT tgrelid::regclass::text, count(*) FROM pg_trigger "
+                    "WHERE tgrelid = ANY(CAST(:tables AS regclass[])) AND tgenabled = 'D' "
+                    "GROUP BY 1 ORDER BY 1"
+                ),
+                tables,
+            )
+        ]
+    else:
+        for kind, name, sql in conn.exec_driver_sql(
+            "SELECT type, name, sql FROM sqlite_master WHERE type IN ('table', 'index')"
+        ):
+            present[str(name)] = True
+            if kind == "table":
+                for found in re.findall(r'CONSTRAINT\s+"?(\w+)"?', str(sql or "")):
+                    present[found] = True
+    for name, (table, what) in expected.items():
+        if name not in present:
+            yield Violation(
+                None,
+                None,
+                "unenforced",
+                f"the {what} {name} of {table} is missing: the database does not refuse what "
+                "it rules out",
+            )
+        elif not present[name]:
+            yield Violation(
+                None,
+                None,
+                "unenforced",
+                f"the {what} {name} of {table} is NOT VALID: rows written before it was added "
+                "back were never checked against it (VALIDATE CONSTRAINT once they are fixed)",
+            )
+    for table, n in disabled:
+        yield Violation(
+            None,
+            None,
+            "unenforced",
+            f"{n} trigger(s) of {table} are disabled (its foreign keys are not checked): "
+            f"ALTER TABLE {table} ENABLE TRIGGER ALL",
+        )
 
 
 def _with_progress(
@@ -2176,11 +2302,6 @@ def _check_range(
         sql = _engine_sql(sql.replace("{distinct}", distinct), dialect)
         return conn.execute(sa.text(_ranged(sql, lo, hi)), params)
 
-    for table in ("conversations", "messages", "tool_calls", "attempts"):
-        rules = shape.rules[table]
-        if rules:
-            for row in run(_row_check_sql(table, rules, shape, ranged=True)):
-                yield from _row_violations(table, rules, row)
     unordered: list[str] = []
     for cid, n, n_distinct, first, last, orphan in run(_CHECK_SEQ):
         if orphan:
