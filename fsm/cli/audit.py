@@ -496,7 +496,8 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
     contract with) and every key, foreign key, check and column type of the schema, so that
     rows written with the database's enforcement off (SQLite PRAGMA foreign_keys=OFF or
     ignore_check_constraints=ON, PostgreSQL session_replication_role = replica, constraints
-    dropped or NOT VALID) are found. Prints one row (one line) per violation: conversation, seq,
+    dropped or NOT VALID) are found, and so is a schema that lost part of its enforcement
+    (unenforced). Prints one row (one line) per violation: conversation, seq,
     kind, detail. A summary goes to stderr. Exit status: 0 clean, 1 violations found (whatever
     the database holds), 2 when the store cannot be read.
 
@@ -505,7 +506,7 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
       seq_start seq_gap seq_duplicate invalid_row invalid_type invalid_name
       invalid_arguments missing_content result_misplaced duplicate_result interleaved
       missing_result result_id_mismatch orphan_result not_finished call_count_mismatch
-      orphan_call orphan_row duplicate_key bookkeeping
+      orphan_call orphan_row duplicate_key unenforced bookkeeping
 
     \b
     Examples:

@@ -709,3 +709,10 @@ def test_history_of_a_broken_store_is_one_line(own_url: sa.URL, engine_name: str
     assert result.exit_code not in (0, 70), (result.exit_code, result.stderr)
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and "fsm audit check" in line
+
+
+def test_the_check_command_lists_every_kind() -> None:
+    from fsm.cli.audit import audit
+
+    help_text = audit.commands["check"].help or ""
+    assert all(kind in help_text.split() for kind in A.VIOLATION_KINDS)
