@@ -397,7 +397,7 @@ def stats(
 
     The incomplete share of a model is incomplete attempts / (committed turns + incomplete
     attempts): how often a turn it streamed could not go to history. Tokens come from the
-    usage of the assistant messages (a count that is not an integer from 0 to 2^31-1 is left
+    usage of the assistant messages (a count that is not an integer from 0 to 999,999,999 is left
     out; a note on stderr says how many messages have a usage that is not a JSON object at
     all); days are UTC.
 

@@ -46,6 +46,7 @@ the escapes ``jsonb`` cannot hold, see :func:`_arg_condition` and :func:`stats`)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -542,12 +543,41 @@ def _pg_jsonb(text: sa.ColumnElement[Any], *, try_jsonb: bool) -> sa.ColumnEleme
     )
     if try_jsonb:
         return sa.func.fsm_try_jsonb(held, type_=pg.JSONB)
-    risky = sa.or_(sa.func.length(text) > 20_000, text.op("~")(sa.literal(r"[eE][-+]?[0-9]{5}")))
+    risky = sa.or_(
+        sa.func.length(text) > 20_000, text.bool_op("~")(sa.literal(r"[eE][-+]?[0-9]{5}"))
+    )
     return sa.case((risky, sa.null()), else_=sa.cast(held, pg.JSONB))
 
 
 def _has_lone_surrogate(text: str) -> bool:
     return not text.isascii() and any("\ud800" <= ch <= "\udfff" for ch in text)
+
+
+@contextmanager
+def _serial(conn: Connection) -> Iterator[None]:
+    """PostgreSQL: no parallel plan for the statements run inside, the setting restored after.
+
+    ``fsm_try_jsonb`` and ``fsm_json_valid`` (migration 0003) catch a failed cast in an
+    exception block, a subtransaction, which a parallel worker cannot start ("cannot start
+    subtransactions during a parallel operation"); declared ``PARALLEL SAFE``, they would be
+    run in one on a big table, and the whole query would fail.
+    """
+    if conn.dialect.name != "postgresql":
+        yield
+        return
+    setting = "max_parallel_workers_per_gather"
+    old = conn.execute(sa.text("SELECT current_setting(:s)"), {"s": setting}).scalar()
+    conn.execute(sa.text("SELECT set_config(:s, '0', true)"), {"s": setting})
+    try:
+        yield
+    finally:
+        with contextlib.suppress(sa.exc.DBAPIError):  # an aborted transaction is rolled back
+            conn.execute(sa.text("SELECT set_config(:s, :v, true)"), {"s": setting, "v": old})
+
+
+@contextmanager
+def _as_is(conn: Connection) -> Iterator[None]:
+    yield
 
 
 def _pg_function(conn: Connection, signature: str) -> bool:
@@ -679,12 +709,16 @@ def tool_calls(
     with _connect(bind, snapshot=True) as conn:
         if filters.args and conn.dialect.name == "postgresql":
             filters = replace(filters, try_jsonb=_pg_function(conn, "fsm_try_jsonb(text)"))
+        serial = _serial if filters.try_jsonb else _as_is
         if limit is not None:
-            yield from _call_page(conn, filters, history, attempts, limit, offset, after)
+            with serial(conn):
+                found = _call_page(conn, filters, history, attempts, limit, offset, after)
+            yield from found
             return
         skip = offset
         while True:
-            page = _call_page(conn, filters, history, attempts, _PAGE, skip, after)
+            with serial(conn):
+                page = _call_page(conn, filters, history, attempts, _PAGE, skip, after)
             yield from page
             if len(page) < _PAGE:
                 return
@@ -1222,68 +1256,152 @@ class Stats:
 
 #: the largest token count :func:`stats` adds up (larger, negative or fractional counts, text,
 #: ``Infinity`` and malformed usage are not counted: see :attr:`Stats.unreadable_usage`).
-TOKEN_MAX: Final = 2**31 - 1
+TOKEN_MAX: Final = 10**9 - 1
 _TOKEN_KEYS: Final = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
-def _usage_reader(
-    conn: Connection, usage: sa.ColumnElement[Any], *, try_jsonb: bool
-) -> tuple[dict[str, sa.ColumnElement[Any]], sa.ColumnElement[Any]]:
-    """Per token key, the count at ``usage.key`` as an integer (``NULL`` when absent or not a
-    usable count: text, a fraction, a negative or huge number, ``true``); and 1 when the usage is
-    set but not a JSON object fsm can read (malformed, ``Infinity``, an array), else 0. Never an
-    error, on any value. (Which token values were unusable is not counted: on SQLite every
-    further JSON function per row costs a read of the column, which a scan of millions of
-    messages feels.)
+def _pg_usage_risky(usage: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
+    """PostgreSQL: a usage that the ``json`` operators may fail on (an escape they cannot
+    decode, or nesting deeper than the server's stack, which needs 10,000 characters)."""
+    text = sa.cast(usage, sa.Text)
+    return sa.or_(sa.func.strpos(text, "\\u") > 0, sa.func.octet_length(text) >= 10_000)
 
-    SQLite: the JSON functions only see text ``json_valid`` accepts. PostgreSQL (``json``
-    column): a usage under 10,000 characters without ``\\u`` escapes is read as it is (``->`` can
-    only fail on an escape it cannot decode, or on nesting deeper than that); any other one as
-    ``jsonb`` through the guard of :func:`_pg_jsonb`.
+
+def _turns_query(
+    conn: Connection, m: sa.FromClause, where: Sequence[sa.ColumnElement[bool]]
+) -> sa.Select[Any]:
+    """The assistant messages of ``where`` grouped by (model, day): count, calls, prompt,
+    completion and total tokens, and how many have a usage that is not a JSON object.
+
+    A token count is an integer from 0 to :data:`TOKEN_MAX`; anything else (text, a fraction, a
+    negative or huge number, ``true``, ``Infinity``) is left out, and no value stops the query.
+    SQLite: the JSON functions only see text ``json_valid`` accepts. PostgreSQL (a ``json``
+    column, which each operator parses again): each key's JSON text is read once per row in a
+    derived table (``OFFSET 0`` keeps the planner from inlining it into every use), and a count
+    is that text when it is at most nine digits (a string is quoted, so no cast can fail). A
+    usage the ``json`` operators could fail on (:func:`_pg_usage_risky`) is read through its
+    :func:`_pg_usage_document` instead: that test costs a read of each usage, so it is only
+    made when an ``EXISTS`` finds such a usage at all.
     """
-    counts: dict[str, sa.ColumnElement[Any]] = {}
+    day = _day(conn, m.c.created_at)
+    model_ = _raw(conn, m.c.model)
     if conn.dialect.name == "sqlite":
-        valid = sa.func.json_valid(usage) == 1
-        for key in _TOKEN_KEYS:
-            path = f'$."{key}"'
-            kind = sa.case((valid, sa.func.json_type(usage, path)), else_=sa.null())
-            number = sa.func.json_extract(usage, path)
-            counts[key] = sa.case(
-                (
-                    kind == "integer",
-                    sa.case((number.between(0, TOKEN_MAX), number), else_=sa.null()),
-                ),
-                else_=sa.null(),
+        counts, unreadable = _sqlite_usage(m.c.usage)
+        prompt, completion = counts["prompt_tokens"], counts["completion_tokens"]
+        total = sa.func.coalesce(counts["total_tokens"], prompt + completion)
+        return (
+            sa.select(
+                model_,
+                day,
+                sa.func.count(),
+                sa.func.sum(_counted(conn, m.c.n_calls)),
+                sa.func.sum(prompt),
+                sa.func.sum(completion),
+                sa.func.sum(total),
+                sa.func.sum(unreadable),
             )
-        is_object = sa.and_(valid, sa.func.json_type(usage) == "object")
-    else:
-        text = sa.cast(usage, sa.Text)
-        plain = sa.and_(sa.func.length(text) < 10_000, sa.func.strpos(text, "\\u") == 0)
-        as_json = sa.type_coerce(usage, pg.JSON)
-        document = _pg_jsonb(text, try_jsonb=try_jsonb)
-        for key in _TOKEN_KEYS:
-            fast = as_json.op("->")(sa.literal(key))
-            slow = document.op("->")(sa.literal(key))
-            kind = sa.case((plain, sa.func.json_typeof(fast)), else_=sa.func.jsonb_typeof(slow))
-            number_text = sa.case(
-                (kind != "number", sa.null()),
-                (plain, as_json.op("->>")(sa.literal(key))),
-                else_=document.op("->>")(sa.literal(key)),
-            )
-            as_int = sa.cast(number_text, sa.BigInteger)
-            counts[key] = sa.case(
-                (
-                    number_text.op("~")(sa.literal("^[0-9]{1,10}$")),
-                    sa.case((as_int <= TOKEN_MAX, as_int), else_=sa.null()),
-                ),
-                else_=sa.null(),
-            )
-        is_object = sa.case(
-            (plain, sa.func.json_typeof(as_json) == "object"),
-            else_=sa.func.coalesce(sa.func.jsonb_typeof(document) == "object", sa.false()),
+            .where(*where)
+            .group_by(model_, day)
         )
-    unreadable = sa.case((usage.is_(None), 0), (is_object, 0), else_=1)
-    return counts, unreadable
+    usage = m.c.usage
+    risky_rows = sa.exists().where(*where, usage.is_not(None), _pg_usage_risky(usage))
+    guarded = bool(conn.execute(sa.select(risky_rows)).scalar())
+    as_json = sa.type_coerce(usage, pg.JSON)
+    document = _pg_usage_document(usage)
+
+    def guard(fast: sa.ColumnElement[Any], slow: sa.ColumnElement[Any]) -> Any:
+        return sa.case((_pg_usage_risky(usage), slow), else_=fast) if guarded else fast
+
+    values = [
+        guard(
+            sa.cast(as_json.op("->")(sa.literal(key)), sa.Text),
+            sa.cast(document.op("->")(sa.literal(key)), sa.Text),
+        ).label(key)
+        for key in _TOKEN_KEYS
+    ]
+    kind = guard(sa.func.json_typeof(as_json), sa.func.jsonb_typeof(document))
+    rows = (
+        sa.select(
+            model_.label("model"),
+            day.label("day"),
+            m.c.n_calls,
+            usage.is_(None).label("no_usage"),
+            kind.label("kind"),
+            *values,
+        )
+        .where(*where)
+        .offset(0)
+        .subquery("x")
+    )
+    pattern = sa.literal(f"^[0-9]{{1,{len(str(TOKEN_MAX))}}}$")
+
+    def count(key: str) -> sa.ColumnElement[Any]:
+        text = rows.c[key]
+        return sa.case((text.bool_op("~")(pattern), sa.cast(text, sa.BigInteger)), else_=sa.null())
+
+    prompt, completion = count("prompt_tokens"), count("completion_tokens")
+    unreadable = sa.case((rows.c.no_usage, 0), (rows.c.kind == "object", 0), else_=1)
+    return sa.select(
+        rows.c.model,
+        rows.c.day,
+        sa.func.count(),
+        sa.func.sum(rows.c.n_calls),
+        sa.func.sum(prompt),
+        sa.func.sum(completion),
+        sa.func.sum(sa.func.coalesce(count("total_tokens"), prompt + completion)),
+        sa.func.sum(unreadable),
+    ).group_by(rows.c.model, rows.c.day)
+
+
+def _sqlite_usage(
+    usage: sa.ColumnElement[Any],
+) -> tuple[dict[str, sa.ColumnElement[Any]], sa.ColumnElement[Any]]:
+    """SQLite: per token key, the count at ``usage.key`` (``NULL`` when absent or unusable), and
+    1 when the usage is set but not a JSON object ``json_valid`` accepts. (Which token values
+    were unusable is not counted: every further JSON function per row costs a read of the
+    column, which a scan of millions of messages feels.)"""
+    counts: dict[str, sa.ColumnElement[Any]] = {}
+    valid = sa.func.json_valid(usage) == 1
+    for key in _TOKEN_KEYS:
+        path = f'$."{key}"'
+        kind = sa.case((valid, sa.func.json_type(usage, path)), else_=sa.null())
+        number = sa.func.json_extract(usage, path)
+        counts[key] = sa.case(
+            (kind == "integer", sa.case((number.between(0, TOKEN_MAX), number), else_=sa.null())),
+            else_=sa.null(),
+        )
+    is_object = sa.and_(valid, sa.func.json_type(usage) == "object")
+    return counts, sa.case((usage.is_(None), 0), (is_object, 0), else_=1)
+
+
+#: an exponent of five digits or more: ``numeric`` may not hold the number (1e1000000)
+_BIG_EXPONENT: Final = r"-?[0-9]+(\.[0-9]+)?[eE][-+]?[0-9]{5,}"
+
+
+def _pg_usage_document(usage: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """A ``json`` usage as ``jsonb``, or NULL; never an error, and no plpgsql (parallel plans
+    stay possible). A ``json`` value is valid JSON (PostgreSQL checks it on input); ``jsonb``
+    refuses only the escapes it cannot hold (read as U+FFFD here), numbers beyond ``numeric``
+    (an exponent of five digits or more: read as ``null``) and nesting deeper than the server's
+    stack (a usage of 10,000 characters or more is not read: a real one is a few hundred)."""
+    text = sa.cast(usage, sa.Text)
+    plain = sa.and_(
+        sa.func.strpos(text, "\\u") == 0,
+        sa.not_(text.bool_op("~")(sa.literal(r"[0-9][eE][-+]?[0-9]{5}"))),
+    )
+    held = sa.func.regexp_replace(
+        sa.func.regexp_replace(
+            text, sa.literal(_PG_UNHELD_ESCAPES), sa.literal(r"\\ufffd"), sa.literal("g")
+        ),
+        sa.literal(_BIG_EXPONENT),
+        sa.literal("null"),
+        sa.literal("g"),
+    )
+    return sa.case(
+        (sa.func.length(text) >= 10_000, sa.null()),
+        (plain, sa.cast(text, pg.JSONB)),
+        else_=sa.cast(held, pg.JSONB),
+    )
 
 
 def _sqlite_halves(engine: Engine, conn: Connection, query: sa.Select[Any]) -> list[Any]:
@@ -1352,26 +1470,7 @@ def stats(
         msg_where += _time_filters(conn, m.c.created_at, start, end)
         att_where += _time_filters(conn, a.c.created_at, start, end)
 
-        try_jsonb = conn.dialect.name == "postgresql" and _pg_function(conn, "fsm_try_jsonb(text)")
-        counts, unreadable = _usage_reader(conn, m.c.usage, try_jsonb=try_jsonb)
-        prompt, completion = counts["prompt_tokens"], counts["completion_tokens"]
-        total = sa.func.coalesce(counts["total_tokens"], prompt + completion)
-        day = _day(conn, m.c.created_at)
-        model_ = _raw(conn, m.c.model)
-        turns_query = (
-            sa.select(
-                model_,
-                day,
-                sa.func.count(),
-                sa.func.sum(_counted(conn, m.c.n_calls)),
-                sa.func.sum(prompt),
-                sa.func.sum(completion),
-                sa.func.sum(total),
-                sa.func.sum(unreadable),
-            )
-            .where(*msg_where)
-            .group_by(model_, day)
-        )
+        turns_query = _turns_query(conn, m, msg_where)
         unfiltered = len(msg_where) == 1
         if conn.dialect.name == "sqlite" and unfiltered and not isinstance(bind, Connection):
             turns = _sqlite_halves(bind, conn, turns_query)
@@ -2152,7 +2251,9 @@ def _row_checks(conn: Connection, shape: _Shape, table: str) -> list[Violation]:
     if not rules:
         return []
     sql = _row_check_sql(table, rules, shape, ranged=False)
-    found = [v for row in conn.execute(sa.text(sql)) for v in _row_violations(table, rules, row)]
+    with _serial(conn) if "fsm_" in sql else _as_is(conn):
+        rows = conn.execute(sa.text(sql)).all()
+    found = [v for row in rows for v in _row_violations(table, rules, row)]
     found.sort(key=lambda v: (v.conversation_id or "", -1 if v.seq is None else v.seq))
     return found
 
