@@ -46,7 +46,6 @@ the escapes ``jsonb`` cannot hold, see :func:`_arg_condition` and :func:`stats`)
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import json
@@ -553,33 +552,6 @@ def _has_lone_surrogate(text: str) -> bool:
     return not text.isascii() and any("\ud800" <= ch <= "\udfff" for ch in text)
 
 
-@contextmanager
-def _serial(conn: Connection) -> Iterator[None]:
-    """PostgreSQL: no parallel plan for the statements run inside, the setting restored after.
-
-    ``fsm_try_jsonb`` and ``fsm_json_valid`` (migration 0003) catch a failed cast in an
-    exception block, a subtransaction, which a parallel worker cannot start ("cannot start
-    subtransactions during a parallel operation"); declared ``PARALLEL SAFE``, they would be
-    run in one on a big table, and the whole query would fail.
-    """
-    if conn.dialect.name != "postgresql":
-        yield
-        return
-    setting = "max_parallel_workers_per_gather"
-    old = conn.execute(sa.text("SELECT current_setting(:s)"), {"s": setting}).scalar()
-    conn.execute(sa.text("SELECT set_config(:s, '0', true)"), {"s": setting})
-    try:
-        yield
-    finally:
-        with contextlib.suppress(sa.exc.DBAPIError):  # an aborted transaction is rolled back
-            conn.execute(sa.text("SELECT set_config(:s, :v, true)"), {"s": setting, "v": old})
-
-
-@contextmanager
-def _as_is(conn: Connection) -> Iterator[None]:
-    yield
-
-
 def _pg_function(conn: Connection, signature: str) -> bool:
     """Whether the PostgreSQL function ``signature`` (``name(argtypes)``) is on the search path."""
     found = conn.execute(
@@ -709,16 +681,12 @@ def tool_calls(
     with _connect(bind, snapshot=True) as conn:
         if filters.args and conn.dialect.name == "postgresql":
             filters = replace(filters, try_jsonb=_pg_function(conn, "fsm_try_jsonb(text)"))
-        serial = _serial if filters.try_jsonb else _as_is
         if limit is not None:
-            with serial(conn):
-                found = _call_page(conn, filters, history, attempts, limit, offset, after)
-            yield from found
+            yield from _call_page(conn, filters, history, attempts, limit, offset, after)
             return
         skip = offset
         while True:
-            with serial(conn):
-                page = _call_page(conn, filters, history, attempts, _PAGE, skip, after)
+            page = _call_page(conn, filters, history, attempts, _PAGE, skip, after)
             yield from page
             if len(page) < _PAGE:
                 return
@@ -2251,8 +2219,7 @@ def _row_checks(conn: Connection, shape: _Shape, table: str) -> list[Violation]:
     if not rules:
         return []
     sql = _row_check_sql(table, rules, shape, ranged=False)
-    with _serial(conn) if "fsm_" in sql else _as_is(conn):
-        rows = conn.execute(sa.text(sql)).all()
+    rows = conn.execute(sa.text(sql)).all()
     found = [v for row in rows for v in _row_violations(table, rules, row)]
     found.sort(key=lambda v: (v.conversation_id or "", -1 if v.seq is None else v.seq))
     return found

@@ -216,7 +216,7 @@ _SQLITE_JSONS = [
 _FUNCTIONS = {
     "fsm_json_valid(text)": r"""
 CREATE OR REPLACE FUNCTION fsm_json_valid(value text) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fsm$
+LANGUAGE plpgsql IMMUTABLE PARALLEL UNSAFE AS $fsm$
 DECLARE
     has_nul boolean;
 BEGIN
@@ -245,7 +245,7 @@ END
 $fsm$""",
     "fsm_try_jsonb(text)": r"""
 CREATE OR REPLACE FUNCTION fsm_try_jsonb(value text) RETURNS jsonb
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fsm$
+LANGUAGE plpgsql IMMUTABLE PARALLEL UNSAFE AS $fsm$
 BEGIN
     IF value IS NULL OR left(value, 1) = chr(64976) THEN
         RETURN NULL;
