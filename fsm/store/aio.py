@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -43,83 +42,22 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import pool
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.ext.asyncio import create_async_engine as sa_create_async_engine
 
 from fsm.parser import Anomaly, ParseResult, Turn
 from fsm.store.engine import (
     BUSY_TIMEOUT_SECONDS,
     WRITE,
-    _configure_postgres,
-    _configure_sqlite,
+    async_url,
+    create_async_engine,
     create_engine,
     display_url,
-    dumps_json,
-    normalize_url,
+    sync_url,
 )
 from fsm.store.errors import ConversationExistsError
 from fsm.store.migrate import ensure_at_head
 from fsm.store.store import READ_SNAPSHOT, CommittedTurn, Results, StoreCore
 
 __all__ = ["AsyncConversationStore", "async_url", "create_async_engine", "sync_url"]
-
-_ASYNC_SQLITE = "sqlite+aiosqlite"
-_SYNC_POSTGRES = "postgresql+psycopg"
-
-
-def async_url(url: str | URL | None) -> URL:
-    """The asyncio form of a store URL (``None``: the default database): SQLite goes through
-    ``aiosqlite``; ``postgresql+psycopg`` stays as it is (SQLAlchemy picks psycopg's async
-    driver for an async engine)."""
-    parsed = normalize_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        return parsed.set(drivername=_ASYNC_SQLITE)
-    if parsed.drivername == "postgresql+psycopg_async":
-        return parsed.set(drivername=_SYNC_POSTGRES)
-    return parsed
-
-
-def sync_url(url: str | URL | None) -> URL:
-    """The synchronous form of a store URL (for migrations and the sync store)."""
-    parsed = normalize_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        return parsed.set(drivername="sqlite")
-    if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() in (
-        "psycopg_async",
-        "asyncpg",
-    ):
-        return parsed.set(drivername=_SYNC_POSTGRES)
-    return parsed
-
-
-def create_async_engine(
-    url: str | URL | None = None,
-    *,
-    busy_timeout: float = BUSY_TIMEOUT_SECONDS,
-    **kwargs: Any,
-) -> AsyncEngine:
-    """An asyncio engine configured like :func:`fsm.store.engine.create_engine`.
-
-    SQLite (``aiosqlite``): foreign keys on, WAL, ``synchronous=NORMAL``, the busy timeout, and
-    transactions begun by fsm (``BEGIN IMMEDIATE`` for writes). PostgreSQL (psycopg):
-    ``plan_cache_mode = force_custom_plan``. JSON is written by
-    :func:`~fsm.store.engine.dumps_json`. Extra keyword arguments go to SQLAlchemy's
-    :func:`~sqlalchemy.ext.asyncio.create_async_engine`.
-    """
-    parsed = async_url(url)
-    kwargs.setdefault("json_serializer", dumps_json)
-    if parsed.get_backend_name() == "sqlite":
-        database = parsed.database
-        if database and database != ":memory:" and not database.startswith("file:"):
-            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        connect_args = dict(kwargs.pop("connect_args", {}))
-        connect_args.setdefault("timeout", busy_timeout)
-        engine = sa_create_async_engine(parsed, connect_args=connect_args, **kwargs)
-        _configure_sqlite(engine.sync_engine, foreign_keys=True, busy_timeout=busy_timeout)
-        return engine
-    engine = sa_create_async_engine(parsed, **kwargs)
-    if parsed.get_backend_name() == "postgresql" and engine.dialect.driver == "psycopg":
-        _configure_postgres(engine.sync_engine)
-    return engine
 
 
 class AsyncConversationStore:

@@ -57,21 +57,24 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any, Final, Literal, TypeAlias, cast
 
 import sqlalchemy as sa
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import event
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL, Connection, Engine
 
 from fsm.states import ToolCallState
 from fsm.store.codec import MARK, decode_text, encode_text, needs_marking
-from fsm.store.engine import BUSY_TIMEOUT_SECONDS, display_url, normalize_url
-from fsm.store.errors import SchemaNotAtHeadError, StoreError
+from fsm.store.engine import create_readonly_engine, display_url, normalize_url
+from fsm.store.errors import (
+    AuditError,
+    DatabaseNotFoundError,
+    InvalidFilterError,
+    SchemaNotAtHeadError,
+)
 from fsm.store.migrate import alembic_config, head_revision
 from fsm.store.models import Attempt, AttemptCall, Conversation, Message, ToolCallRow
 
@@ -124,19 +127,6 @@ _FAILED_STATES: Final = (ToolCallState.TRUNCATED.value, ToolCallState.ABORTED.va
 _PAGE: Final = 1000
 
 
-# -- errors ------------------------------------------------------------------------------------
-class AuditError(StoreError):
-    """An audit query cannot run as asked (the CLI prints it as one line)."""
-
-
-class DatabaseNotFoundError(AuditError, FileNotFoundError):
-    """The SQLite file to audit does not exist (audits open it read-only and never create it)."""
-
-
-class InvalidFilterError(AuditError, ValueError):
-    """A filter is malformed: an unknown state, a bad JSON path, a non-scalar value, ..."""
-
-
 # -- opening a store read-only -----------------------------------------------------------------
 def open_readonly(url: str | URL | None = None, **kwargs: Any) -> Engine:
     """An engine on the store at ``url`` (``None``: the default store) that cannot write.
@@ -153,93 +143,13 @@ def open_readonly(url: str | URL | None = None, **kwargs: Any) -> Engine:
     which command to run. Extra keyword arguments go to :func:`sqlalchemy.create_engine`.
     """
     parsed = normalize_url(url)
-    backend = parsed.get_backend_name()
-    if backend == "sqlite":
-        engine = _sqlite_readonly(parsed, **kwargs)
-    elif backend == "postgresql":
-        engine = sa.create_engine(parsed, **kwargs)
-        _configure_postgres_readonly(engine)
-    else:
-        raise AuditError(f"fsm audits SQLite and PostgreSQL stores, not {backend} ({parsed})")
+    engine = create_readonly_engine(parsed, **kwargs)
     try:
         _require_schema(engine, display_url(parsed))
     except BaseException:
         engine.dispose()
         raise
     return engine
-
-
-def _sqlite_readonly(parsed: URL, **kwargs: Any) -> Engine:
-    database = parsed.database or ""
-    if not database or database == ":memory:" or "mode=memory" in database:
-        raise AuditError("an in-memory SQLite database has nothing to audit: give a file")
-    if database.startswith("file:"):
-        # already a URI: keep it, forcing read-only
-        uri = database if "mode=ro" in database else _with_mode_ro(database)
-        path = Path(uri[len("file:") :].split("?", 1)[0])
-    else:
-        path = Path(database).expanduser().resolve()
-        uri = f"file:{_uri_path(path)}?mode=ro"
-    if not path.is_file():
-        raise DatabaseNotFoundError(
-            f"no SQLite database at {path}: audits open the store read-only and never create "
-            f"it (create one with: fsm db upgrade --db 'sqlite:///{path}')"
-        )
-    connect_args = dict(kwargs.pop("connect_args", {}))
-    connect_args.setdefault("timeout", BUSY_TIMEOUT_SECONDS)
-    readonly = URL.create("sqlite", database=uri, query={"uri": "true"})
-    engine = sa.create_engine(readonly, connect_args=connect_args, **kwargs)
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None  # fsm emits BEGIN itself (below)
-        # a text value that is not UTF-8 (raw SQL can store one) reads as text, never an error
-        dbapi_connection.text_factory = _lenient_text
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute("PRAGMA query_only=ON")
-            cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
-            # large scans (check, stats) read the file through the page cache and mmap
-            cursor.execute("PRAGMA cache_size=-65536")
-            cursor.execute("PRAGMA mmap_size=17179869184")  # clamped to the build's maximum
-        finally:
-            cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(connection: Connection) -> None:
-        connection.exec_driver_sql("BEGIN")
-
-    return engine
-
-
-def _lenient_text(raw: bytes) -> str:
-    return raw.decode("utf-8", "replace")
-
-
-def _uri_path(path: Path) -> str:
-    """``path`` for a SQLite ``file:`` URI (``%``, ``?`` and ``#`` escaped)."""
-    return str(path).replace("%", "%25").replace("?", "%3f").replace("#", "%23")
-
-
-def _with_mode_ro(uri: str) -> str:
-    base, _, query = uri.partition("?")
-    params = [p for p in query.split("&") if p and not p.startswith("mode=")]
-    return f"{base}?{'&'.join([*params, 'mode=ro'])}"
-
-
-def _configure_postgres_readonly(engine: Engine) -> None:
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        autocommit = dbapi_connection.autocommit
-        dbapi_connection.autocommit = True
-        try:
-            with dbapi_connection.cursor() as cursor:
-                cursor.execute("SET default_transaction_read_only = on")
-                cursor.execute("SET plan_cache_mode = force_custom_plan")
-                # compiling a query costs more than these scans and lookups ever win back
-                cursor.execute("SET jit = off")
-        finally:
-            dbapi_connection.autocommit = autocommit
 
 
 def _require_schema(engine: Engine, url: str) -> None:

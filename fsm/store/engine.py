@@ -1,4 +1,14 @@
-"""Database URLs and the engine factory of the store.
+"""Database URLs and every engine of the store, built in one place.
+
+Four kinds of engine, each from one function here, sharing the connection settings below:
+
+* :func:`create_engine`: the store's engine (writes; migrations use it with foreign keys off);
+* :func:`create_readonly_engine`: an engine the database itself refuses writes on (audits,
+  :func:`fsm.store.audit.open_readonly`);
+* :func:`create_async_engine`: the asyncio engine of :mod:`fsm.store.aio`, configured like
+  :func:`create_engine`;
+* :func:`create_probe_engine`: no settings at all, one connection, for reading a database's
+  revision without changing it (:func:`fsm.store.migrate.current_revision`).
 
 The database used when none is named is, in order:
 
@@ -19,28 +29,39 @@ raises ``ValueError`` instead of being stored invalid.
 
 PostgreSQL goes through psycopg 3 (``postgresql+psycopg://``; plain ``postgresql://`` URLs are
 mapped to it), with ``plan_cache_mode = force_custom_plan`` for every session (see
-:func:`_configure_postgres`).
+:data:`_POSTGRES_SETTINGS`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 import sqlalchemy as sa
-from sqlalchemy import event
+from sqlalchemy import event, pool
 from sqlalchemy.engine import URL, Connection, Engine
+
+from fsm.store.errors import AuditError, DatabaseNotFoundError
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 __all__ = [
     "BUSY_TIMEOUT_SECONDS",
     "WRITE",
+    "async_url",
+    "create_async_engine",
     "create_engine",
+    "create_probe_engine",
+    "create_readonly_engine",
     "default_url",
     "display_url",
     "dumps_json",
     "normalize_url",
+    "sync_url",
 ]
 
 #: how long (seconds) a SQLite writer waits for another writer's lock by default.
@@ -48,6 +69,44 @@ BUSY_TIMEOUT_SECONDS = 30.0
 
 #: execution option that makes fsm begin a SQLite transaction with ``BEGIN IMMEDIATE``.
 WRITE = "fsm_write"
+
+_ASYNC_SQLITE: Final = "sqlite+aiosqlite"
+_SYNC_POSTGRES: Final = "postgresql+psycopg"
+
+# -- the connection settings, written once -----------------------------------------------------
+#: PostgreSQL, every session of the store's engines (sync and async). Plan each statement for
+#: the data at hand: PostgreSQL otherwise caches a generic plan per session, and the foreign-key
+#: checks of a table that was tiny when the session started keep a sequential scan as it grows
+#: (quadratic inserts on a fresh database).
+_POSTGRES_SETTINGS: Final = ("SET plan_cache_mode = force_custom_plan",)
+#: PostgreSQL, every session of a read-only engine: writes refused, plans as above, and no JIT
+#: (compiling a query costs more than these scans and lookups ever win back).
+_POSTGRES_READONLY_SETTINGS: Final = (
+    "SET default_transaction_read_only = on",
+    *_POSTGRES_SETTINGS,
+    "SET jit = off",
+)
+
+
+def _sqlite_pragmas(*, foreign_keys: bool, busy_timeout: float) -> list[str]:
+    """SQLite, every connection of the store's engines (sync and async)."""
+    return [
+        f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}",
+        f"PRAGMA busy_timeout={int(busy_timeout * 1000)}",
+        "PRAGMA journal_mode=WAL",
+        "PRAGMA synchronous=NORMAL",
+    ]
+
+
+def _sqlite_readonly_pragmas(busy_timeout: float) -> list[str]:
+    """SQLite, every connection of a read-only engine: large scans (check, stats) read the file
+    through the page cache and mmap (clamped to the build's maximum)."""
+    return [
+        "PRAGMA query_only=ON",
+        f"PRAGMA busy_timeout={int(busy_timeout * 1000)}",
+        "PRAGMA cache_size=-65536",
+        "PRAGMA mmap_size=17179869184",
+    ]
 
 
 def dumps_json(value: Any) -> str:
@@ -94,52 +153,207 @@ def create_engine(
     """
     parsed = normalize_url(url)
     kwargs.setdefault("json_serializer", dumps_json)
-    if parsed.get_backend_name() == "postgresql":
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
         engine = sa.create_engine(parsed, **kwargs)
-        _configure_postgres(engine)
+        _configure_postgres(engine, _POSTGRES_SETTINGS)
         return engine
-    if parsed.get_backend_name() != "sqlite":
+    if backend != "sqlite":
         return sa.create_engine(parsed, **kwargs)
-    database = parsed.database
-    if database and database != ":memory:" and not database.startswith("file:"):
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    connect_args = dict(kwargs.pop("connect_args", {}))
-    connect_args.setdefault("timeout", busy_timeout)
-    engine = sa.create_engine(parsed, connect_args=connect_args, **kwargs)
-    _configure_sqlite(engine, foreign_keys=foreign_keys, busy_timeout=busy_timeout)
+    _make_parent(parsed)
+    engine = sa.create_engine(parsed, **_sqlite_kwargs(kwargs, busy_timeout))
+    _configure_sqlite(engine, _sqlite_pragmas(foreign_keys=foreign_keys, busy_timeout=busy_timeout))
     return engine
 
 
-def _configure_sqlite(engine: Engine, *, foreign_keys: bool, busy_timeout: float) -> None:
+def create_readonly_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
+    """An engine on the database at ``url`` (``None``: the default) that cannot write.
+
+    SQLite is opened through a ``file:PATH?mode=ro`` URI: a missing file raises
+    :class:`~fsm.store.errors.DatabaseNotFoundError` (it is never created), an in-memory database
+    :class:`~fsm.store.errors.AuditError`, and every write fails with "attempt to write a
+    readonly database"; text that is not UTF-8 reads as text (errors replaced), never an error.
+    PostgreSQL sessions get ``default_transaction_read_only = on`` (see
+    :data:`_POSTGRES_READONLY_SETTINGS`): every write fails with "cannot execute ... in a
+    read-only transaction". Transactions begin with a plain ``BEGIN`` (SQLite) so all statements
+    of one see the same snapshot. Other backends raise :class:`~fsm.store.errors.AuditError`.
+    The schema is not checked here (:func:`fsm.store.audit.open_readonly` does). Extra keyword
+    arguments go to :func:`sqlalchemy.create_engine`.
+    """
+    parsed = normalize_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        engine = sa.create_engine(parsed, **kwargs)
+        _configure_postgres(engine, _POSTGRES_READONLY_SETTINGS)
+        return engine
+    if backend != "sqlite":
+        raise AuditError(f"fsm audits SQLite and PostgreSQL stores, not {backend} ({parsed})")
+    engine = sa.create_engine(
+        _readonly_sqlite_url(parsed), **_sqlite_kwargs(kwargs, BUSY_TIMEOUT_SECONDS)
+    )
+    _configure_sqlite(
+        engine,
+        _sqlite_readonly_pragmas(BUSY_TIMEOUT_SECONDS),
+        text_factory=_lenient_text,
+        immediate_writes=False,
+    )
+    return engine
+
+
+def create_async_engine(
+    url: str | URL | None = None,
+    *,
+    busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+    **kwargs: Any,
+) -> AsyncEngine:
+    """An asyncio engine configured like :func:`create_engine`.
+
+    SQLite (``aiosqlite``): foreign keys on, WAL, ``synchronous=NORMAL``, the busy timeout, and
+    transactions begun by fsm (``BEGIN IMMEDIATE`` for writes). PostgreSQL (psycopg):
+    ``plan_cache_mode = force_custom_plan``. JSON is written by :func:`dumps_json`. Extra
+    keyword arguments go to SQLAlchemy's :func:`~sqlalchemy.ext.asyncio.create_async_engine`.
+    (SQLAlchemy's asyncio layer is imported here, so a sync program never loads it.)
+    """
+    from sqlalchemy.ext.asyncio import create_async_engine as sa_create_async_engine
+
+    parsed = async_url(url)
+    kwargs.setdefault("json_serializer", dumps_json)
+    if parsed.get_backend_name() == "sqlite":
+        _make_parent(parsed)
+        engine = sa_create_async_engine(parsed, **_sqlite_kwargs(kwargs, busy_timeout))
+        _configure_sqlite(
+            engine.sync_engine, _sqlite_pragmas(foreign_keys=True, busy_timeout=busy_timeout)
+        )
+        return engine
+    engine = sa_create_async_engine(parsed, **kwargs)
+    if parsed.get_backend_name() == "postgresql" and engine.dialect.driver == "psycopg":
+        _configure_postgres(engine.sync_engine, _POSTGRES_SETTINGS)
+    return engine
+
+
+def create_probe_engine(url: str | URL | None = None) -> Engine:
+    """An engine with no settings and no pool, for looking at a database without changing it
+    (no journal mode, no foreign keys, no directory created): reading its revision."""
+    return sa.create_engine(normalize_url(url), poolclass=pool.NullPool)
+
+
+def async_url(url: str | URL | None) -> URL:
+    """The asyncio form of a store URL (``None``: the default database): SQLite goes through
+    ``aiosqlite``; ``postgresql+psycopg`` stays as it is (SQLAlchemy picks psycopg's async
+    driver for an async engine)."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return parsed.set(drivername=_ASYNC_SQLITE)
+    if parsed.drivername == "postgresql+psycopg_async":
+        return parsed.set(drivername=_SYNC_POSTGRES)
+    return parsed
+
+
+def sync_url(url: str | URL | None) -> URL:
+    """The synchronous form of a store URL (for migrations and the sync store)."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return parsed.set(drivername="sqlite")
+    if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() in (
+        "psycopg_async",
+        "asyncpg",
+    ):
+        return parsed.set(drivername=_SYNC_POSTGRES)
+    return parsed
+
+
+# -- shared plumbing ---------------------------------------------------------------------------
+def _make_parent(parsed: URL) -> None:
+    """Create the directory of a SQLite file (not of ``:memory:`` or a ``file:`` URI)."""
+    database = parsed.database
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
+def _sqlite_kwargs(kwargs: dict[str, Any], busy_timeout: float) -> dict[str, Any]:
+    """``kwargs`` with the driver's own lock timeout set in ``connect_args`` (unless given)."""
+    connect_args = dict(kwargs.pop("connect_args", {}))
+    connect_args.setdefault("timeout", busy_timeout)
+    return {"connect_args": connect_args, **kwargs}
+
+
+def _configure_sqlite(
+    engine: Engine,
+    pragmas: Sequence[str],
+    *,
+    text_factory: Any = None,
+    immediate_writes: bool = True,
+) -> None:
+    """Run ``pragmas`` on every new connection, and let fsm begin every transaction itself:
+    ``BEGIN IMMEDIATE`` for a connection with the :data:`WRITE` option (``immediate_writes``),
+    else ``BEGIN``."""
+
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # fsm emits BEGIN itself (below); the driver must not begin transactions on its own.
         dbapi_connection.isolation_level = None
+        if text_factory is not None:
+            dbapi_connection.text_factory = text_factory
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
-            cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
+            for pragma in pragmas:
+                cursor.execute(pragma)
         finally:
             cursor.close()
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
-        immediate = connection.get_execution_options().get(WRITE, False)
+        immediate = immediate_writes and connection.get_execution_options().get(WRITE, False)
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
-def _configure_postgres(engine: Engine) -> None:
+def _configure_postgres(engine: Engine, settings: Sequence[str]) -> None:
+    """Run ``settings`` (``SET`` statements) on every new session, outside any transaction."""
+
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # Plan each statement for the data at hand. PostgreSQL otherwise caches a generic plan
-        # per session, and the foreign-key checks of a table that was tiny when the session
-        # started keep a sequential scan as it grows: quadratic inserts on a fresh database.
         autocommit = dbapi_connection.autocommit
         dbapi_connection.autocommit = True
         try:
             with dbapi_connection.cursor() as cursor:
-                cursor.execute("SET plan_cache_mode = force_custom_plan")
+                for setting in settings:
+                    cursor.execute(setting)
         finally:
             dbapi_connection.autocommit = autocommit
+
+
+def _readonly_sqlite_url(parsed: URL) -> URL:
+    """The ``file:PATH?mode=ro`` URI of a SQLite file that must exist."""
+    database = parsed.database or ""
+    if not database or database == ":memory:" or "mode=memory" in database:
+        raise AuditError("an in-memory SQLite database has nothing to audit: give a file")
+    if database.startswith("file:"):
+        # already a URI: keep it, forcing read-only
+        uri = database if "mode=ro" in database else _with_mode_ro(database)
+        path = Path(uri[len("file:") :].split("?", 1)[0])
+    else:
+        path = Path(database).expanduser().resolve()
+        uri = f"file:{_uri_path(path)}?mode=ro"
+    if not path.is_file():
+        raise DatabaseNotFoundError(
+            f"no SQLite database at {path}: audits open the store read-only and never create "
+            f"it (create one with: fsm db upgrade --db 'sqlite:///{path}')"
+        )
+    return URL.create("sqlite", database=uri, query={"uri": "true"})
+
+
+def _lenient_text(raw: bytes) -> str:
+    """A SQLite text value as ``str``: one that is not UTF-8 (raw SQL can store one) is decoded
+    with errors replaced, never an error."""
+    return raw.decode("utf-8", "replace")
+
+
+def _uri_path(path: Path) -> str:
+    """``path`` for a SQLite ``file:`` URI (``%``, ``?`` and ``#`` escaped)."""
+    return str(path).replace("%", "%25").replace("?", "%3f").replace("#", "%23")
+
+
+def _with_mode_ro(uri: str) -> str:
+    base, _, query = uri.partition("?")
+    params = [p for p in query.split("&") if p and not p.startswith("mode=")]
+    return f"{base}?{'&'.join([*params, 'mode=ro'])}"

@@ -5,7 +5,8 @@ command line prints them as one line without a traceback. Errors a caller may si
 (a lost race, a busy database) derive from :class:`RetryableStoreError` and have
 ``retryable = True``. An incomplete turn given to :meth:`ConversationStore.commit_turn
 <fsm.store.ConversationStore.commit_turn>` raises :class:`fsm.errors.IncompleteTurnError`, the
-parser's own class.
+parser's own class. The audit's own errors (:mod:`fsm.store.audit`) derive from
+:class:`AuditError`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from __future__ import annotations
 from fsm.errors import FsmError
 
 __all__ = [
+    "AuditError",
     "ConflictError",
     "ConversationExistsError",
     "ConversationNotFoundError",
     "CorruptStoreError",
+    "DatabaseNotFoundError",
     "IdempotencyMismatchError",
     "InvalidConversationIdError",
+    "InvalidFilterError",
     "InvalidIdempotencyKeyError",
     "InvalidMessageError",
     "InvalidTurnError",
@@ -186,3 +190,16 @@ class SchemaNotAtHeadError(StoreError):
 
 class MigrationsNotFoundError(StoreError):
     """The Alembic migration scripts are not where fsm looks for them (a broken install)."""
+
+
+# -- the audit's errors (fsm.store.audit) -------------------------------------------------------
+class AuditError(StoreError):
+    """An audit query cannot run as asked (the CLI prints it as one line)."""
+
+
+class DatabaseNotFoundError(AuditError, FileNotFoundError):
+    """The SQLite file to audit does not exist (audits open it read-only and never create it)."""
+
+
+class InvalidFilterError(AuditError, ValueError):
+    """A filter is malformed: an unknown state, a bad JSON path, a non-scalar value, ..."""

@@ -14,14 +14,13 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL, Connection, Engine
 
-from fsm.store.engine import display_url, normalize_url
+from fsm.store.engine import create_probe_engine, display_url, normalize_url
 from fsm.store.errors import MigrationsNotFoundError, SchemaNotAtHeadError
 
 __all__ = [
@@ -104,7 +103,7 @@ def current_revision(url: str | URL | None = None) -> str | None:
         database = parsed.database or ""
         if database and database != ":memory:" and not Path(database).exists():
             return None
-    engine = sa.create_engine(parsed, poolclass=sa.pool.NullPool)
+    engine = create_probe_engine(parsed)
     try:
         with engine.connect() as connection:
             return _current(connection)
