@@ -16,7 +16,7 @@ the check is answered ``400`` with an OpenAI-style error body, is listed in
 ::
 
     from openai import OpenAI
-    from fsm.testing import ReplayServer, ReplayTurn
+    from fsm.replay import ReplayServer, ReplayTurn
 
     script = [ReplayTurn("first.sse"), ReplayTurn("final.sse", expect_tool_results=["6912"])]
     with ReplayServer(script) as server:
@@ -26,6 +26,10 @@ the check is answered ``400`` with an OpenAI-style error body, is listed in
 
 Stdlib only (``http.server`` in a background thread) plus :mod:`fsm`'s own parser, which the
 check uses to know what a turn streamed.
+
+A product module, not only a test helper: ``fsm demo`` runs the agent loop against it. Tests of
+code built on fsm may import it as :mod:`fsm.testing` (which re-exports it, as does
+``fsm.testing.server``, its former home). ``import fsm`` does not import it.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ __all__ = [
 CHAT_COMPLETIONS_PATH: Final = "/v1/chat/completions"
 
 #: The project's own example streams (``fsm/examples/*.sse``).
-EXAMPLES_DIR: Final = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES_DIR: Final = Path(__file__).resolve().parent / "examples"
 
 _LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
 _BLANK_LINES: Final = frozenset({b"\n", b"\r", b"\r\n"})

@@ -76,9 +76,9 @@ def demo(url: str | None, delay: float) -> None:
         sys.exit(2)
 
     from fsm.agent import run_agent_loop
+    from fsm.replay import ReplayServer, demo_script
     from fsm.store import ConversationStore
     from fsm.store.engine import normalize_url
-    from fsm.testing import ReplayServer, demo_script
 
     target = normalize_url(url)
     sqlite = target.get_backend_name() == "sqlite"

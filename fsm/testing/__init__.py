@@ -1,12 +1,12 @@
 """Test helpers for code built on :mod:`fsm`: a local OpenAI-compatible server replaying
-recorded streams over real HTTP (:class:`ReplayServer`).
+recorded streams over real HTTP (:class:`ReplayServer`), re-exported from :mod:`fsm.replay`.
 
 Not imported by ``import fsm``; stdlib only (plus fsm's own parser).
 """
 
 from __future__ import annotations
 
-from fsm.testing.server import (
+from fsm.replay import (
     CHAT_COMPLETIONS_PATH,
     EXAMPLES_DIR,
     ReplayFailure,
