@@ -1,0 +1,205 @@
+"""The asyncio driver of the agent loop: :func:`arun_agent_loop` does the I/O (the store, the
+``openai`` stream, the tools, concurrently) around :class:`~fsm.agent.step.AgentLoop`, which
+decides, as :func:`~fsm.agent.run_agent_loop` does."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+
+from fsm.agent.events import AgentEvent, AgentResult, AttemptRecorded
+from fsm.agent.step import (
+    AgentLoop,
+    Commit,
+    Record,
+    abort,
+    build_request,
+    no_stream,
+    store_operation,
+)
+from fsm.agent.tools import Tool, arun_tool
+from fsm.clients import aiter_openai_events
+from fsm.parser import StreamParser
+from fsm.toolcall import ToolCall
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+    from fsm.parser import Anomaly, ParseResult, Turn
+    from fsm.store.store import CommittedTurn, Results
+
+__all__ = ["AsyncStoreLike", "arun_agent_loop"]
+
+_Emit = Callable[[AgentEvent], Awaitable[None]]
+
+
+class AsyncStoreLike(Protocol):
+    """The methods of :class:`~fsm.store.aio.AsyncConversationStore` the async loop uses."""
+
+    async def create_conversation(
+        self, conversation_id: str | None = ..., *, metadata: Any = ..., exist_ok: bool = ...
+    ) -> str: ...
+
+    async def next_seq(self, conversation_id: str) -> int: ...
+
+    async def append(
+        self,
+        conversation_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        expected_seq: Any = ...,
+    ) -> int: ...
+
+    async def commit_turn(
+        self,
+        conversation_id: str,
+        turn: Turn,
+        results: Results | None = ...,
+        *,
+        expected_seq: int | None = ...,
+        idempotency_key: str | None = ...,
+    ) -> CommittedTurn: ...
+
+    async def record_attempt(
+        self,
+        conversation_id: str,
+        attempt: Turn | ParseResult,
+        *,
+        anomalies: Sequence[Anomaly] = ...,
+        results: Results | None = ...,
+        error: str | None = ...,
+    ) -> list[int]: ...
+
+    async def history(
+        self, conversation_id: str, *, last: int | None = ..., include_reasoning: bool = ...
+    ) -> list[dict[str, Any]]: ...
+
+
+async def arun_agent_loop(
+    client: AsyncOpenAI,
+    store: AsyncStoreLike,
+    conversation: str,
+    tools: Mapping[str, Tool],
+    *,
+    model: str,
+    messages: Sequence[Mapping[str, Any]] = (),
+    tool_specs: Sequence[Mapping[str, Any]] | None = None,
+    max_turns: int = 10,
+    on_event: Callable[[AgentEvent], object] | None = None,
+    record_attempts: bool = True,
+    request_options: Mapping[str, Any] | None = None,
+) -> AgentResult:
+    """The asyncio twin of :func:`run_agent_loop`: an ``openai.AsyncOpenAI`` client and an
+    :class:`~fsm.store.aio.AsyncConversationStore`.
+
+    Tools may be plain or coroutine functions; the calls of one turn run concurrently
+    (``asyncio.gather``), their results committed in call order. ``on_event`` may return an
+    awaitable, which is awaited (the stream waits for it).
+
+    Cancellation: cancelling the task while a turn streams aborts the turn with reason
+    ``cancelled``, records it as an attempt when ``record_attempts`` is true, writes nothing to
+    history and re-raises :class:`asyncio.CancelledError`. Cancelled while tools run, nothing is
+    committed (the turn and its results only go in together); cancelled during the commit, the
+    attempt is recorded with the results (error ``cancelled``) and the cancellation re-raised.
+    Commit failures raise :class:`TurnFailedError` as in :func:`run_agent_loop`.
+    """
+    loop = AgentLoop(conversation, max_turns=max_turns, record_attempts=record_attempts)
+    request = build_request(model, tools, tool_specs, request_options)
+
+    async def emit(event: AgentEvent) -> None:
+        if on_event is not None:
+            outcome = on_event(event)
+            if inspect.isawaitable(outcome):
+                await outcome
+
+    try:
+        with store_operation("next_seq", 0):
+            await store.next_seq(conversation)
+    except LookupError:  # ConversationNotFoundError
+        with store_operation("create_conversation", 0):
+            await store.create_conversation(conversation, exist_ok=True)
+    if messages:
+        with store_operation("append", 0):
+            await store.append(conversation, list(messages))
+    for step in loop.steps():
+        with store_operation("history", step):
+            history = await store.history(conversation)
+        parser, sent = loop.send(history)
+        await emit(sent)
+        try:
+            failure = await _astream(client, {**request, "messages": history}, parser, emit)
+        except BaseException as exc:  # cancelled, or on_event failed: record, re-raise
+            await _arecord(store, loop.interrupted(parser, exc), emit)
+        action = loop.decide(parser.result(), failure)
+        if isinstance(action, Record):
+            await _arecord(store, action, emit)
+        runs = (_aexecute(tools, action, p, c, emit) for p, c in enumerate(action.calls))
+        contents = list(await asyncio.gather(*runs))
+        try:
+            done = await store.commit_turn(
+                conversation, action.turn, contents, expected_seq=action.expected_seq
+            )
+        except BaseException as exc:  # the tools ran (cancelled too): record them, then raise
+            await _arecord(store, action.failed(contents, exc), emit)
+        event, stop = loop.committed(action, done)
+        await emit(event)
+        if stop is not None:
+            return stop
+    return loop.out_of_turns()
+
+
+async def _astream(
+    client: AsyncOpenAI, request: dict[str, Any], parser: StreamParser, emit: _Emit
+) -> Exception | None:
+    """The async twin of :func:`fsm.agent.loop._stream`."""
+    create: Any = client.chat.completions.create
+    try:
+        stream = await create(**request)
+    except Exception as exc:
+        return no_stream(parser, exc)
+    async with stream:
+        events = aiter_openai_events(stream, parser=parser)
+        try:
+            while True:
+                try:
+                    event = await anext(events)
+                except StopAsyncIteration:
+                    return None
+                except Exception as exc:
+                    return exc
+                try:
+                    await emit(event)
+                except BaseException as exc:  # the callback failed, or cancelled while in it
+                    abort(parser, exc)
+                    raise
+        finally:
+            await events.aclose()
+
+
+async def _aexecute(
+    tools: Mapping[str, Tool], commit: Commit, position: int, call: ToolCall, emit: _Emit
+) -> str:
+    content, error = await arun_tool(tools, call)
+    await emit(commit.executed(position, call, content, error))
+    return content
+
+
+async def _arecord(store: AsyncStoreLike, record: Record, emit: _Emit) -> NoReturn:
+    """The async twin of :func:`fsm.agent.loop._record`."""
+    event: AttemptRecorded | None
+    if not record.wanted:
+        event, error = record.skipped()
+    else:
+        try:
+            ids = await store.record_attempt(
+                record.loop.conversation, record.attempt, **record.options
+            )
+        except Exception as record_exc:
+            event, error = None, record.not_recorded(record_exc)
+        else:
+            event, error = record.recorded(ids)
+    if event is not None:
+        await emit(event)
+    raise error

@@ -1,0 +1,203 @@
+"""The agent loop's errors, and the text it makes of an exception (for a reason, an attempt's
+``error``, an abort)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from fsm.clients import CANCELLED
+from fsm.errors import FsmError
+
+if TYPE_CHECKING:
+    from fsm.parser import ParseResult, Turn
+
+__all__ = ["AgentError", "AgentStoreError", "TurnFailedError", "TurnNotRecordedError"]
+
+
+class AgentError(FsmError):
+    """Base class of the agent loop's errors."""
+
+
+class TurnFailedError(AgentError):
+    """A request's turn did not make it into history, so the loop stopped.
+
+    Two cases, told apart by ``results``:
+
+    * the request did not give a complete turn (``results is None``): ``reason`` is why
+      (``length``, ``eof``, ``invalid_json``, the provider's error message, the transport's
+      error, ...); no tool ran;
+    * the turn was complete and its tools ran, but committing it failed (``results`` holds what
+      the tools returned, in call order): ``reason`` is ``commit_failed: <the error, one line>``
+      and ``__cause__`` is the store's (or the driver's) exception. The attempt was recorded with
+      the results and the error text, so nothing the tools did is lost. The turn can be
+      committed later as it is, without running a tool again:
+      ``store.commit_turn(conversation, error.turn, error.results,
+      expected_seq=error.expected_seq)`` (safe even if the connection failed during the
+      database's own COMMIT and it was applied: a turn with a response id is idempotent, and
+      ``expected_seq`` refuses a second copy of one without). ``retryable`` says whether the
+      store called its error retryable (a conflict, a busy database).
+
+    Attributes: ``step`` (1-based request number), ``reason``, ``result`` (the
+    :class:`~fsm.parser.ParseResult`: every call with its final state and reason),
+    ``attempt_ids`` (the recorded attempts; empty when ``record_attempts`` is false), ``turn``
+    (choice 0, when it was complete), ``results`` and ``expected_seq`` (the seq the turn was to
+    be committed at). The transport's or the store's exception, if any, is ``__cause__``.
+    """
+
+    def __init__(
+        self,
+        step: int,
+        reason: str,
+        result: ParseResult,
+        attempt_ids: Sequence[int],
+        *,
+        turn: Turn | None = None,
+        results: Sequence[str] | None = None,
+        expected_seq: int | None = None,
+    ) -> None:
+        self.step = step
+        self.reason = reason
+        self.result = result
+        self.attempt_ids = list(attempt_ids)
+        self.turn = turn
+        self.results = list(results) if results is not None else None
+        self.expected_seq = expected_seq
+        super().__init__(self._describe())
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the cause is an error the store calls retryable (``ConflictError``,
+        ``StoreBusyError``): the same write may succeed later."""
+        return bool(getattr(self.__cause__, "retryable", False))
+
+    def _recorded(self) -> str:
+        if self.attempt_ids:
+            return f"recorded as attempt {', '.join(map(str, self.attempt_ids))}"
+        return "not recorded"
+
+    def _describe(self) -> str:
+        if self.results is None:
+            return (
+                f"request {self.step} did not give a complete turn ({self.reason}); nothing was "
+                f"written to history ({self._recorded()})"
+            )
+        if not self.results:
+            return (
+                f"request {self.step} gave a complete turn without tool calls, but committing it "
+                f"failed ({self.reason}); it is not in history ({self._recorded()})"
+            )
+        return (
+            f"{_ran(self.step, len(self.results))}, but committing it failed ({self.reason}); "
+            f"it is not in history ({self._recorded()}"
+            + (" with the tool results" if self.attempt_ids else "")
+            + "); the tool results are on this error (results)"
+        )
+
+
+class TurnNotRecordedError(TurnFailedError):
+    """A turn did not make it into history, and recording it as an attempt failed too.
+
+    Everything of :class:`TurnFailedError` (``attempt_ids`` is empty), plus ``record_error``: the
+    exception ``record_attempt`` raised (its text is in the message). ``__cause__`` is the turn's
+    own failure: the commit's error when the tools ran (then ``results`` is the only copy of what
+    they returned), else the transport's error, or the recording error when there is neither.
+    """
+
+    def __init__(
+        self,
+        step: int,
+        reason: str,
+        result: ParseResult,
+        record_error: BaseException,
+        *,
+        turn: Turn | None = None,
+        results: Sequence[str] | None = None,
+        expected_seq: int | None = None,
+    ) -> None:
+        self.record_error = record_error
+        super().__init__(
+            step, reason, result, (), turn=turn, results=results, expected_seq=expected_seq
+        )
+
+    def _describe(self) -> str:
+        recording = f"recording it as an attempt failed too ({one_line(self.record_error)})"
+        if self.results is None:
+            return (
+                f"request {self.step} did not give a complete turn ({self.reason}); nothing was "
+                f"written to history, and {recording}"
+            )
+        if not self.results:
+            return (
+                f"request {self.step} gave a complete turn without tool calls, but committing it "
+                f"failed ({self.reason}) and {recording}: the turn is only on this error (turn)"
+            )
+        return (
+            f"{_ran(self.step, len(self.results))}, but committing it failed ({self.reason}) and "
+            f"{recording}: the tool results exist only on this error (results)"
+        )
+
+
+def _ran(step: int, calls: int) -> str:
+    return f"request {step} gave a complete turn and its {calls} tool call(s) ran"
+
+
+class AgentStoreError(AgentError):
+    """A store operation of the loop outside a turn's commit (checking or creating the
+    conversation, appending the first messages, reading the history) failed with an exception
+    that is not one of fsm's typed errors (the database is unreachable, a connection dropped).
+
+    Attributes: ``operation`` (the store method: ``history``, ``append``, ...), ``step`` (the
+    request it was for; 0 before the first). ``__cause__`` is the driver's exception. fsm's own
+    typed errors (:class:`~fsm.store.errors.StoreError` and its subclasses) propagate as they
+    are; no tool had run when this is raised.
+    """
+
+    def __init__(self, operation: str, step: int, cause: BaseException) -> None:
+        self.operation = operation
+        self.step = step
+        when = f"before request {step}" if step else "before the first request"
+        super().__init__(f"the store's {operation}() failed {when}: {one_line(cause)}")
+
+
+# -- an exception as text --------------------------------------------------------------------------
+#: the longest error text recorded with an attempt (a driver's message is far shorter)
+_ERROR_TEXT_LIMIT = 8000
+#: the longest error text in a ``reason``
+_REASON_LIMIT = 300
+
+
+def note_not_recorded(
+    exc: BaseException, record_error: BaseException, results: Sequence[str] | None = None
+) -> None:
+    """Say on ``exc`` (re-raised as it is) that recording its turn failed."""
+    note = f"fsm: recording the turn as an attempt failed too: {one_line(record_error)}"
+    if results is not None:
+        note += f"; the tools had run, their results: {list(results)!r}"
+    exc.add_note(note)
+
+
+def error_text(exc: BaseException) -> str:
+    """The exception as text for an attempt's ``error``: its type and message, without the SQL
+    statement, parameters and link that a SQLAlchemy error appends."""
+    if isinstance(exc, asyncio.CancelledError):
+        return CANCELLED
+    text = describe(exc)
+    for marker in ("\n[SQL: ", "\n(Background on this error at: "):
+        cut = text.find(marker)
+        if cut >= 0:
+            text = text[:cut]
+    return text[:_ERROR_TEXT_LIMIT]
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of :func:`error_text`, at most :data:`_REASON_LIMIT` characters."""
+    lines = error_text(exc).strip().splitlines()
+    line = lines[0].strip() if lines else type(exc).__name__
+    return line if len(line) <= _REASON_LIMIT else line[: _REASON_LIMIT - 3] + "..."
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,200 @@
+"""The sync driver of the agent loop: :func:`run_agent_loop` does the I/O (the store, the
+``openai`` stream, the tools) around :class:`~fsm.agent.step.AgentLoop`, which decides."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+
+from fsm.agent.events import AgentEvent, AgentResult, AttemptRecorded
+from fsm.agent.step import AgentLoop, Record, abort, build_request, no_stream, store_operation
+from fsm.agent.tools import Tool, run_tool
+from fsm.clients import iter_openai_events
+from fsm.parser import StreamParser
+
+if TYPE_CHECKING:
+    from openai import OpenAI
+
+    from fsm.parser import Anomaly, ParseResult, Turn
+    from fsm.store.store import CommittedTurn, Results
+
+__all__ = ["StoreLike", "run_agent_loop"]
+
+
+class StoreLike(Protocol):
+    """The methods of :class:`~fsm.store.ConversationStore` the loop uses."""
+
+    def create_conversation(
+        self, conversation_id: str | None = ..., *, metadata: Any = ..., exist_ok: bool = ...
+    ) -> str: ...
+
+    def next_seq(self, conversation_id: str) -> int: ...
+
+    def append(
+        self,
+        conversation_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        expected_seq: Any = ...,
+    ) -> int: ...
+
+    def commit_turn(
+        self,
+        conversation_id: str,
+        turn: Turn,
+        results: Results | None = ...,
+        *,
+        expected_seq: int | None = ...,
+        idempotency_key: str | None = ...,
+    ) -> CommittedTurn: ...
+
+    def record_attempt(
+        self,
+        conversation_id: str,
+        attempt: Turn | ParseResult,
+        *,
+        anomalies: Sequence[Anomaly] = ...,
+        results: Results | None = ...,
+        error: str | None = ...,
+    ) -> list[int]: ...
+
+    def history(
+        self, conversation_id: str, *, last: int | None = ..., include_reasoning: bool = ...
+    ) -> list[dict[str, Any]]: ...
+
+
+def run_agent_loop(
+    client: OpenAI,
+    store: StoreLike,
+    conversation: str,
+    tools: Mapping[str, Tool],
+    *,
+    model: str,
+    messages: Sequence[Mapping[str, Any]] = (),
+    tool_specs: Sequence[Mapping[str, Any]] | None = None,
+    max_turns: int = 10,
+    on_event: Callable[[AgentEvent], object] | None = None,
+    record_attempts: bool = True,
+    request_options: Mapping[str, Any] | None = None,
+) -> AgentResult:
+    """Run the tool-calling loop on ``conversation`` until the model answers without tools.
+
+    Args:
+        client: an ``openai.OpenAI`` client (any OpenAI-compatible server, via ``base_url``).
+        store: a :class:`~fsm.store.ConversationStore`; the conversation is created if it does
+            not exist.
+        conversation: the conversation id.
+        tools: tool name -> function. The request's ``tools`` are built from the functions'
+            signatures (:func:`function_tool`) unless ``tool_specs`` is given.
+        model: the model name sent with every request.
+        messages: plain messages appended before the first request (the user's question).
+        tool_specs: the request's ``tools`` list as the API takes it, instead of the derived one.
+        max_turns: the most requests to send.
+        on_event: called with every :data:`AgentEvent`, as it happens.
+        record_attempts: record an incomplete turn as an attempt (audit) before raising.
+        request_options: more arguments for ``chat.completions.create`` (``temperature``, ...).
+
+    Returns an :class:`AgentResult`. Raises :class:`TurnFailedError` for an incomplete turn or a
+    failed request (nothing of it in history), and for a turn whose commit failed after its
+    tools ran (reason ``commit_failed: ...``, the tool results on the error, the attempt
+    recorded with them, the store's error as ``__cause__``: for instance a
+    :class:`~fsm.store.errors.ConflictError` if another writer appended to the conversation
+    while a turn streamed or its tools ran, since every commit names the seq it expects; then
+    ``error.retryable`` is true). :class:`TurnNotRecordedError` when recording the attempt
+    failed as well. Store errors before the tools run propagate as fsm's typed store errors, or
+    as :class:`AgentStoreError` for a driver's error. ``KeyboardInterrupt`` during a stream or
+    a commit records the attempt (reason ``KeyboardInterrupt``) and is re-raised.
+    """
+    loop = AgentLoop(conversation, max_turns=max_turns, record_attempts=record_attempts)
+    emit = on_event or _ignore
+    request = build_request(model, tools, tool_specs, request_options)
+    try:
+        with store_operation("next_seq", 0):
+            store.next_seq(conversation)
+    except LookupError:  # ConversationNotFoundError
+        with store_operation("create_conversation", 0):
+            store.create_conversation(conversation, exist_ok=True)
+    if messages:
+        with store_operation("append", 0):
+            store.append(conversation, list(messages))
+    for step in loop.steps():
+        with store_operation("history", step):
+            history = store.history(conversation)
+        parser, sent = loop.send(history)
+        emit(sent)
+        try:
+            failure = _stream(client, {**request, "messages": history}, parser, emit)
+        except BaseException as exc:  # KeyboardInterrupt, a failing on_event: record, re-raise
+            _record(store, loop.interrupted(parser, exc), emit)
+        action = loop.decide(parser.result(), failure)
+        if isinstance(action, Record):
+            _record(store, action, emit)
+        contents: list[str] = []
+        for position, call in enumerate(action.calls):
+            content, error = run_tool(tools, call)
+            contents.append(content)
+            emit(action.executed(position, call, content, error))
+        try:
+            done = store.commit_turn(
+                conversation, action.turn, contents, expected_seq=action.expected_seq
+            )
+        except BaseException as exc:  # the tools ran: record the turn with their results
+            _record(store, action.failed(contents, exc), emit)
+        event, stop = loop.committed(action, done)
+        emit(event)
+        if stop is not None:
+            return stop
+    return loop.out_of_turns()
+
+
+def _stream(
+    client: OpenAI,
+    request: dict[str, Any],
+    parser: StreamParser,
+    emit: Callable[[AgentEvent], object],
+) -> Exception | None:
+    """Send the request and feed the streamed answer to ``parser``; the transport's exception
+    (the parser then has ended with its reason), or ``None``."""
+    create: Any = client.chat.completions.create
+    try:
+        stream = create(**request)
+    except Exception as exc:  # no stream at all: an HTTP error, a refused connection
+        return no_stream(parser, exc)
+    with stream:
+        events = iter_openai_events(stream, parser=parser)
+        try:
+            while True:
+                try:
+                    event = next(events)
+                except StopIteration:
+                    return None
+                except Exception as exc:
+                    return exc
+                try:
+                    emit(event)
+                except BaseException as exc:  # the callback failed: the turn ends with it
+                    abort(parser, exc)
+                    raise
+        finally:
+            events.close()
+
+
+def _record(store: StoreLike, record: Record, emit: Callable[[AgentEvent], object]) -> NoReturn:
+    """Record the attempt as ``record`` says, emit its event, and raise its exception."""
+    event: AttemptRecorded | None
+    if not record.wanted:
+        event, error = record.skipped()
+    else:
+        try:
+            ids = store.record_attempt(record.loop.conversation, record.attempt, **record.options)
+        except Exception as record_exc:
+            event, error = None, record.not_recorded(record_exc)
+        else:
+            event, error = record.recorded(ids)
+    if event is not None:
+        emit(event)
+    raise error
+
+
+def _ignore(_event: AgentEvent) -> None:
+    pass

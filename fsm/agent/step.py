@@ -1,0 +1,326 @@
+"""The agent loop without I/O: every rule of the loop, in one place (h11's idea applied to it).
+
+:class:`AgentLoop` is fed what happened and says what to do next; the drivers
+(:func:`~fsm.agent.run_agent_loop`, :func:`~fsm.agent.arun_agent_loop`) only do the I/O around
+it (the store, the stream, the tools)::
+
+    loop = AgentLoop(conversation, max_turns=..., record_attempts=...)
+    for step in loop.steps():                   # at most max_turns requests
+        history = store.history(conversation)
+        parser, sent = loop.send(history)       # a fresh parser, and the RequestSent event
+        ...stream the answer into parser...     # it raised: record loop.interrupted(parser, exc)
+        action = loop.decide(parser.result(), failure)
+        if isinstance(action, Record):          # incomplete: record it, raise its error
+            ...
+        ...run action.calls; commit action.turn and their results at action.expected_seq...
+                                                # it raised: record action.failed(results, exc)
+        event, stop = loop.committed(action, done)  # TurnCommitted; an AgentResult: stop
+    return loop.out_of_turns()                  # status "max_turns"
+
+A :class:`Record` says what to record as an attempt and, through :meth:`Record.recorded`,
+:meth:`Record.skipped` or :meth:`Record.not_recorded`, which event to emit and which exception
+to raise. This module does no I/O: it reads and aborts the (sans-IO) parser and builds events,
+results and errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from fsm.agent.errors import (
+    AgentStoreError,
+    TurnFailedError,
+    TurnNotRecordedError,
+    describe,
+    error_text,
+    note_not_recorded,
+    one_line,
+)
+from fsm.agent.events import AgentResult, AttemptRecorded, RequestSent, ToolExecuted, TurnCommitted
+from fsm.agent.tools import Tool, function_tool
+from fsm.clients import CANCELLED
+from fsm.errors import FsmError
+from fsm.parser import ParseResult, StreamParser, Turn
+from fsm.states import ToolCallState
+from fsm.toolcall import ToolCall
+
+if TYPE_CHECKING:
+    from fsm.store.store import CommittedTurn
+
+__all__ = [
+    "AgentLoop",
+    "Commit",
+    "Record",
+    "abort",
+    "build_request",
+    "no_stream",
+    "store_operation",
+    "why_incomplete",
+]
+
+
+class AgentLoop:
+    """The state of one run of the loop: the step, the committed turns, the seq expected next."""
+
+    def __init__(self, conversation: str, *, max_turns: int, record_attempts: bool) -> None:
+        if not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"max_turns must be a positive integer, not {max_turns!r}")
+        self.conversation = conversation
+        self.max_turns = max_turns
+        self.record_attempts = record_attempts
+        #: the request being made (1-based; 0 before the first)
+        self.step = 0
+        #: the turns committed so far, in order
+        self.turns: list[CommittedTurn] = []
+        self._expected_seq = 0
+
+    def steps(self) -> Iterator[int]:
+        """The request numbers, 1 to ``max_turns``; the driver stops early when told to."""
+        while self.step < self.max_turns:
+            self.step += 1
+            yield self.step
+
+    def send(self, history: Sequence[Mapping[str, Any]]) -> tuple[StreamParser, RequestSent]:
+        """A request goes out with ``history``: a parser for its answer, and the event."""
+        self._expected_seq = len(history)
+        return StreamParser(), RequestSent(self.step, len(history))
+
+    def interrupted(self, parser: StreamParser, exc: BaseException) -> Record:
+        """The stream (or ``on_event``) raised ``exc``, which is not a transport failure
+        (``KeyboardInterrupt``, a cancellation, a failing callback): the turn ends with it, is
+        recorded as it is, and ``exc`` is re-raised."""
+        abort(parser, exc)
+        result = parser.result()
+        return Record("interrupted", self, why_incomplete(result), result, result, exc)
+
+    def decide(self, result: ParseResult, failure: Exception | None) -> Commit | Record:
+        """What to do with a streamed answer (``failure``: the transport's exception, if any).
+
+        Choice 0 complete and the transport fine: :class:`Commit` it (its tools run first; a
+        turn without tool calls is the answer). Anything else: :class:`Record` it as an
+        attempt, nothing in history, and raise :class:`~fsm.agent.TurnFailedError`.
+        """
+        turn = None if failure is not None else _choice_0(result)
+        if turn is None or not turn.complete:
+            return Record("incomplete", self, why_incomplete(result), result, result, failure)
+        return Commit(self, result, turn, self._expected_seq)
+
+    def committed(
+        self, commit: Commit, done: CommittedTurn
+    ) -> tuple[TurnCommitted, AgentResult | None]:
+        """``commit``'s turn is in history as ``done``: the event, and the loop's result when
+        the turn had no tool calls (the answer)."""
+        self.turns.append(done)
+        event = TurnCommitted(self.step, done)
+        if commit.calls:  # their results are in history too: the next request goes out
+            return event, None
+        return event, AgentResult(self.conversation, "completed", self.turns)
+
+    def out_of_turns(self) -> AgentResult:
+        """``max_turns`` requests were made and the last turn still had tool calls."""
+        return AgentResult(self.conversation, "max_turns", self.turns)
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """Run the tools of ``turn`` (in call order), then commit it with their results at
+    ``expected_seq``, the seq history had when the request went out."""
+
+    loop: AgentLoop
+    result: ParseResult
+    turn: Turn
+    expected_seq: int
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return self.turn.tool_calls
+
+    def executed(self, position: int, call: ToolCall, content: str, error: bool) -> ToolExecuted:
+        """The event of a tool that ran for call ``position``."""
+        return ToolExecuted(
+            self.loop.step, position, call.id, call.name, call.arguments, content, error
+        )
+
+    def failed(self, contents: Sequence[str], exc: BaseException) -> Record:
+        """Committing raised ``exc`` after the tools ran: record the turn with their results
+        and the error text. An ``Exception`` becomes :class:`~fsm.agent.TurnFailedError`
+        (reason ``commit_failed: ...``); anything else (``KeyboardInterrupt``, a cancellation)
+        is re-raised as it is."""
+        result = self.result
+        return Record(
+            "commit_failed",
+            self.loop,
+            f"commit_failed: {one_line(exc)}",
+            result,
+            # the whole response when it is this one turn (it brings the stream's end and
+            # anomalies), else the turn
+            result if len(result.turns) == 1 else self.turn,
+            exc,
+            turn=self.turn,
+            results=list(contents),
+            expected_seq=self.expected_seq,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """Record ``attempt`` as an attempt (when the loop records attempts), then raise.
+
+    ``kind``: ``interrupted`` (``cause`` is re-raised), ``incomplete`` (no complete turn; the
+    transport's exception, if any, is ``cause``) or ``commit_failed`` (the tools ran: ``results``
+    are recorded with the attempt; ``cause`` is the store's exception).
+    """
+
+    kind: Literal["interrupted", "incomplete", "commit_failed"]
+    loop: AgentLoop
+    reason: str
+    result: ParseResult
+    attempt: Turn | ParseResult
+    cause: BaseException | None
+    turn: Turn | None = None
+    results: list[str] | None = None
+    expected_seq: int | None = None
+
+    @property
+    def wanted(self) -> bool:
+        """Whether to call ``record_attempt`` at all (``record_attempts``)."""
+        return self.loop.record_attempts
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """``record_attempt``'s keyword arguments besides the attempt."""
+        if self.results is None or self.cause is None:
+            return {}
+        return {
+            "anomalies": self.result.anomalies,
+            "results": self.results,
+            "error": error_text(self.cause),
+        }
+
+    @property
+    def _reraise(self) -> bool:
+        if self.kind == "interrupted":
+            return True
+        return self.cause is not None and not isinstance(self.cause, Exception)
+
+    def recorded(self, ids: Sequence[int]) -> tuple[AttemptRecorded, BaseException]:
+        """``record_attempt`` gave ``ids``: the event to emit, then the exception to raise."""
+        event = AttemptRecorded(self.loop.step, list(ids), self.reason)
+        if self._reraise:
+            assert self.cause is not None
+            return event, self.cause
+        error = TurnFailedError(
+            self.loop.step,
+            self.reason,
+            self.result,
+            ids,
+            turn=self.turn,
+            results=self.results,
+            expected_seq=self.expected_seq,
+        )
+        error.__cause__ = self.cause  # as ``raise error from cause``
+        return event, error
+
+    def skipped(self) -> tuple[AttemptRecorded | None, BaseException]:
+        """Attempts are not recorded: the event (none when interrupted), then the exception."""
+        event, error = self.recorded(())
+        return (None if self.kind == "interrupted" else event), error
+
+    def not_recorded(self, record_error: Exception) -> BaseException:
+        """``record_attempt`` raised ``record_error``: the exception to raise (no event). A
+        re-raised exception gets a note saying so (with the tool results, if any)."""
+        if self._reraise:
+            assert self.cause is not None
+            note_not_recorded(self.cause, record_error, self.results)
+            return self.cause
+        error = TurnNotRecordedError(
+            self.loop.step,
+            self.reason,
+            self.result,
+            record_error,
+            turn=self.turn,
+            results=self.results,
+            expected_seq=self.expected_seq,
+        )
+        error.__cause__ = self.cause or record_error
+        return error
+
+
+def why_incomplete(result: ParseResult) -> str:
+    """Why a response is not a usable turn, in a few words: the stream's end when it did not end
+    normally, else the reasons of choice 0's unfinished calls, else its finish_reason (``length``,
+    ``content_filter``) or ``eof``.
+
+    The agent's one copy of this rule. Its right home is the parser's ending table (the parser's
+    ``Turn.incomplete_reason`` and ``Turn.to_message`` word the same ending); until then, the
+    agent derives every reason it reports from here.
+    """
+    turn = _choice_0(result)
+    if result.end_how not in ("done", "eof"):
+        return result.end_reason or result.end_how or "the stream did not end"
+    if turn is None:
+        return "the response has no choice 0"
+    reasons = []
+    for call in turn.tool_calls:
+        if call.state is not ToolCallState.FINISHED and call.reason and call.reason not in reasons:
+            reasons.append(call.reason)
+    if reasons:
+        return ", ".join(reasons)
+    if turn.finish_reason in ("length", "content_filter"):
+        return turn.finish_reason
+    if turn.finish_reason is None and result.end_how == "eof":
+        return "eof"
+    return result.end_reason or "incomplete"
+
+
+def build_request(
+    model: str,
+    tools: Mapping[str, Tool],
+    tool_specs: Sequence[Mapping[str, Any]] | None,
+    options: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The arguments of every ``chat.completions.create`` call but ``messages``."""
+    request: dict[str, Any] = dict(options or {})
+    request.update(model=model, stream=True)
+    specs = (
+        [dict(s) for s in tool_specs]
+        if tool_specs is not None
+        else [function_tool(f, n) for n, f in tools.items()]
+    )
+    if specs:
+        request["tools"] = specs
+    return request
+
+
+def abort(parser: StreamParser, exc: BaseException) -> None:
+    """End a stream that has not ended with ``exc`` as reason (``cancelled`` for a
+    cancellation)."""
+    if not parser.ended:
+        parser.abort(CANCELLED if isinstance(exc, asyncio.CancelledError) else describe(exc))
+
+
+def no_stream(parser: StreamParser, exc: Exception) -> Exception:
+    """The request raised ``exc`` before any stream (an HTTP error, a refused connection): the
+    turn ends with it; ``exc`` is the transport failure to give :meth:`AgentLoop.decide`."""
+    parser.abort(describe(exc))
+    return exc
+
+
+@contextlib.contextmanager
+def store_operation(operation: str, step: int) -> Iterator[None]:
+    """Around a store operation before any tool ran (sync or awaited): fsm's typed errors as they
+    are, anything else (a driver's error) as :class:`~fsm.agent.AgentStoreError`."""
+    try:
+        yield
+    except (FsmError, LookupError):
+        raise
+    except Exception as exc:
+        raise AgentStoreError(operation, step, exc) from exc
+
+
+def _choice_0(result: ParseResult) -> Turn | None:
+    return next((t for t in result.turns if t.index == 0), None)
