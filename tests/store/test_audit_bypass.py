@@ -32,6 +32,8 @@ from fsm import parse
 from fsm.cli.main import cli
 from fsm.store import ConversationStore
 from fsm.store import audit as A
+from fsm.store.audit import calls as audit_calls
+from fsm.store.audit import integrity
 from fsm.store.engine import create_engine
 from fsm.store.migrate import upgrade
 from fsm.store.models import Base
@@ -432,14 +434,14 @@ def test_every_check_of_the_models_is_verified() -> None:
         for c in Base.metadata.tables[table].constraints
         if isinstance(c, sa.CheckConstraint)
     }
-    structural = set(A._STRUCTURAL_CHECKS)
+    structural = set(integrity._STRUCTURAL_CHECKS)
     assert structural <= names
     for table in TABLES:
         for dialect in ("sqlite", "postgresql"):
-            rules = {r.name for r in A._model_rules(Base.metadata.tables[table], dialect)}
+            rules = {r.name for r in integrity._model_rules(Base.metadata.tables[table], dialect)}
             assert rules.isdisjoint(structural)
-    assert set(A._CHECK_KINDS) <= names
-    assert set(A._CHECK_KINDS.values()) <= set(A.VIOLATION_KINDS)
+    assert set(integrity._CHECK_KINDS) <= names
+    assert set(integrity._CHECK_KINDS.values()) <= set(A.VIOLATION_KINDS)
 
 
 def test_the_types_terms_are_the_models_types_check() -> None:
@@ -451,7 +453,7 @@ def test_the_types_terms_are_the_models_types_check() -> None:
             for c in Base.metadata.tables[table].constraints
             if isinstance(c, sa.CheckConstraint) and str(c.name) == f"ck_{table}_types"
         ]
-        terms = {ok for _column, ok in A._sqlite_type_terms(Base.metadata.tables[table])}
+        terms = {ok for _column, ok in integrity._sqlite_type_terms(Base.metadata.tables[table])}
         assert _top_level_terms(str(types.sqltext)) == terms
 
 
@@ -526,7 +528,7 @@ def test_arg_filters_before_migration_0003(
 ) -> None:
     """Without fsm_try_jsonb (a schema before 0003), the cast is guarded instead."""
     _commit_calls(own_url, HOSTILE_ARGUMENTS)
-    monkeypatch.setattr(A, "_pg_function", lambda conn, signature: False)
+    monkeypatch.setattr(audit_calls, "_pg_function", lambda conn, signature: False)
     assert _call_ids(args=[("a", 1)])(own_url) == ["good"]
     assert "good" in _call_ids(args=[("b", 1)])(own_url)
 

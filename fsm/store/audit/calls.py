@@ -1,0 +1,367 @@
+""":func:`tool_calls`: calls of history (state ``finished``) and of recorded attempts (any
+state), filtered by tool, state, conversation, model, time and argument content, a page at a
+time, in key order (conversation, seq, then attempts before the committed turn at the same seq,
+position). Pages continue with ``after=row.key`` (keyset) or ``offset``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, replace
+from datetime import date, datetime
+from typing import Any, Final, Literal, TypeAlias
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from fsm.states import ToolCallState
+from fsm.store.audit.filters import (
+    ArgFilter,
+    Filters,
+    _arg_condition,
+    _contains,
+    _pg_function,
+    _time_filters,
+    parse_json_path,
+)
+from fsm.store.audit.read import (
+    _ATTEMPT_CALLS,
+    _ATTEMPTS,
+    _CALLS,
+    _MESSAGES,
+    _PAGE,
+    Bind,
+    _as_utc,
+    _connect,
+    _json_value,
+    _opt_text,
+    _raw,
+    _text,
+)
+from fsm.store.errors import InvalidFilterError
+
+#: where a listed call sits: (conversation id, seq, rank, attempt id, position); ``rank`` is 0 for
+#: a call of an attempt (``seq`` is where the attempt would have gone, ``at_seq``) and 1 for a call
+#: of history (``seq`` is its assistant message's; ``attempt id`` is 0).
+CallKey: TypeAlias = tuple[str, int, int, int, int]
+Source: TypeAlias = Literal["all", "history", "attempts"]
+
+
+# -- tool calls --------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallRow:
+    """One tool call, from history (``attempt_id is None``) or from a recorded attempt.
+
+    ``seq`` is the assistant message's seq for a call of history, and for a call of an attempt
+    the seq its turn would have had (``at_seq``). ``result`` is the content of the call's tool
+    message (a string, or a list of content parts), ``None`` for attempts. ``reason`` says why a
+    call of an attempt is truncated or aborted.
+    """
+
+    conversation_id: str
+    seq: int
+    position: int
+    call_id: str
+    name: str
+    arguments: str
+    state: str
+    model: str | None
+    created_at: datetime | None
+    result: str | list[Any] | None
+    attempt_id: int | None
+    reason: str | None
+
+    @property
+    def key(self) -> CallKey:
+        """Where the row sits in the listing: pass it as ``after=`` for the next page."""
+        if self.attempt_id is None:
+            return (self.conversation_id, self.seq, 1, 0, self.position)
+        return (self.conversation_id, self.seq, 0, self.attempt_id, self.position)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as a dict, in column order."""
+        return asdict(self)
+
+
+def tool_calls(
+    bind: Bind,
+    *,
+    name: str | None = None,
+    state: str | ToolCallState | None = None,
+    conversation: str | None = None,
+    model: str | None = None,
+    since: datetime | date | str | None = None,
+    until: datetime | date | str | None = None,
+    args: Iterable[ArgFilter] = (),
+    args_contains: str | None = None,
+    source: Source = "all",
+    limit: int | None = 100,
+    offset: int = 0,
+    after: CallKey | None = None,
+) -> Iterator[CallRow]:
+    """Tool calls matching every filter given, in key order (see :attr:`CallRow.key`).
+
+    Filters: ``name`` (the tool), ``state`` (history holds only ``finished`` calls; the other
+    states come from attempts), ``conversation``, ``model``, ``since`` <= created_at < ``until``
+    (datetimes, dates or ISO strings; naive means UTC), ``args`` (each ``(json_path, value)``
+    must hold, with the value compared as JSON: ``("city", "Paris")``, ``("n", 3)``,
+    ``("dry_run", True)``; only finished calls match), ``args_contains`` (a substring of the raw
+    arguments). ``source`` picks history, attempts or both.
+
+    ``limit`` rows at most (``None``: all of them, read a page at a time), after skipping
+    ``offset`` rows, starting after the key ``after`` (keyset pagination: give the last row's
+    :attr:`~CallRow.key` to get the next page; it stays right while rows are added).
+    """
+    filters = Filters.of(
+        name=name,
+        state=state,
+        conversation=conversation,
+        model=model,
+        since=since,
+        until=until,
+        args=args,
+        args_contains=args_contains,
+    )
+    if source not in ("all", "history", "attempts"):
+        raise InvalidFilterError(f"source must be all, history or attempts, not {source!r}")
+    if (limit is not None and limit < 0) or offset < 0:
+        raise InvalidFilterError("limit and offset must not be negative")
+    for path, value in filters.args:  # validate before touching the database
+        parse_json_path(path)
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise InvalidFilterError(f"argument filter {path!r}: the value must be a scalar")
+    history = source != "attempts" and filters.state in (None, ToolCallState.FINISHED.value)
+    attempts = source != "history"
+    with _connect(bind, snapshot=True) as conn:
+        if filters.args and conn.dialect.name == "postgresql":
+            filters = replace(filters, try_jsonb=_pg_function(conn, "fsm_try_jsonb(text)"))
+        if limit is not None:
+            yield from _call_page(conn, filters, history, attempts, limit, offset, after)
+            return
+        skip = offset
+        while True:
+            page = _call_page(conn, filters, history, attempts, _PAGE, skip, after)
+            yield from page
+            if len(page) < _PAGE:
+                return
+            after, skip = page[-1].key, 0
+
+
+_KEY_COLUMNS: Final = ("conversation_id", "seq", "rnk", "attempt_id", "position")
+
+
+def _call_page(
+    conn: Connection,
+    f: Filters,
+    history: bool,
+    attempts: bool,
+    limit: int,
+    offset: int,
+    after: CallKey | None,
+) -> list[CallRow]:
+    """One page: each source picks its first keys through an index (LIMIT inside), then joins
+    the details of those rows only; the sources are merged in key order by the database."""
+    if limit == 0 or not (history or attempts):
+        return []
+    arms: list[sa.Select[Any]] = []
+    if history:
+        keys = _history_keys(conn, f, after, limit + offset).subquery("hk")
+        arms.append(_history_arm(conn, keys))
+    if attempts:
+        keys = _attempt_keys(conn, f, after, limit + offset).subquery("ak")
+        arms.append(_attempt_arm(conn, keys))
+    page = (arms[0] if len(arms) == 1 else sa.union_all(*arms)).subquery("page")
+    query = sa.select(page).order_by(*(page.c[c] for c in _KEY_COLUMNS)).limit(limit).offset(offset)
+    rows = []
+    for (cid, seq, rank, attempt, position, call_id, name, arguments, state, model, created,
+         content, parts, reason) in conn.execute(query):  # fmt: skip
+        rows.append(
+            CallRow(
+                conversation_id=_text(cid),
+                seq=seq,
+                position=position,
+                call_id=_text(call_id),
+                name=_text(name),
+                arguments=_text(arguments),
+                state=_text(state),
+                model=_opt_text(model),
+                created_at=_as_utc(created),
+                result=_json_value(parts) if parts is not None else _opt_text(content),
+                attempt_id=attempt if rank == 0 else None,
+                reason=_opt_text(reason),
+            )
+        )
+    return rows
+
+
+def _history_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
+    """The rows of history for ``keys``: the call, its assistant message, its result (every
+    value read raw, see :func:`_raw`)."""
+    t = _CALLS.alias("tc")
+    a = _MESSAGES.alias("am")
+    r = _MESSAGES.alias("rm")
+    return sa.select(
+        *(keys.c[c] for c in _KEY_COLUMNS),
+        _raw(conn, t.c.call_id).label("call_id"),
+        _raw(conn, t.c.name).label("name"),
+        _raw(conn, t.c.arguments).label("arguments"),
+        sa.literal(ToolCallState.FINISHED.value, sa.String).label("state"),
+        _raw(conn, a.c.model).label("model"),
+        _raw(conn, a.c.created_at).label("created_at"),
+        _raw(conn, r.c.content).label("content"),
+        _raw(conn, r.c.content_parts).label("content_parts"),
+        sa.null().label("reason"),
+    ).select_from(
+        keys.join(
+            t,
+            sa.and_(
+                t.c.conversation_id == keys.c.conversation_id,
+                t.c.assistant_seq == keys.c.seq,
+                t.c.position == keys.c.position,
+            ),
+        )
+        .join(a, sa.and_(a.c.conversation_id == keys.c.conversation_id, a.c.seq == keys.c.seq))
+        .outerjoin(
+            r,
+            sa.and_(
+                r.c.conversation_id == keys.c.conversation_id,
+                r.c.seq == keys.c.seq + 1 + keys.c.position,
+                r.c.role == "tool",
+            ),
+        )
+    )
+
+
+def _attempt_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
+    """The rows of attempts for ``keys``: the call and its attempt (read raw, see :func:`_raw`)."""
+    c_ = _ATTEMPT_CALLS.alias("acd")
+    a = _ATTEMPTS.alias("atd")
+    return sa.select(
+        *(keys.c[c] for c in _KEY_COLUMNS),
+        _raw(conn, c_.c.call_id).label("call_id"),
+        _raw(conn, c_.c.name).label("name"),
+        _raw(conn, c_.c.arguments).label("arguments"),
+        _raw(conn, c_.c.state).label("state"),
+        _raw(conn, a.c.model).label("model"),
+        _raw(conn, a.c.created_at).label("created_at"),
+        sa.null().label("content"),
+        sa.null().label("content_parts"),
+        _raw(conn, c_.c.reason).label("reason"),
+    ).select_from(
+        keys.join(
+            c_,
+            sa.and_(c_.c.attempt_id == keys.c.attempt_id, c_.c.position == keys.c.position),
+        ).join(a, a.c.id == keys.c.attempt_id)
+    )
+
+
+def _history_keys(
+    conn: Connection, f: Filters, after: CallKey | None, limit: int
+) -> sa.Select[Any]:
+    t = _CALLS.alias("t")
+    a = _MESSAGES.alias("m")
+    conditions: list[sa.ColumnElement[bool]] = []
+    source: sa.FromClause = t
+    # the key columns: the call's, or its assistant message's (equal) when that message is read
+    # first through an index of its own, so that the planner sees the page is in that order
+    conversation, seq = t.c.conversation_id, t.c.assistant_seq
+    if f.model is not None or f.since is not None or f.until is not None:
+        source = t.join(
+            a, sa.and_(a.c.conversation_id == t.c.conversation_id, a.c.seq == t.c.assistant_seq)
+        )
+        conditions.append(a.c.role == "assistant")  # what the partial indexes cover
+        if f.model is not None:
+            conditions.append(a.c.model == f.model)
+        conditions += _time_filters(conn, a.c.created_at, f.since, f.until)
+        if f.name is None and f.conversation is None:
+            conversation, seq = a.c.conversation_id, a.c.seq
+    if f.name is not None:
+        conditions.append(t.c.name == f.name)
+    if f.conversation is not None:
+        conditions.append(t.c.conversation_id == f.conversation)
+    for path, value in f.args:
+        conditions.append(
+            _arg_condition(conn, t.c.arguments, None, path, value, try_jsonb=f.try_jsonb)
+        )
+    if f.contains is not None:
+        conditions.append(_contains(conn, t.c.arguments, f.contains))
+    if after is not None:
+        c, s, rank, _attempt, p = after
+        if rank == 1:
+            conditions.append(sa.tuple_(conversation, seq, t.c.position) > sa.tuple_(c, s, p))
+        else:  # the calls of history at seq s come after the attempts at s
+            conditions.append(sa.tuple_(conversation, seq) >= sa.tuple_(c, s))
+    return (
+        sa.select(
+            conversation.label("conversation_id"),
+            seq.label("seq"),
+            sa.literal(1).label("rnk"),
+            sa.literal(0).label("attempt_id"),
+            t.c.position,
+        )
+        .select_from(source)
+        .where(*conditions)
+        .order_by(conversation, seq, t.c.position)
+        .limit(limit)
+    )
+
+
+def _attempt_keys(
+    conn: Connection, f: Filters, after: CallKey | None, limit: int
+) -> sa.Select[Any]:
+    c_ = _ATTEMPT_CALLS.alias("ac")
+    a = _ATTEMPTS.alias("at")
+    conditions: list[sa.ColumnElement[bool]] = []
+    if f.name is not None:
+        conditions.append(c_.c.name == f.name)
+    if f.state is not None:
+        conditions.append(c_.c.state == ToolCallState(f.state))
+    if f.conversation is not None:
+        conditions.append(a.c.conversation_id == f.conversation)
+    if f.model is not None:
+        conditions.append(a.c.model == f.model)
+    conditions += _time_filters(conn, a.c.created_at, f.since, f.until)
+    for path, value in f.args:
+        conditions.append(
+            _arg_condition(conn, c_.c.arguments, c_.c.state, path, value, try_jsonb=f.try_jsonb)
+        )
+    if f.contains is not None:
+        conditions.append(_contains(conn, c_.c.arguments, f.contains))
+    drive_from_attempts = f.name is None and f.state is None and not f.args and f.contains is None
+    if after is not None:
+        c, s, rank, attempt, p = after
+        if rank == 0:
+            conditions.append(
+                sa.tuple_(a.c.conversation_id, a.c.at_seq, a.c.id, c_.c.position)
+                > sa.tuple_(c, s, attempt, p)
+            )
+        else:
+            conditions.append(sa.tuple_(a.c.conversation_id, a.c.at_seq) > sa.tuple_(c, s))
+    return (
+        sa.select(
+            a.c.conversation_id,
+            a.c.at_seq.label("seq"),
+            sa.literal(0).label("rnk"),
+            a.c.id.label("attempt_id"),
+            c_.c.position,
+        )
+        .select_from(c_.join(a, _attempt_link(conn, a, c_, drive_from_attempts)))
+        .where(*conditions)
+        .order_by(a.c.conversation_id, a.c.at_seq, a.c.id, c_.c.position)
+        .limit(limit)
+    )
+
+
+def _attempt_link(
+    conn: Connection, a: sa.FromClause, c_: sa.FromClause, drive_from_attempts: bool
+) -> sa.ColumnElement[bool]:
+    """The join of a call to its attempt.
+
+    With no filter on the calls themselves, the page is best read from the attempts in key
+    order (their index), each with its calls. SQLite's planner, which has no statistics, would
+    rather scan every call and sort: ``id + 0`` keeps it from looking attempts up by id, so it
+    walks the index (PostgreSQL's planner weighs the LIMIT itself and is left alone).
+    """
+    if drive_from_attempts and conn.dialect.name == "sqlite":
+        return a.c.id + 0 == c_.c.attempt_id
+    return a.c.id == c_.c.attempt_id

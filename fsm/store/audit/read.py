@@ -1,0 +1,182 @@
+"""How the audit reads a store: read-only engines, one connection per call, raw values.
+
+:func:`open_readonly` opens a store so that the database itself refuses writes (built by
+:func:`fsm.store.engine.create_readonly_engine`): SQLite through a ``mode=ro`` URI (a missing file
+is an error, never created), PostgreSQL with ``default_transaction_read_only``. Every audit
+function takes a :data:`Bind`: an :class:`~sqlalchemy.engine.Engine` (a connection is opened for
+the call and closed when the result is consumed) or a :class:`~sqlalchemy.engine.Connection`
+(used as it is, inside the caller's transaction); :func:`_connect` is that rule.
+
+**Any committed value can be read.** Rows written with the enforcement off can hold anything
+(SQLite: a blob in a text column, text that is not UTF-8, malformed JSON, a created_at that is
+not a time); one such value never makes a query over the whole store fail. Values are selected
+raw (:func:`_raw`) and read leniently: text stored marked by :mod:`fsm.store.codec` (U+0000, lone
+surrogates) is decoded, a blob is shown as UTF-8 (errors replaced), a JSON column that is not JSON
+Python can hold exactly is shown as its text, a time that is not one as ``None``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, Final, TypeAlias, cast
+
+import sqlalchemy as sa
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import URL, Connection, Engine
+
+from fsm.states import ToolCallState
+from fsm.store.codec import MARK, decode_text
+from fsm.store.engine import create_readonly_engine, display_url, normalize_url
+from fsm.store.errors import (
+    AuditError,
+    SchemaNotAtHeadError,
+)
+from fsm.store.migrate import alembic_config, head_revision
+from fsm.store.models import Attempt, AttemptCall, Conversation, Message, ToolCallRow
+
+#: an engine (a connection is opened per call) or a connection (used as is).
+Bind: TypeAlias = Engine | Connection
+
+_MESSAGES = cast(sa.Table, Message.__table__)
+_CALLS = cast(sa.Table, ToolCallRow.__table__)
+_ATTEMPTS = cast(sa.Table, Attempt.__table__)
+_ATTEMPT_CALLS = cast(sa.Table, AttemptCall.__table__)
+_CONVERSATIONS = cast(sa.Table, Conversation.__table__)
+
+_STATES: Final = tuple(s.value for s in ToolCallState)
+_FAILED_STATES: Final = (ToolCallState.TRUNCATED.value, ToolCallState.ABORTED.value)
+_PAGE: Final = 1000
+
+
+# -- opening a store read-only -----------------------------------------------------------------
+def open_readonly(url: str | URL | None = None, **kwargs: Any) -> Engine:
+    """An engine on the store at ``url`` (``None``: the default store) that cannot write.
+
+    SQLite is opened through a ``file:PATH?mode=ro`` URI: a missing file raises
+    :class:`DatabaseNotFoundError` (it is never created), and every write fails with "attempt to
+    write a readonly database". PostgreSQL sessions get ``default_transaction_read_only = on``
+    (and ``plan_cache_mode = force_custom_plan``, as the store's engine): every write fails with
+    "cannot execute ... in a read-only transaction". Transactions begin with a plain ``BEGIN``
+    (SQLite) so all statements of one see the same snapshot.
+
+    The schema must be fsm's (any known revision: the queries only need revision 0001; 0002 adds
+    the indexes that make them fast), else :class:`~fsm.store.errors.SchemaNotAtHeadError` says
+    which command to run. Extra keyword arguments go to :func:`sqlalchemy.create_engine`.
+    """
+    parsed = normalize_url(url)
+    engine = create_readonly_engine(parsed, **kwargs)
+    try:
+        _require_schema(engine, display_url(parsed))
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
+
+
+def _require_schema(engine: Engine, url: str) -> None:
+    """Raise :class:`SchemaNotAtHeadError` unless the database has an fsm schema fsm knows."""
+    try:
+        with engine.connect() as conn:
+            current = MigrationContext.configure(conn).get_current_heads()
+    except sa.exc.DBAPIError as exc:
+        raise AuditError(f"cannot read the store {url}: {_one_line(exc)}") from exc
+    head = head_revision()
+    if not current:
+        raise SchemaNotAtHeadError(url, None, head)
+    known = {rev.revision for rev in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+    if current[0] not in known:
+        raise SchemaNotAtHeadError(url, current[0], head, unknown=True)
+
+
+def _one_line(exc: sa.exc.DBAPIError) -> str:
+    return " ".join(str(exc.orig).split())
+
+
+@contextmanager
+def _connect(bind: Bind, *, snapshot: bool = False) -> Iterator[Connection]:
+    """A connection for one audit call: the given one, or a new one from an engine (inside one
+    transaction; ``snapshot`` asks PostgreSQL for REPEATABLE READ, so every statement sees the
+    same commits, as SQLite's transactions always do)."""
+    if isinstance(bind, Connection):
+        yield bind
+        return
+    with bind.connect() as conn:
+        if snapshot and conn.dialect.name == "postgresql":
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            yield conn
+
+
+# -- values read raw ---------------------------------------------------------------------------
+def _as_utc(value: Any) -> datetime | None:
+    """A timestamp read from either engine, as an aware UTC datetime (``None`` for a value that
+    is not a time: raw SQL can store anything in a SQLite column)."""
+    if isinstance(value, str):  # SQLite keeps text; read raw (see _raw)
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if not isinstance(value, datetime):
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _raw(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """``column`` selected as the engine stores it, without the type's result processing (a
+    StoredText decode, a JSON parse, a datetime parse, an enum lookup), any of which fails on a
+    value raw SQL wrote; the caller reads it with :func:`_text`, :func:`_json_value` or
+    :func:`_as_utc`. PostgreSQL gets JSON columns as their text (the driver would parse them)."""
+    if conn.dialect.name == "postgresql" and isinstance(column.type, sa.JSON):
+        return sa.cast(column, sa.Text)
+    return sa.type_coerce(column, sa.Text)
+
+
+def _text(value: Any) -> str:
+    """A text value read raw, as the string it stands for: a value stored marked by
+    :mod:`fsm.store.codec` decoded; a blob (SQLite, raw SQL) decoded as UTF-8 (errors
+    replaced); anything else as its ``str``."""
+    if isinstance(value, str):
+        return decode_text(value) if value.startswith(MARK) else value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
+def _opt_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
+
+def _int(value: Any) -> int | None:
+    """``value`` when it is an integer (not a bool), else ``None``."""
+    return value if type(value) is int else None
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text} is not a finite double")
+    return number
+
+
+def _no_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+def _json_value(value: Any) -> Any:
+    """A JSON column's value read raw (:func:`_raw`): the value it holds, or its text when that
+    is not JSON Python can hold exactly (malformed, ``NaN``/``Infinity``, a number beyond a
+    double or too long for an int, nested too deep)."""
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    text = _text(value)
+    try:
+        return json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return text
