@@ -146,7 +146,18 @@ class AsyncByteResponse(Protocol):
 
 
 # -- the iterators ------------------------------------------------------------------------------
-class EventIterator(Iterator[Event]):
+class _Parsed:
+    """What both iterators share: the :attr:`parser` they feed and its result."""
+
+    __slots__ = ()
+    parser: StreamParser
+
+    def result(self) -> ParseResult:
+        """``parser.result()``: the response so far (final once the iteration is over)."""
+        return self.parser.result()
+
+
+class EventIterator(_Parsed, Iterator[Event]):
     """Events of one streamed response, parsed as the transport delivers it.
 
     Iterate it (once) for the events; read :attr:`parser` or :meth:`result` at any time. Also a
@@ -182,11 +193,8 @@ class EventIterator(Iterator[Event]):
                     item = next(iterator)
                 except StopIteration:
                     break
-                except Exception as exc:
-                    yield from _transport_failed(parser, exc)
-                    raise
-                except BaseException as exc:  # KeyboardInterrupt, SystemExit: abort, no events
-                    parser.abort(_describe(exc))
+                except BaseException as exc:
+                    yield from _source_failed(parser, exc, cancellable=False)
                     raise
                 yield from feed(parser, item)
             yield from parser.receive_eof()
@@ -199,10 +207,6 @@ class EventIterator(Iterator[Event]):
 
     def __next__(self) -> Event:
         return next(self._gen)
-
-    def result(self) -> ParseResult:
-        """``parser.result()``: the response so far (final once the iteration is over)."""
-        return self.parser.result()
 
     def close(self) -> None:
         """Stop iterating; a stream that has not ended is aborted with reason ``closed``."""
@@ -217,12 +221,11 @@ class EventIterator(Iterator[Event]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is not None and not self.parser.ended:
-            self.parser.abort(_describe(exc))
+        _left(self.parser, exc, cancellable=False)
         self.close()
 
 
-class AsyncEventIterator(AsyncIterator[Event]):
+class AsyncEventIterator(_Parsed, AsyncIterator[Event]):
     """The async twin of :class:`EventIterator` (``async for``, ``async with``, ``aclose()``).
 
     Cancelling the consuming task while it waits for data aborts the stream with reason
@@ -258,15 +261,9 @@ class AsyncEventIterator(AsyncIterator[Event]):
                     item = await anext(iterator)
                 except StopAsyncIteration:
                     break
-                except asyncio.CancelledError:
-                    parser.abort(CANCELLED)
-                    raise
-                except Exception as exc:
-                    for event in _transport_failed(parser, exc):
-                        yield event
-                    raise
                 except BaseException as exc:
-                    parser.abort(_describe(exc))
+                    for event in _source_failed(parser, exc, cancellable=True):
+                        yield event
                     raise
                 for event in feed(parser, item):
                     yield event
@@ -282,10 +279,6 @@ class AsyncEventIterator(AsyncIterator[Event]):
     async def __anext__(self) -> Event:
         return await anext(self._gen)
 
-    def result(self) -> ParseResult:
-        """``parser.result()``: the response so far (final once the iteration is over)."""
-        return self.parser.result()
-
     async def aclose(self) -> None:
         """Stop iterating; a stream that has not ended is aborted with reason ``closed``."""
         await self._gen.aclose()
@@ -299,9 +292,7 @@ class AsyncEventIterator(AsyncIterator[Event]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is not None and not self.parser.ended:
-            reason = CANCELLED if isinstance(exc, asyncio.CancelledError) else _describe(exc)
-            self.parser.abort(reason)
+        _left(self.parser, exc, cancellable=True)
         await self.aclose()
 
 
@@ -443,6 +434,30 @@ def _stream_error_body(exc: Exception) -> Any:
     if isinstance(exc, openai.APIResponseValidationError):
         return None
     return exc.body or None
+
+
+def _source_failed(parser: StreamParser, exc: BaseException, *, cancellable: bool) -> list[Event]:
+    """The source raised ``exc``: end the stream with it, and the final events to yield (none
+    for a cancellation, ``KeyboardInterrupt`` or ``SystemExit``; a cancellation's reason is
+    ``cancelled`` when ``cancellable``)."""
+    if isinstance(exc, Exception):
+        return _transport_failed(parser, exc)
+    parser.abort(_stop_reason(exc, cancellable=cancellable))
+    return []
+
+
+def _left(parser: StreamParser, exc: BaseException | None, *, cancellable: bool) -> None:
+    """Leaving the iterator's block because of ``exc`` (if any): abort a stream not ended."""
+    if exc is not None and not parser.ended:
+        parser.abort(_stop_reason(exc, cancellable=cancellable))
+
+
+def _stop_reason(exc: BaseException, *, cancellable: bool) -> str:
+    """The abort reason when ``exc`` stops the reading: ``cancelled`` for a cancellation (when
+    ``cancellable``), else the exception as text."""
+    if cancellable and isinstance(exc, asyncio.CancelledError):
+        return CANCELLED
+    return _describe(exc)
 
 
 def _transport_failed(parser: StreamParser, exc: Exception) -> list[Event]:

@@ -202,6 +202,11 @@ class Record:
         }
 
     @property
+    def _details(self) -> dict[str, Any]:
+        """The error's keyword arguments: the turn, its tool results, its expected seq."""
+        return {"turn": self.turn, "results": self.results, "expected_seq": self.expected_seq}
+
+    @property
     def _reraise(self) -> bool:
         if self.kind == "interrupted":
             return True
@@ -213,15 +218,7 @@ class Record:
         if self._reraise:
             assert self.cause is not None
             return event, self.cause
-        error = TurnFailedError(
-            self.loop.step,
-            self.reason,
-            self.result,
-            ids,
-            turn=self.turn,
-            results=self.results,
-            expected_seq=self.expected_seq,
-        )
+        error = TurnFailedError(self.loop.step, self.reason, self.result, ids, **self._details)
         error.__cause__ = self.cause  # as ``raise error from cause``
         return event, error
 
@@ -238,13 +235,7 @@ class Record:
             note_not_recorded(self.cause, record_error, self.results)
             return self.cause
         error = TurnNotRecordedError(
-            self.loop.step,
-            self.reason,
-            self.result,
-            record_error,
-            turn=self.turn,
-            results=self.results,
-            expected_seq=self.expected_seq,
+            self.loop.step, self.reason, self.result, record_error, **self._details
         )
         error.__cause__ = self.cause or record_error
         return error
