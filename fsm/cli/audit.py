@@ -9,8 +9,6 @@ for scripts). Errors are typed and print as one line (the ``fsm`` group handles 
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import functools
 import json
@@ -22,59 +20,24 @@ from typing import Any, TypeVar
 
 import click
 
-from fsm.cli.output import OutputFormat, emit, escape_surrogates, json_default, output_options
+from fsm.cli.options import (
+    FAILED_STATES,
+    STATES,
+    GeneratedHelpCommand,
+    Page,
+    count_option,
+    db_option,
+    filter_options,
+    output_options,
+    paging_options,
+)
+from fsm.cli.output import OutputFormat, columns_of, emit, escape_surrogates, json_default
 
 __all__ = ["audit"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_DB_HELP = (
-    "Database URL (sqlite:///path.db, postgresql+psycopg://user@host/db), opened read-only. "
-    "Default: $FSM_DB_URL, else the SQLite file $FSM_DB, else ./fsm.db."
-)
-_TIME_HELP = "ISO 8601 date or time; naive times are UTC."
-_STATES = ("opened", "accumulating", "finished", "truncated", "aborted")
-
-db_option = click.option("--db", "url", metavar="URL", default=None, help=_DB_HELP)
-
-
-def _filters(function: F) -> F:
-    """The filters shared by calls, failures and stats."""
-    options = [
-        click.option("--conversation", metavar="ID", help="Only this conversation."),
-        click.option("--model", metavar="NAME", help="Only turns of this model."),
-        click.option(
-            "--since", metavar="TIME", help=f"From this time on (inclusive). {_TIME_HELP}"
-        ),
-        click.option("--until", metavar="TIME", help=f"Before this time (exclusive). {_TIME_HELP}"),
-    ]
-    for option in reversed(options):
-        function = option(function)
-    return function
-
-
-def _paging(function: F) -> F:
-    options = [
-        click.option(
-            "--limit",
-            type=click.IntRange(min=0),
-            default=100,
-            show_default=True,
-            metavar="N",
-            help="At most N rows (0: all of them, read a page at a time).",
-        ),
-        click.option(
-            "--offset", type=click.IntRange(min=0), default=0, metavar="N", help="Skip N rows."
-        ),
-        click.option(
-            "--after",
-            metavar="CURSOR",
-            help="Start after this row (the cursor a full page prints on stderr).",
-        ),
-    ]
-    for option in reversed(options):
-        function = option(function)
-    return function
+read_only_db = db_option("Opened read-only.")
 
 
 def _pipe_safe(function: F) -> F:
@@ -112,28 +75,9 @@ def _store(url: str | None) -> Iterator[Any]:
         engine.dispose()
 
 
-def _cursor(key: Any) -> str:
-    """An opaque, shell-safe cursor for a row key."""
-    raw = json.dumps(list(key), separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _uncursor(text: str | None, size: int) -> tuple[Any, ...] | None:
-    if text is None:
-        return None
-    try:
-        key = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-    except (ValueError, binascii.Error):
-        key = None
-    if not isinstance(key, list) or len(key) != size:
-        raise click.BadParameter(f"{text!r} is not a cursor of this command", param_hint="--after")
-    return tuple(key)
-
-
-def _emit_keyed(
-    rows: Iterable[Any], output: OutputFormat, columns: tuple[str, ...]
-) -> tuple[int, Any]:
-    """Emit rows that carry a keyset ``key``; return how many were shown and the last key."""
+def _show_page(rows: Iterable[Any], row_type: type, output: OutputFormat, page: Page) -> None:
+    """Emit rows that carry a keyset ``key``; on a full page shown as a table, say how to get
+    the next one."""
     last: list[Any] = [None]
 
     def dicts() -> Iterator[dict[str, Any]]:
@@ -141,14 +85,8 @@ def _emit_keyed(
             last[0] = row.key
             yield row.as_dict()
 
-    shown = emit(dicts(), output, columns=columns)
-    return shown, last[0]
-
-
-def _more(output: OutputFormat, shown: int, limit: int, last_key: Any) -> None:
-    """On a full page shown as a table, say how to get the next one."""
-    if output.is_table and limit and shown == limit and last_key is not None:
-        click.echo(f"more rows may follow: add --after {_cursor(last_key)}", err=True)
+    shown = emit(dicts(), output, columns=columns_of(row_type))
+    page.more(output, shown, last[0])
 
 
 def _arg_filter(text: str) -> tuple[str, Any]:
@@ -162,6 +100,22 @@ def _arg_filter(text: str) -> tuple[str, Any]:
     if isinstance(value, dict | list):
         value = raw  # an object or array literal is matched as the text it is
     return path.strip(), value
+
+
+def _kinds() -> str:
+    """The violation kinds of :func:`fsm.store.audit.check`, for ``fsm audit check --help``."""
+    import textwrap
+
+    from fsm.store.audit import VIOLATION_KINDS
+
+    return textwrap.fill(" ".join(VIOLATION_KINDS), width=80)
+
+
+def _token_max() -> str:
+    """The largest token count ``fsm audit stats`` adds up, for its ``--help``."""
+    from fsm.store.audit import TOKEN_MAX
+
+    return f"{TOKEN_MAX:,}"
 
 
 # -- the group --------------------------------------------------------------------------------
@@ -184,14 +138,13 @@ def audit() -> None:
 
 
 @audit.command(name="calls")
-@db_option
-@click.option("--tool", "name", metavar="NAME", help="Only calls of this tool.")
-@click.option(
-    "--state",
-    type=click.Choice(_STATES),
-    help="Only calls in this state (history holds finished calls; the others are in attempts).",
+@read_only_db
+@filter_options(
+    tool=True,
+    states=STATES,
+    state_help="Only calls in this state (history holds finished calls; the others are in "
+    "attempts).",
 )
-@_filters
 @click.option(
     "--arg",
     "args",
@@ -211,23 +164,16 @@ def audit() -> None:
     show_default=True,
     help="Calls of history, of recorded attempts, or both.",
 )
-@_paging
+@paging_options
 @output_options
 @_pipe_safe
 def calls(
     url: str | None,
-    name: str | None,
-    state: str | None,
-    conversation: str | None,
-    model: str | None,
-    since: str | None,
-    until: str | None,
+    filters: dict[str, Any],
     args: tuple[str, ...],
     args_contains: str | None,
     source: str,
-    limit: int,
-    offset: int,
-    after: str | None,
+    page: Page,
     output: OutputFormat,
 ) -> None:
     """List tool calls, with their arguments and results.
@@ -245,72 +191,33 @@ def calls(
     """
     from fsm.store import audit as audit_api
 
-    filters = [_arg_filter(a) for a in args]
-    key = _uncursor(after, 5)
+    arg_filters = [_arg_filter(a) for a in args]
+    paging = page.query(key_size=5)  # a CallKey: conversation, seq, rank, attempt, position
     with _store(url) as engine:
         rows = audit_api.tool_calls(
             engine,
-            name=name,
-            state=state,
-            conversation=conversation,
-            model=model,
-            since=since,
-            until=until,
-            args=filters,
+            **filters,
+            args=arg_filters,
             args_contains=args_contains,
             source=source,  # type: ignore[arg-type]
-            limit=limit or None,
-            offset=offset,
-            after=key,
+            **paging,
         )
-        shown, last_key = _emit_keyed(rows, output, _CALL_COLUMNS)
-    _more(output, shown, limit, last_key)
-
-
-_CALL_COLUMNS = (
-    "conversation_id",
-    "seq",
-    "position",
-    "call_id",
-    "name",
-    "arguments",
-    "state",
-    "model",
-    "created_at",
-    "result",
-    "attempt_id",
-    "reason",
-)
+        _show_page(rows, audit_api.CallRow, output, page)
 
 
 @audit.command(name="failures")
-@db_option
-@click.option("--tool", "name", metavar="NAME", help="Only calls of this tool.")
-@click.option("--state", type=click.Choice(["truncated", "aborted"]), help="Only this state.")
-@click.option("--reason", metavar="REASON", help="Only this reason (length, eof, ...).")
-@_filters
+@read_only_db
+@filter_options(tool=True, states=FAILED_STATES, reason=True)
 @click.option(
     "--counts",
     is_flag=True,
     help="Count failed calls (and attempts) by model, state and reason instead of listing them.",
 )
-@_paging
+@paging_options
 @output_options
 @_pipe_safe
 def failures(
-    url: str | None,
-    name: str | None,
-    state: str | None,
-    reason: str | None,
-    conversation: str | None,
-    model: str | None,
-    since: str | None,
-    until: str | None,
-    counts: bool,
-    limit: int,
-    offset: int,
-    after: str | None,
-    output: OutputFormat,
+    url: str | None, filters: dict[str, Any], counts: bool, page: Page, output: OutputFormat
 ) -> None:
     """List the truncated and aborted calls of recorded attempts, with reasons and anomalies.
 
@@ -325,57 +232,22 @@ def failures(
     """
     from fsm.store import audit as audit_api
 
-    filters: dict[str, Any] = {
-        "conversation": conversation,
-        "model": model,
-        "name": name,
-        "state": state,
-        "reason": reason,
-        "since": since,
-        "until": until,
-    }
     with _store(url) as engine:
         if counts:
             emit(
                 (c.as_dict() for c in audit_api.failure_counts(engine, **filters)),
                 output,
-                columns=("model", "state", "reason", "calls", "attempts"),
+                columns=columns_of(audit_api.FailureCount),
             )
             return
-        key = _uncursor(after, 2)
-        rows = audit_api.failures(
-            engine,
-            **filters,
-            limit=limit or None,
-            offset=offset,
-            after=key,
-        )
-        shown, last_key = _emit_keyed(rows, output, _FAILURE_COLUMNS)
-    _more(output, shown, limit, last_key)
+        paging = page.query(key_size=2)  # a failure's key: attempt, position
+        rows = audit_api.failures(engine, **filters, **paging)
+        _show_page(rows, audit_api.FailureRow, output, page)
 
 
-_FAILURE_COLUMNS = (
-    "attempt_id",
-    "conversation_id",
-    "seq",
-    "position",
-    "call_id",
-    "name",
-    "state",
-    "reason",
-    "model",
-    "finish_reason",
-    "end_how",
-    "end_reason",
-    "anomalies",
-    "created_at",
-    "arguments",
-)
-
-
-@audit.command(name="stats")
-@db_option
-@_filters
+@audit.command(name="stats", cls=GeneratedHelpCommand, parts={"token_max": _token_max})
+@read_only_db
+@filter_options()
 @click.option(
     "--by",
     type=click.Choice(["tool", "model", "day"]),
@@ -383,21 +255,13 @@ _FAILURE_COLUMNS = (
 )
 @output_options
 @_pipe_safe
-def stats(
-    url: str | None,
-    conversation: str | None,
-    model: str | None,
-    since: str | None,
-    until: str | None,
-    by: str | None,
-    output: OutputFormat,
-) -> None:
+def stats(url: str | None, filters: dict[str, Any], by: str | None, output: OutputFormat) -> None:
     """Usage statistics: calls per tool, turns, calls, tokens and incomplete share per model,
     and per day.
 
     The incomplete share of a model is incomplete attempts / (committed turns + incomplete
     attempts): how often a turn it streamed could not go to history. Tokens come from the
-    usage of the assistant messages (a count that is not an integer from 0 to 999,999,999 is left
+    usage of the assistant messages (a count that is not an integer from 0 to {token_max} is left
     out; a note on stderr says how many messages have a usage that is not a JSON object at
     all); days are UTC.
 
@@ -412,36 +276,14 @@ def stats(
     if by is None and output.kind in ("nl", "csv", "tsv"):
         raise click.UsageError(f"--{output.kind} prints one table: choose it with --by")
     with _store(url) as engine:
-        result = audit_api.stats(
-            engine, conversation=conversation, model=model, since=since, until=until
+        result = audit_api.stats(engine, **filters)
+    sections: dict[str, tuple[str, list[dict[str, Any]], tuple[str, ...]]] = {
+        key: (title, [row.as_dict() for row in rows], columns_of(row_type))
+        for key, title, rows, row_type in (
+            ("tool", "tools", result.tools, audit_api.ToolStat),
+            ("model", "models", result.models, audit_api.ModelStat),
+            ("day", "days", result.days, audit_api.DayStat),
         )
-    sections = {
-        "tool": ("tools", [s.as_dict() for s in result.tools]),
-        "model": ("models", [s.as_dict() for s in result.models]),
-        "day": ("days", [s.as_dict() for s in result.days]),
-    }
-    columns = {
-        "tool": ("name", "calls", "failed"),
-        "model": (
-            "model",
-            "turns",
-            "calls",
-            "attempts",
-            "incomplete",
-            "incomplete_share",
-            "prompt_tokens",
-            "completion_tokens",
-            "total_tokens",
-        ),
-        "day": (
-            "day",
-            "turns",
-            "calls",
-            "incomplete",
-            "prompt_tokens",
-            "completion_tokens",
-            "total_tokens",
-        ),
     }
     if result.unreadable_usage:
         click.echo(
@@ -450,40 +292,34 @@ def stats(
             err=True,
         )
     if by is not None:
-        emit(sections[by][1], output, columns=columns[by])
+        _, rows, columns = sections[by]
+        emit(rows, output, columns=columns)
         return
     totals = result.totals.as_dict() if result.totals is not None else {}
     totals.pop("model", None)
     if output.kind == "json":
         totals["unreadable_usage"] = result.unreadable_usage
-        document = {title: rows for title, rows in sections.values()}
-        document["totals"] = totals  # type: ignore[assignment]
+        document: dict[str, Any] = {title: rows for title, rows, _ in sections.values()}
+        document["totals"] = totals
         text = json.dumps(document, ensure_ascii=False, indent=2, default=json_default)
         click.echo(escape_surrogates(text))
         return
-    for key, (title, rows) in sections.items():
+    for title, rows, columns in sections.values():
         click.echo(f"{title}:")
-        emit(rows, output, columns=columns[key])
+        emit(rows, output, columns=columns)
         click.echo()
     click.echo("totals:")
-    emit([totals], output, columns=columns["model"][1:])
+    emit([totals], output, columns=[c for c in columns_of(audit_api.ModelStat) if c != "model"])
 
 
-@audit.command(name="check")
-@db_option
+@audit.command(name="check", cls=GeneratedHelpCommand, parts={"kinds": _kinds})
+@read_only_db
 @click.option(
     "--progress/--no-progress",
     default=None,
     help="A progress bar on stderr (default: on a terminal, for stores of several batches).",
 )
-@click.option(
-    "--batch-size",
-    type=click.IntRange(min=1),
-    default=10_000,
-    show_default=True,
-    metavar="N",
-    help="Conversations checked per batch.",
-)
+@count_option("--batch-size", default=10_000, minimum=1, help="Conversations checked per batch.")
 @output_options
 @_pipe_safe
 def check(url: str | None, progress: bool | None, batch_size: int, output: OutputFormat) -> None:
@@ -503,10 +339,7 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
 
     \b
     Kinds:
-      seq_start seq_gap seq_duplicate invalid_row invalid_type invalid_name
-      invalid_arguments missing_content result_misplaced duplicate_result interleaved
-      missing_result result_id_mismatch orphan_result not_finished call_count_mismatch
-      orphan_call orphan_row duplicate_key unenforced bookkeeping
+      {kinds}
 
     \b
     Examples:
@@ -547,7 +380,7 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
                     yield violation.as_dict()
 
             try:
-                emit(dicts(), output, columns=("conversation_id", "seq", "kind", "detail"))
+                emit(dicts(), output, columns=columns_of(audit_api.Violation))
             finally:
                 if bar and bar[0] is not None:
                     bar[0].__exit__(None, None, None)

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from fsm.cli.options import db_option
+
 if TYPE_CHECKING:
     from fsm.agent import AgentEvent
     from fsm.store import ConversationStore
@@ -39,14 +41,9 @@ def multiply(a: int, b: int) -> int:
 
 
 @click.command(name="demo")
-@click.option(
-    "--db",
-    "url",
-    metavar="URL",
-    default=None,
-    help="Database URL (sqlite:///path.db, postgresql+psycopg://user@host/db). Default: "
-    "$FSM_DB_URL, else the SQLite file $FSM_DB, else ./fsm.db. A SQLite database is created "
-    "or upgraded as needed; PostgreSQL must be upgraded first (fsm db upgrade --db URL).",
+@db_option(
+    "A SQLite database is created or upgraded as needed; PostgreSQL must be upgraded first "
+    "(fsm db upgrade --db URL)."
 )
 @click.option(
     "--delay",

@@ -1,6 +1,7 @@
-"""The output options shared by every listing command (in the style of sqlite-utils).
+"""How every listing command prints rows (in the style of sqlite-utils).
 
-One set of flags, one writer, for every command that prints rows:
+One writer for every command that prints rows, in the format the shared output flags choose
+(:func:`fsm.cli.options.output_options`):
 
 * the default (or ``--table``): an aligned table for people, numbers right-aligned, long cells
   cut to ``--max-width`` characters (0: never), control characters shown escaped (``\\n``,
@@ -22,35 +23,30 @@ reads all rows first to size its columns.
 from __future__ import annotations
 
 import csv
-import functools
 import json
 import re
 import sys
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from datetime import date, datetime
 from decimal import Decimal
-from typing import IO, Any, TypeVar
-
-import click
+from typing import IO, Any
 
 __all__ = [
     "FORMATS",
     "OutputFormat",
+    "columns_of",
     "emit",
     "escape_surrogates",
     "json_default",
     "mermaid_sequence",
     "mermaid_text",
-    "output_options",
     "to_json",
 ]
 
 #: the formats, as their flags spell them.
 FORMATS = ("table", "json", "nl", "csv", "tsv")
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,42 +63,10 @@ class OutputFormat:
         return self.kind == "table"
 
 
-def output_options(function: F) -> F:
-    """Add the shared output flags to a click command; it receives ``output: OutputFormat``."""
-
-    @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        chosen = [kind for kind in FORMATS if kwargs.pop(f"fmt_{kind}")]
-        if len(chosen) > 1:
-            flags = ", ".join(f"--{kind}" for kind in chosen)
-            raise click.UsageError(f"choose one output format, not {flags}")
-        kwargs["output"] = OutputFormat(
-            kind=chosen[0] if chosen else "table",
-            headers=not kwargs.pop("no_headers"),
-            max_width=kwargs.pop("max_width"),
-        )
-        return function(*args, **kwargs)
-
-    options = [
-        click.option("--table", "fmt_table", is_flag=True, help="An aligned table (the default)."),
-        click.option("--json", "fmt_json", is_flag=True, help="One JSON array of objects."),
-        click.option("--nl", "fmt_nl", is_flag=True, help="One JSON object per line."),
-        click.option("--csv", "fmt_csv", is_flag=True, help="CSV with a header row."),
-        click.option("--tsv", "fmt_tsv", is_flag=True, help="Tab-separated values."),
-        click.option("--no-headers", is_flag=True, help="No header row (table, CSV, TSV)."),
-        click.option(
-            "--max-width",
-            type=click.IntRange(min=0),
-            default=60,
-            show_default=True,
-            metavar="N",
-            help="Cut table cells to N characters (0: never). Other formats are never cut.",
-        ),
-    ]
-    decorated: Callable[..., Any] = wrapper
-    for option in reversed(options):
-        decorated = option(decorated)
-    return decorated  # type: ignore[return-value]
+def columns_of(row_type: type) -> tuple[str, ...]:
+    """The columns of a row dataclass (its fields, in order): what a listing of such rows shows,
+    and its CSV header even when there are no rows."""
+    return tuple(field.name for field in fields(row_type))
 
 
 # -- values ------------------------------------------------------------------------------------

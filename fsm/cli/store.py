@@ -13,14 +13,11 @@ from typing import Any
 
 import click
 
+from fsm.cli import options
+
 __all__ = ["db", "history", "ingest"]
 
-_DB_HELP = (
-    "Database URL (sqlite:///path.db, postgresql+psycopg://user@host/db). Default: $FSM_DB_URL, "
-    "else the SQLite file $FSM_DB, else ./fsm.db."
-)
-
-db_option = click.option("--db", "url", metavar="URL", default=None, help=_DB_HELP)
+db_option = options.db_option()
 
 
 @click.group(name="db")
@@ -225,7 +222,7 @@ def _preview(value: Any, limit: int = 120) -> str:
 @click.command(name="history")
 @db_option
 @click.argument("conversation_id", metavar="ID")
-@click.option("--json", "as_json", is_flag=True, help="Print the OpenAI messages list as JSON.")
+@options.json_document_option("Print the OpenAI messages list as JSON.")
 @click.option(
     "--last",
     type=click.IntRange(min=0),
