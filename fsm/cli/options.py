@@ -96,13 +96,10 @@ def db_option(note: str = "") -> Decorator[Any]:
     return click.option("--db", "url", metavar="URL", default=None, help=text)
 
 
-def count_option(
-    flag: str, *, default: int, help: str, minimum: int = 0, dest: str | None = None
-) -> Decorator[Any]:
+def count_option(flag: str, *, default: int, help: str, minimum: int = 0) -> Decorator[Any]:
     """An option that takes a whole number ``N`` of at least ``minimum``, default shown."""
-    names = [flag] if dest is None else [flag, dest]
     return click.option(
-        *names,
+        flag,
         type=click.IntRange(min=minimum),
         default=default,
         show_default=True,
@@ -112,7 +109,7 @@ def count_option(
 
 
 # -- the audit's filters -------------------------------------------------------------------------
-#: the keywords :func:`filter_options` may hand over, in the order ``--help`` shows them.
+#: every keyword :func:`filter_options` may hand over (those of the options a command asked for).
 _FILTERS = ("name", "state", "reason", "conversation", "model", "since", "until")
 
 

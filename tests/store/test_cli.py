@@ -133,3 +133,25 @@ def test_every_store_command_has_help_with_examples() -> None:
         assert command.help, path
         shown = run(*path, "--help")
         assert shown.exit_code == 0 and "Examples:" in shown.output, path
+
+
+def test_shared_options_and_generated_help_come_from_the_definitions() -> None:
+    from fsm.cli.audit import audit
+    from fsm.cli.demo import demo
+    from fsm.states import ToolCallState
+    from fsm.store.audit import TOKEN_MAX, VIOLATION_KINDS
+
+    stats_help = run("audit", "stats", "--help").output
+    assert f"{TOKEN_MAX:,}" in stats_help and "{token_max}" not in stats_help
+    check_help = audit.commands["check"].help or ""
+    assert "{kinds}" not in check_help
+    assert [w for w in check_help.split() if w in VIOLATION_KINDS] == list(VIOLATION_KINDS)
+    calls_state = next(p for p in audit.commands["calls"].params if p.name == "state")
+    assert list(getattr(calls_state.type, "choices", ())) == [s.value for s in ToolCallState]
+    db_helps = [
+        next(p for p in command.params if p.name == "url")
+        for command in (store_cli.ingest, store_cli.history, demo, *audit.commands.values())
+    ]
+    assert all(
+        isinstance(p, click.Option) and (p.help or "").startswith("Database URL") for p in db_helps
+    )
