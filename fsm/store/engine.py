@@ -29,14 +29,16 @@ raises ``ValueError`` instead of being stored invalid.
 
 PostgreSQL goes through psycopg 3 (``postgresql+psycopg://``; plain ``postgresql://`` URLs are
 mapped to it), with ``plan_cache_mode = force_custom_plan`` for every session (see
-:data:`_POSTGRES_SETTINGS`).
+:data:`_POSTGRES_SETTINGS`). Each kind's settings are one ``_Profile``; :func:`_build` and
+:func:`_configure` are the only places an engine is made and set up.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -88,25 +90,54 @@ _POSTGRES_READONLY_SETTINGS: Final = (
 )
 
 
-def _sqlite_pragmas(*, foreign_keys: bool, busy_timeout: float) -> list[str]:
-    """SQLite, every connection of the store's engines (sync and async)."""
-    return [
-        f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}",
-        f"PRAGMA busy_timeout={int(busy_timeout * 1000)}",
-        "PRAGMA journal_mode=WAL",
-        "PRAGMA synchronous=NORMAL",
-    ]
+@dataclass(frozen=True, slots=True)
+class _Profile:
+    """How the engines of one kind set up every new connection."""
+
+    #: SQLite: the pragmas run on each connection
+    sqlite_pragmas: tuple[str, ...]
+    #: PostgreSQL: the ``SET`` statements run on each session
+    postgres_settings: tuple[str, ...]
+    #: SQLite: how text values are decoded (``None``: the driver's strict UTF-8)
+    text_factory: Callable[[bytes], str] | None = None
+    #: SQLite: begin a connection with the :data:`WRITE` option with ``BEGIN IMMEDIATE``
+    immediate_writes: bool = True
 
 
-def _sqlite_readonly_pragmas(busy_timeout: float) -> list[str]:
-    """SQLite, every connection of a read-only engine: large scans (check, stats) read the file
-    through the page cache and mmap (clamped to the build's maximum)."""
-    return [
+def _store_profile(*, foreign_keys: bool, busy_timeout: float) -> _Profile:
+    """The store's engines (sync and async): foreign keys, the busy timeout, WAL (readers never
+    block the writer), ``synchronous=NORMAL``."""
+    return _Profile(
+        sqlite_pragmas=(
+            f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}",
+            f"PRAGMA busy_timeout={int(busy_timeout * 1000)}",
+            "PRAGMA journal_mode=WAL",
+            "PRAGMA synchronous=NORMAL",
+        ),
+        postgres_settings=_POSTGRES_SETTINGS,
+    )
+
+
+def _lenient_text(raw: bytes) -> str:
+    """A SQLite text value as ``str``: one that is not UTF-8 (raw SQL can store one) is decoded
+    with errors replaced, never an error."""
+    return raw.decode("utf-8", "replace")
+
+
+#: Read-only engines: writes refused (``query_only``), and large scans (check, stats) read the
+#: file through the page cache and mmap (clamped to the build's maximum); text that is not UTF-8
+#: reads as text.
+_READONLY_PROFILE: Final = _Profile(
+    sqlite_pragmas=(
         "PRAGMA query_only=ON",
-        f"PRAGMA busy_timeout={int(busy_timeout * 1000)}",
+        f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}",
         "PRAGMA cache_size=-65536",
         "PRAGMA mmap_size=17179869184",
-    ]
+    ),
+    postgres_settings=_POSTGRES_READONLY_SETTINGS,
+    text_factory=_lenient_text,
+    immediate_writes=False,
+)
 
 
 def dumps_json(value: Any) -> str:
@@ -153,17 +184,10 @@ def create_engine(
     """
     parsed = normalize_url(url)
     kwargs.setdefault("json_serializer", dumps_json)
-    backend = parsed.get_backend_name()
-    if backend == "postgresql":
-        engine = sa.create_engine(parsed, **kwargs)
-        _configure_postgres(engine, _POSTGRES_SETTINGS)
-        return engine
-    if backend != "sqlite":
-        return sa.create_engine(parsed, **kwargs)
-    _make_parent(parsed)
-    engine = sa.create_engine(parsed, **_sqlite_kwargs(kwargs, busy_timeout))
-    _configure_sqlite(engine, _sqlite_pragmas(foreign_keys=foreign_keys, busy_timeout=busy_timeout))
-    return engine
+    if parsed.get_backend_name() == "sqlite":
+        _make_parent(parsed)
+    profile = _store_profile(foreign_keys=foreign_keys, busy_timeout=busy_timeout)
+    return _build(parsed, profile, kwargs, busy_timeout)
 
 
 def create_readonly_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
@@ -182,22 +206,10 @@ def create_readonly_engine(url: str | URL | None = None, **kwargs: Any) -> Engin
     """
     parsed = normalize_url(url)
     backend = parsed.get_backend_name()
-    if backend == "postgresql":
-        engine = sa.create_engine(parsed, **kwargs)
-        _configure_postgres(engine, _POSTGRES_READONLY_SETTINGS)
-        return engine
-    if backend != "sqlite":
+    if backend not in ("sqlite", "postgresql"):
         raise AuditError(f"fsm audits SQLite and PostgreSQL stores, not {backend} ({parsed})")
-    engine = sa.create_engine(
-        _readonly_sqlite_url(parsed), **_sqlite_kwargs(kwargs, BUSY_TIMEOUT_SECONDS)
-    )
-    _configure_sqlite(
-        engine,
-        _sqlite_readonly_pragmas(BUSY_TIMEOUT_SECONDS),
-        text_factory=_lenient_text,
-        immediate_writes=False,
-    )
-    return engine
+    target = _readonly_sqlite_url(parsed) if backend == "sqlite" else parsed
+    return _build(target, _READONLY_PROFILE, kwargs, BUSY_TIMEOUT_SECONDS)
 
 
 def create_async_engine(
@@ -218,16 +230,13 @@ def create_async_engine(
 
     parsed = async_url(url)
     kwargs.setdefault("json_serializer", dumps_json)
-    if parsed.get_backend_name() == "sqlite":
+    sqlite = parsed.get_backend_name() == "sqlite"
+    if sqlite:
         _make_parent(parsed)
-        engine = sa_create_async_engine(parsed, **_sqlite_kwargs(kwargs, busy_timeout))
-        _configure_sqlite(
-            engine.sync_engine, _sqlite_pragmas(foreign_keys=True, busy_timeout=busy_timeout)
-        )
-        return engine
+        kwargs = _sqlite_kwargs(kwargs, busy_timeout)
     engine = sa_create_async_engine(parsed, **kwargs)
-    if parsed.get_backend_name() == "postgresql" and engine.dialect.driver == "psycopg":
-        _configure_postgres(engine.sync_engine, _POSTGRES_SETTINGS)
+    if sqlite or engine.dialect.driver == "psycopg":  # not asyncpg: its connections differ
+        _configure(engine.sync_engine, _store_profile(foreign_keys=True, busy_timeout=busy_timeout))
     return engine
 
 
@@ -263,6 +272,24 @@ def sync_url(url: str | URL | None) -> URL:
 
 
 # -- shared plumbing ---------------------------------------------------------------------------
+def _build(url: URL, profile: _Profile, kwargs: dict[str, Any], busy_timeout: float) -> Engine:
+    """The one place a synchronous engine is made and set up."""
+    if url.get_backend_name() == "sqlite":
+        kwargs = _sqlite_kwargs(kwargs, busy_timeout)
+    engine = sa.create_engine(url, **kwargs)
+    _configure(engine, profile)
+    return engine
+
+
+def _configure(engine: Engine, profile: _Profile) -> None:
+    """Set up every new connection of ``engine`` (sync, or an async engine's ``sync_engine``)
+    as ``profile`` says, for SQLite and PostgreSQL (other backends are left as they are)."""
+    if engine.dialect.name == "sqlite":
+        _configure_sqlite(engine, profile)
+    elif engine.dialect.name == "postgresql":
+        _configure_postgres(engine, profile.postgres_settings)
+
+
 def _make_parent(parsed: URL) -> None:
     """Create the directory of a SQLite file (not of ``:memory:`` or a ``file:`` URI)."""
     database = parsed.database
@@ -277,16 +304,12 @@ def _sqlite_kwargs(kwargs: dict[str, Any], busy_timeout: float) -> dict[str, Any
     return {"connect_args": connect_args, **kwargs}
 
 
-def _configure_sqlite(
-    engine: Engine,
-    pragmas: Sequence[str],
-    *,
-    text_factory: Any = None,
-    immediate_writes: bool = True,
-) -> None:
-    """Run ``pragmas`` on every new connection, and let fsm begin every transaction itself:
-    ``BEGIN IMMEDIATE`` for a connection with the :data:`WRITE` option (``immediate_writes``),
-    else ``BEGIN``."""
+def _configure_sqlite(engine: Engine, profile: _Profile) -> None:
+    """Run the profile's pragmas on every new connection, and let fsm begin every transaction
+    itself: ``BEGIN IMMEDIATE`` for a connection with the :data:`WRITE` option (when the profile
+    has ``immediate_writes``), else ``BEGIN``."""
+    pragmas, text_factory = profile.sqlite_pragmas, profile.text_factory
+    immediate_writes = profile.immediate_writes
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -340,12 +363,6 @@ def _readonly_sqlite_url(parsed: URL) -> URL:
             f"it (create one with: fsm db upgrade --db 'sqlite:///{path}')"
         )
     return URL.create("sqlite", database=uri, query={"uri": "true"})
-
-
-def _lenient_text(raw: bytes) -> str:
-    """A SQLite text value as ``str``: one that is not UTF-8 (raw SQL can store one) is decoded
-    with errors replaced, never an error."""
-    return raw.decode("utf-8", "replace")
 
 
 def _uri_path(path: Path) -> str:

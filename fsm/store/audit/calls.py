@@ -7,7 +7,7 @@ position). Pages continue with ``after=row.key`` (keyset) or ``offset``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from datetime import date, datetime
 from typing import Any, Final, Literal, TypeAlias
 
@@ -35,7 +35,8 @@ from fsm.store.audit.read import (
     _connect,
     _json_value,
     _opt_text,
-    _raw,
+    _raw_as,
+    _Row,
     _text,
 )
 from fsm.store.errors import InvalidFilterError
@@ -49,7 +50,7 @@ Source: TypeAlias = Literal["all", "history", "attempts"]
 
 # -- tool calls --------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CallRow:
+class CallRow(_Row):
     """One tool call, from history (``attempt_id is None``) or from a recorded attempt.
 
     ``seq`` is the assistant message's seq for a call of history, and for a call of an attempt
@@ -77,10 +78,6 @@ class CallRow:
         if self.attempt_id is None:
             return (self.conversation_id, self.seq, 1, 0, self.position)
         return (self.conversation_id, self.seq, 0, self.attempt_id, self.position)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The row as a dict, in column order."""
-        return asdict(self)
 
 
 def tool_calls(
@@ -202,14 +199,15 @@ def _history_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
     r = _MESSAGES.alias("rm")
     return sa.select(
         *(keys.c[c] for c in _KEY_COLUMNS),
-        _raw(conn, t.c.call_id).label("call_id"),
-        _raw(conn, t.c.name).label("name"),
-        _raw(conn, t.c.arguments).label("arguments"),
+        *_raw_as(conn, call_id=t.c.call_id, name=t.c.name, arguments=t.c.arguments),
         sa.literal(ToolCallState.FINISHED.value, sa.String).label("state"),
-        _raw(conn, a.c.model).label("model"),
-        _raw(conn, a.c.created_at).label("created_at"),
-        _raw(conn, r.c.content).label("content"),
-        _raw(conn, r.c.content_parts).label("content_parts"),
+        *_raw_as(
+            conn,
+            model=a.c.model,
+            created_at=a.c.created_at,
+            content=r.c.content,
+            content_parts=r.c.content_parts,
+        ),
         sa.null().label("reason"),
     ).select_from(
         keys.join(
@@ -238,15 +236,18 @@ def _attempt_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
     a = _ATTEMPTS.alias("atd")
     return sa.select(
         *(keys.c[c] for c in _KEY_COLUMNS),
-        _raw(conn, c_.c.call_id).label("call_id"),
-        _raw(conn, c_.c.name).label("name"),
-        _raw(conn, c_.c.arguments).label("arguments"),
-        _raw(conn, c_.c.state).label("state"),
-        _raw(conn, a.c.model).label("model"),
-        _raw(conn, a.c.created_at).label("created_at"),
+        *_raw_as(
+            conn,
+            call_id=c_.c.call_id,
+            name=c_.c.name,
+            arguments=c_.c.arguments,
+            state=c_.c.state,
+            model=a.c.model,
+            created_at=a.c.created_at,
+        ),
         sa.null().label("content"),
         sa.null().label("content_parts"),
-        _raw(conn, c_.c.reason).label("reason"),
+        *_raw_as(conn, reason=c_.c.reason),
     ).select_from(
         keys.join(
             c_,

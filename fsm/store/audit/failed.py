@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -29,6 +28,7 @@ from fsm.store.audit.read import (
     _json_value,
     _opt_text,
     _raw,
+    _Row,
     _text,
 )
 from fsm.store.errors import InvalidFilterError
@@ -36,7 +36,7 @@ from fsm.store.errors import InvalidFilterError
 
 # -- failures ----------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
-class FailureRow:
+class FailureRow(_Row):
     """A truncated or aborted call of a recorded attempt, with why its turn failed.
 
     ``seq`` is where the turn would have gone (the attempt's ``at_seq``); ``reason`` is the
@@ -66,13 +66,9 @@ class FailureRow:
         """``(attempt_id, position)``: pass it as ``after=`` for the next page."""
         return (self.attempt_id, self.position)
 
-    def as_dict(self) -> dict[str, Any]:
-        """The row as a dict, in column order."""
-        return asdict(self)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class FailureCount:
+class FailureCount(_Row):
     """How many failed calls (and distinct attempts) share a model, a state and a reason."""
 
     model: str | None
@@ -80,10 +76,6 @@ class FailureCount:
     reason: str | None
     calls: int
     attempts: int
-
-    def as_dict(self) -> dict[str, Any]:
-        """The row as a dict, in column order."""
-        return asdict(self)
 
 
 def _failed_filters(

@@ -10,7 +10,7 @@ import itertools
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 import sqlalchemy as sa
@@ -31,6 +31,7 @@ from fsm.store.audit.read import (
     _connect,
     _int,
     _opt_text,
+    _Row,
     _text,
 )
 from fsm.store.errors import InvalidFilterError
@@ -88,17 +89,13 @@ VIOLATION_KINDS: Final[dict[str, str]] = {
 
 
 @dataclass(frozen=True, slots=True)
-class Violation:
+class Violation(_Row):
     """One broken rule: where (conversation, seq; ``None`` when not known), what, and details."""
 
     conversation_id: str | None
     seq: int | None
     kind: str
     detail: str
-
-    def as_dict(self) -> dict[str, Any]:
-        """The row as a dict, in column order."""
-        return asdict(self)
 
 
 # How the check covers the contract, per batch of conversations (a range of ids; RANGE(x) below

@@ -21,6 +21,7 @@ import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any, Final, TypeAlias, cast
 
@@ -112,6 +113,16 @@ def _connect(bind: Bind, *, snapshot: bool = False) -> Iterator[Connection]:
             yield conn
 
 
+class _Row:
+    """The base of the audit's row dataclasses (slotted, frozen): :meth:`as_dict`."""
+
+    __slots__ = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as a dict, in column order."""
+        return asdict(cast(Any, self))
+
+
 # -- values read raw ---------------------------------------------------------------------------
 def _as_utc(value: Any) -> datetime | None:
     """A timestamp read from either engine, as an aware UTC datetime (``None`` for a value that
@@ -134,6 +145,11 @@ def _raw(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[An
     if conn.dialect.name == "postgresql" and isinstance(column.type, sa.JSON):
         return sa.cast(column, sa.Text)
     return sa.type_coerce(column, sa.Text)
+
+
+def _raw_as(conn: Connection, **columns: sa.ColumnElement[Any]) -> list[sa.Label[Any]]:
+    """Each column selected raw (:func:`_raw`), labelled with its keyword's name."""
+    return [_raw(conn, column).label(name) for name, column in columns.items()]
 
 
 def _text(value: Any) -> str:

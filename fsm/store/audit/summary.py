@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, Final
@@ -32,26 +32,23 @@ from fsm.store.audit.read import (
     _connect,
     _opt_text,
     _raw,
+    _Row,
     _text,
 )
 
 
 # -- statistics --------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ToolStat:
+class ToolStat(_Row):
     """Calls of one tool: in history, and failed (truncated / aborted) in attempts."""
 
     name: str
     calls: int
     failed: int
 
-    def as_dict(self) -> dict[str, Any]:
-        """The row as a dict, in column order."""
-        return asdict(self)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ModelStat:
+class ModelStat(_Row):
     """One model's turns and tokens.
 
     ``turns`` are its assistant messages in history (with or without calls); ``calls`` their
@@ -70,13 +67,9 @@ class ModelStat:
     completion_tokens: int
     total_tokens: int
 
-    def as_dict(self) -> dict[str, Any]:
-        """The row as a dict, in column order."""
-        return asdict(self)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DayStat:
+class DayStat(_Row):
     """One UTC day: turns and calls of history, incomplete attempts, tokens."""
 
     day: str
@@ -86,10 +79,6 @@ class DayStat:
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-
-    def as_dict(self) -> dict[str, Any]:
-        """The row as a dict, in column order."""
-        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
