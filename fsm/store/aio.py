@@ -96,9 +96,7 @@ class AsyncConversationStore:
         self._writer = self._engine.execution_options(**{WRITE: True})
         dialect = self._engine.dialect.name
         self._core = StoreCore(self._url, postgres=dialect == "postgresql")
-        self._auto_upgrade = (
-            url is None and dialect == "sqlite" if auto_upgrade is None else auto_upgrade
-        )
+        self._auto_upgrade = self._core.auto_upgrade(url is not None, dialect, auto_upgrade)
         self._busy_timeout = busy_timeout
         self._ready = False
         self._ready_lock = asyncio.Lock()
@@ -204,8 +202,7 @@ class AsyncConversationStore:
     ) -> int:
         """Append plain messages; returns the next seq (see
         :meth:`ConversationStore.append <fsm.store.ConversationStore.append>`)."""
-        self._core.check_conversation_id(conversation_id)
-        rows = self._core.plain_rows(messages)
+        rows = self._core.plan_append(conversation_id, messages)
         await self.open()
         with self._core.translate():
             async with self._writer.begin() as conn:
@@ -224,9 +221,7 @@ class AsyncConversationStore:
         :meth:`ConversationStore.commit_turn <fsm.store.ConversationStore.commit_turn>`:
         incomplete turns raise :class:`~fsm.errors.IncompleteTurnError`, retries are
         idempotent, a stale ``expected_seq`` raises :class:`~fsm.store.errors.ConflictError`)."""
-        self._core.check_conversation_id(conversation_id)
-        self._core.check_idempotency_key(idempotency_key)
-        plan = self._core.plan_turn(turn, results)
+        plan = self._core.plan_commit(conversation_id, turn, results, idempotency_key)
         await self.open()
         with self._core.translate():
             async with self._writer.begin() as conn:
@@ -247,8 +242,7 @@ class AsyncConversationStore:
         of the calls that ran and the ``error`` that stopped it; the new attempt ids (see
         :meth:`ConversationStore.record_attempt <fsm.store.ConversationStore.record_attempt>`:
         it never fails for the values of a failed turn)."""
-        plan = self._core.plan_attempt(attempt, anomalies, results=results, error=error)
-        self._core.check_conversation_id(conversation_id)
+        plan = self._core.plan_record(conversation_id, attempt, anomalies, results, error)
         await self.open()
         with self._core.translate():
             async with self._writer.begin() as conn:

@@ -17,11 +17,7 @@ breaks the contract, so even a bug here could not store an invalid history.
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
 import re
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,10 +27,9 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Connection, Engine
 
-from fsm.errors import IncompleteTurnError
 from fsm.parser import Anomaly, ParseResult, Turn
 from fsm.states import ToolCallState
-from fsm.store.codec import MARK
+from fsm.store import plans
 from fsm.store.engine import (
     BUSY_TIMEOUT_SECONDS,
     WRITE,
@@ -48,49 +43,26 @@ from fsm.store.errors import (
     ConversationNotFoundError,
     CorruptStoreError,
     IdempotencyMismatchError,
-    InvalidConversationIdError,
-    InvalidIdempotencyKeyError,
-    InvalidMessageError,
-    InvalidTurnError,
-    ResultsError,
     StoreBusyError,
-    UnsupportedValueError,
     ValueRejectedError,
 )
 from fsm.store.migrate import ensure_at_head
 from fsm.store.models import Attempt, AttemptCall, Conversation, Message, ToolCallRow
-from fsm.toolcall import ToolCall, is_json
+from fsm.store.plans import (
+    MAX_KEY_BYTES,
+    AttemptPlan,
+    Results,
+    TurnPlan,
+    _json_safe,
+    _show,
+    _tool_message,
+)
+from fsm.toolcall import is_json
 
 __all__ = ["MAX_KEY_BYTES", "CommittedTurn", "ConversationStore", "Results", "StoreCore"]
 
-#: Tool results of a turn: one per call in call order (a string, or a dict with ``content``),
-#: or a mapping from call id to result when the turn's ids are unique and non-empty.
-Results = Sequence[str | Mapping[str, Any]] | Mapping[str, str | Mapping[str, Any]]
-
-_PLAIN_ROLES = ("system", "developer", "user", "assistant")
-_MESSAGE_KEYS = {
-    "system": {"role", "content", "name"},
-    "developer": {"role", "content", "name"},
-    "user": {"role", "content", "name"},
-    "assistant": {"role", "content", "name", "refusal", "reasoning_content", "tool_calls"},
-}
-_RESULT_KEYS = {"role", "content", "tool_call_id"}
-
 #: The isolation level of PostgreSQL read transactions: one snapshot for every statement.
 READ_SNAPSHOT = "REPEATABLE READ"
-
-#: The longest call id, tool name, model, response id and idempotency key the store takes, in
-#: UTF-8 bytes: the parser's default limit for the same fields, and short enough that an index
-#: entry holding one (in the codec's form, at most twice as long) with a conversation id stays
-#: within PostgreSQL's b-tree limit (about 2.7 KB).
-MAX_KEY_BYTES = 512
-
-#: JSON nesting the store keeps in content parts and metadata (deeper is refused), and in the
-#: JSON of attempts (deeper is kept as a string rendering).
-MAX_JSON_DEPTH = 512
-ATTEMPT_JSON_DEPTH = 32
-_INT64 = 2**63
-_UNCLEAN = re.compile("[\x00\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,22 +84,6 @@ class CommittedTurn:
     def next_seq(self) -> int:
         """The seq right after this turn's last result."""
         return self.seq + len(self.messages)
-
-
-@dataclass(frozen=True, slots=True)
-class TurnPlan:
-    """A turn validated for :meth:`StoreCore.commit_turn` (built by :meth:`StoreCore.plan_turn`
-    before any transaction)."""
-
-    turn: Turn
-    calls: list[ToolCall]
-    contents: list[tuple[str | None, list[Any] | None]]
-    assistant: dict[str, Any]
-
-
-#: The attempts of one :meth:`ConversationStore.record_attempt` call: one ``attempts`` row per
-#: choice, each with the rows of its calls (built by :meth:`StoreCore.plan_attempt`).
-AttemptPlan = list[tuple[dict[str, Any], list[dict[str, Any]]]]
 
 
 class ConversationStore:
@@ -162,8 +118,7 @@ class ConversationStore:
         self._writer = self._engine.execution_options(**{WRITE: True})
         dialect = self._engine.dialect.name
         self._core = StoreCore(self._url, postgres=dialect == "postgresql")
-        if auto_upgrade is None:
-            auto_upgrade = url is None and dialect == "sqlite"
+        auto_upgrade = self._core.auto_upgrade(url is not None, dialect, auto_upgrade)
         try:
             ensure_at_head(self._engine, auto_upgrade=auto_upgrade)
         except BaseException:
@@ -256,8 +211,7 @@ class ConversationStore:
         :class:`~fsm.store.errors.ConflictError` is raised and nothing is written.
         Returns the conversation's next seq after the write.
         """
-        self._core.check_conversation_id(conversation_id)
-        rows = self._core.plain_rows(messages)
+        rows = self._core.plan_append(conversation_id, messages)
         with self._core.translate(), self._writer.begin() as conn:
             return self._core.append(conn, conversation_id, rows, expected_seq)
 
@@ -296,9 +250,7 @@ class ConversationStore:
         ``expected_seq``: the seq the assistant message must get; if another writer appended
         first, :class:`~fsm.store.errors.ConflictError` (retryable) is raised.
         """
-        self._core.check_conversation_id(conversation_id)
-        self._core.check_idempotency_key(idempotency_key)
-        plan = self._core.plan_turn(turn, results)
+        plan = self._core.plan_commit(conversation_id, turn, results, idempotency_key)
         with self._core.translate(), self._writer.begin() as conn:
             return self._core.commit_turn(
                 conn, conversation_id, plan, expected_seq, idempotency_key
@@ -331,8 +283,7 @@ class ConversationStore:
         surrogates, megabytes of reason), and JSON values that no engine stores as they are
         (NaN, infinities, integers beyond 64 bits, nesting deeper than 32) are kept as strings.
         """
-        plan = self._core.plan_attempt(attempt, anomalies, results=results, error=error)
-        self._core.check_conversation_id(conversation_id)
+        plan = self._core.plan_record(conversation_id, attempt, anomalies, results, error)
         with self._core.translate(), self._writer.begin() as conn:
             return self._core.record_attempt(conn, conversation_id, plan)
 
@@ -397,9 +348,10 @@ class StoreCore:
 
     Two kinds of methods:
 
-    * **plans** (``conversation_row``, ``plain_rows``, ``plan_turn``, ``plan_attempt``):
-      validation and row building, no I/O; they raise the store's typed errors before any
-      transaction begins;
+    * **plans** (``conversation_row``, ``plain_rows``, ``plan_turn``, ``plan_attempt``, the
+      ``check_*`` functions): validation and row building, no I/O, defined in
+      :mod:`fsm.store.plans`; they raise the store's typed errors before any transaction
+      begins;
     * **transaction bodies** (``insert_conversation``, ``delete_conversation``, ``next_seq``,
       ``append``, ``commit_turn``, ``record_attempt``, ``history``, ``attempts``): each takes a
       synchronous :class:`~sqlalchemy.engine.Connection` as its first argument, inside a
@@ -477,145 +429,18 @@ class StoreCore:
         except _Corrupt as exc:
             raise CorruptStoreError(conversation_id, self.url, str(exc)) from None
 
-    # -- validation (no I/O) -----------------------------------------------------------------
-    @staticmethod
-    def check_conversation_id(conversation_id: object) -> None:
-        """A conversation id is a non-empty string of at most 255 characters of clean text."""
-        problem: str | None
-        if not isinstance(conversation_id, str) or not conversation_id:
-            problem = "is not a non-empty string"
-        elif len(conversation_id) > 255:
-            problem = f"has {len(conversation_id)} characters"
-        else:
-            problem = _unclean(conversation_id)
-            if problem is None:
-                return
-        raise InvalidConversationIdError(
-            f"a conversation id is a non-empty string of at most 255 characters, without "
-            f"U+0000, surrogates or a leading U+FDD0: {_show(conversation_id)} {problem}"
-        )
-
-    @staticmethod
-    def check_idempotency_key(key: object) -> None:
-        """An idempotency key is ``None`` or clean text of at most 512 UTF-8 bytes."""
-        if key is None:
-            return
-        if not isinstance(key, str):
-            problem: str | None = f"is a {type(key).__name__}, not a string"
-        elif _utf8_len(key) > MAX_KEY_BYTES:
-            problem = f"has {_utf8_len(key)} UTF-8 bytes"
-        else:
-            problem = _unclean(key)
-            if problem is None:
-                return
-        raise InvalidIdempotencyKeyError(
-            f"an idempotency key is a string of at most {MAX_KEY_BYTES} UTF-8 bytes, without "
-            f"U+0000, surrogates or a leading U+FDD0: {_show(key)} {problem}"
-        )
-
-    # -- plans (no I/O) ----------------------------------------------------------------------
-    @staticmethod
-    def check_last(last: int | None) -> None:
-        """``history(last=...)`` takes ``None`` or a non-negative int."""
-        if last is not None and (not isinstance(last, int) or last < 0):
-            raise ValueError(f"last must be a non-negative integer, not {last!r}")
-
-    def conversation_row(
-        self, conversation_id: str | None, metadata: Mapping[str, Any] | None
-    ) -> dict[str, Any]:
-        """The ``conversations`` row to insert (a new random hex id when none is given)."""
-        cid = uuid.uuid4().hex if conversation_id is None else conversation_id
-        self.check_conversation_id(cid)
-        meta = dict(metadata) if metadata else None
-        if meta is not None:
-            problem = _json_problem(meta)
-            if problem is not None:
-                raise UnsupportedValueError(f"the conversation's metadata {problem}")
-        return {"id": cid, "meta": meta}
-
-    def plain_rows(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """The rows (without positions) of plain messages given to ``append``."""
-        if isinstance(messages, Mapping):
-            raise InvalidMessageError("append() takes a list of messages, not a single message")
-        return [self._plain_row(i, message) for i, message in enumerate(messages)]
-
-    def plan_turn(self, turn: Turn | ParseResult, results: Results | None) -> TurnPlan:
-        """Check that ``turn`` is one complete turn and ``results`` match its calls."""
-        single = _single_turn(turn)
-        calls = _complete_calls(single)
-        contents = _normalize_results(calls, results)
-        assistant = _assistant_message(single, calls)
-        _check_key_lengths(single, calls)
-        return TurnPlan(single, calls, contents, assistant)
-
-    def plan_attempt(
-        self,
-        attempt: Turn | ParseResult,
-        anomalies: Sequence[Anomaly] = (),
-        *,
-        results: Results | None = None,
-        error: str | None = None,
-    ) -> AttemptPlan:
-        """The ``attempts`` rows (one per choice) and their calls' rows, every value made
-        storable (see :meth:`ConversationStore.record_attempt`)."""
-        if isinstance(attempt, ParseResult):
-            result: ParseResult | None = attempt
-            turns: list[Turn | None] = list(attempt.turns) or [None]
-            found: Sequence[Anomaly] = attempt.anomalies
-        elif isinstance(attempt, Turn):
-            result, turns, found = None, [attempt], anomalies
-        else:
-            raise InvalidTurnError(
-                f"record_attempt() takes a Turn or a ParseResult, not {type(attempt).__name__}"
-            )
-        plan: AttemptPlan = []
-        for number, turn in enumerate(turns):
-            calls = turn.tool_calls if turn is not None else []
-            row = _attempt_row(result, turn, found)
-            stored: list[Any] = [None] * len(calls)
-            notes: list[str] = []
-            if number == 0 and results is not None:
-                if len(turns) == 1:
-                    stored, notes = _attempt_results(calls, results)
-                else:
-                    notes = [f"results given for a response of {len(turns)} choices"]
-            row["anomalies"] = _json_safe(
-                row["anomalies"]
-                + [
-                    {"kind": "unmatched_result", "detail": note, "choice": row["choice"]}
-                    for note in notes
-                ]
-            )
-            row["usage"] = _json_safe(row.get("usage"))
-            row["error"] = _text(error)
-            for key in ("response_id", "model", "finish_reason", "end_how", "end_reason"):
-                row[key] = _text(row.get(key))
-            for key in ("content", "reasoning", "refusal"):
-                row[key] = _text(row.get(key))
-            row["complete"] = bool(row["complete"])
-            row["choice"] = _small_int(row["choice"])
-            plan.append(
-                (
-                    row,
-                    [
-                        {
-                            "position": p,
-                            "provider_index": _small_int(call.index),
-                            "call_id": _text(call.id) or "",
-                            "type": _text(call.type) or "",
-                            "name": _text(call.name) or "",
-                            "arguments": _text(call.arguments) or "",
-                            "raw_arguments": _text(call.raw_arguments) if call.repaired else None,
-                            "repaired": bool(call.repaired),
-                            "state": call.state,
-                            "reason": _text(call.reason),
-                            "result": stored[p],
-                        }
-                        for p, call in enumerate(calls)
-                    ],
-                )
-            )
-        return plan
+    # -- plans (no I/O): fsm.store.plans ------------------------------------------------------
+    check_conversation_id = staticmethod(plans.check_conversation_id)
+    check_idempotency_key = staticmethod(plans.check_idempotency_key)
+    check_last = staticmethod(plans.check_last)
+    conversation_row = staticmethod(plans.conversation_row)
+    plain_rows = staticmethod(plans.plain_rows)
+    plan_turn = staticmethod(plans.plan_turn)
+    plan_append = staticmethod(plans.plan_append)
+    plan_commit = staticmethod(plans.plan_commit)
+    plan_record = staticmethod(plans.plan_record)
+    auto_upgrade = staticmethod(plans.auto_upgrade)
+    plan_attempt = staticmethod(plans.plan_attempt)
 
     # -- transaction bodies ------------------------------------------------------------------
     def insert_conversation(self, conn: Connection, row: Mapping[str, Any]) -> None:
@@ -803,10 +628,6 @@ class StoreCore:
         with self.reading(conversation_id):
             return _read_attempts(conn, conversation_id)
 
-    # -- messages ----------------------------------------------------------------------------
-    def _plain_row(self, i: int, message: Mapping[str, Any]) -> dict[str, Any]:
-        return _plain_row(i, message)
-
 
 def _read_attempts(conn: Connection, conversation_id: str) -> list[dict[str, Any]]:
     """The attempts of a conversation with their calls (``_Corrupt`` if a stored value cannot
@@ -853,47 +674,6 @@ def _read_attempts(conn: Connection, conversation_id: str) -> list[dict[str, Any
             }
         )
     return [{**row, "tool_calls": by_attempt.get(row["id"], [])} for row in rows]
-
-
-def _plain_row(i: int, message: Mapping[str, Any]) -> dict[str, Any]:
-    if not isinstance(message, Mapping):
-        raise InvalidMessageError(f"message {i} is not a dict: {message!r}")
-    role = message.get("role")
-    if role == "tool":
-        raise InvalidMessageError(
-            f"message {i} is a tool result: results go in with their turn, through commit_turn()"
-        )
-    if role not in _PLAIN_ROLES:
-        raise InvalidMessageError(
-            f"message {i} has role {role!r}; append() takes {', '.join(_PLAIN_ROLES)}"
-        )
-    extra = set(message) - _MESSAGE_KEYS[role]
-    if extra:
-        raise InvalidMessageError(
-            f"message {i} ({role}) has keys fsm does not store: {sorted(extra)}"
-        )
-    if message.get("tool_calls"):
-        raise InvalidMessageError(
-            f"message {i} is an assistant message with tool calls: commit it with its "
-            "results through commit_turn()"
-        )
-    content = message.get("content")
-    refusal = message.get("refusal")
-    text, parts = _content(content, f"message {i}")
-    if content is None and not (role == "assistant" and refusal is not None):
-        raise InvalidMessageError(f"message {i} ({role}) has no content")
-    for key in ("name", "refusal", "reasoning_content"):
-        value = message.get(key)
-        if value is not None and not isinstance(value, str):
-            raise InvalidMessageError(f"message {i}: {key} must be a string, not {value!r}")
-    return {
-        "role": role,
-        "content": text,
-        "content_parts": parts,
-        "name": message.get("name"),
-        "refusal": refusal,
-        "reasoning": message.get("reasoning_content"),
-    }
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -1182,169 +962,6 @@ def _check_expected(conversation_id: str, expected: int | None, actual: int) -> 
         raise ConflictError(conversation_id, expected, actual)
 
 
-def _single_turn(turn: Turn | ParseResult) -> Turn:
-    if isinstance(turn, Turn):
-        return turn
-    if isinstance(turn, ParseResult):
-        if len(turn.turns) == 1:
-            return turn.turns[0]
-        raise InvalidTurnError(
-            f"the response has {len(turn.turns)} choices; pass the one to commit "
-            "(result.turn(index))"
-        )
-    raise InvalidTurnError(f"commit_turn() takes a Turn, not {type(turn).__name__}")
-
-
-def _complete_calls(turn: Turn) -> list[ToolCall]:
-    calls = turn.tool_calls
-    if turn.complete and all(c.state is ToolCallState.FINISHED for c in calls):
-        return calls
-    states = {p: (c.state.value, c.reason) for p, c in enumerate(calls)}
-    bad = [
-        f"call {p} ({c.name or 'no name'}) is {c.state.value}"
-        + (f" ({c.reason})" if c.reason else "")
-        for p, c in enumerate(calls)
-        if c.state is not ToolCallState.FINISHED
-    ]
-    why = "; ".join(bad) if bad else f"the stream ended with {turn.end_reason or 'no end'}"
-    raise IncompleteTurnError(
-        f"choice {turn.index} is not a complete turn ({why}): nothing was written to history; "
-        "record it with record_attempt() instead",
-        choice=turn.index,
-        states=states,
-    )
-
-
-def _content(value: Any, where: str) -> tuple[str | None, list[Any] | None]:
-    """Split a message content into (text, parts)."""
-    if value is None or isinstance(value, str):
-        return value, None
-    if isinstance(value, list) and all(isinstance(part, Mapping) for part in value):
-        parts = [dict(part) for part in value]
-        problem = _json_problem(parts)
-        if problem is not None:
-            raise InvalidMessageError(f"{where}: the content parts {problem}")
-        return None, parts
-    raise InvalidMessageError(
-        f"{where}: content must be a string or a list of content-part dicts, not {value!r}"
-    )
-
-
-def _normalize_results(
-    calls: Sequence[ToolCall], results: Results | None
-) -> list[tuple[str | None, list[Any] | None]]:
-    """One (text, parts) per call, in call order; every mismatch is a ResultsError."""
-    ids = [c.id for c in calls]
-    if results is None:
-        results = []
-    if isinstance(results, Mapping):
-        if not calls:
-            ordered: list[Any] = list(results.values())
-        else:
-            if "" in ids or len(set(ids)) != len(ids):
-                raise ResultsError(
-                    f"results keyed by id are ambiguous for this turn: its call ids {ids!r} are "
-                    "empty or repeated; give a list of results in call order instead"
-                )
-            unknown = [key for key in results if key not in ids]
-            missing = [cid for cid in ids if cid not in results]
-            if unknown or missing:
-                raise ResultsError(
-                    f"results do not match the turn's calls: missing {missing!r}, "
-                    f"unknown {unknown!r} (call ids: {ids!r})"
-                )
-            ordered = [results[cid] for cid in ids]
-    elif isinstance(results, str | bytes) or not isinstance(results, Sequence):
-        raise ResultsError(
-            f"results must be a list in call order or a dict keyed by call id, not "
-            f"{type(results).__name__}"
-        )
-    else:
-        ordered = list(results)
-    if len(ordered) != len(calls):
-        raise ResultsError(
-            f"the turn has {len(calls)} tool call(s) but {len(ordered)} result(s) were given; "
-            "give exactly one result per call"
-        )
-    out: list[tuple[str | None, list[Any] | None]] = []
-    for p, (call, result) in enumerate(zip(calls, ordered, strict=True)):
-        where = f"result {p} (call {call.id!r}, {call.name})"
-        if isinstance(result, str):
-            out.append((result, None))
-            continue
-        if not isinstance(result, Mapping):
-            raise ResultsError(f"{where} must be a string or a dict, not {result!r}")
-        extra = set(result) - _RESULT_KEYS
-        if extra:
-            raise ResultsError(f"{where} has keys fsm does not store: {sorted(extra)}")
-        if result.get("role", "tool") != "tool":
-            raise ResultsError(f"{where} has role {result['role']!r}, not 'tool'")
-        if "tool_call_id" in result and result["tool_call_id"] != call.id:
-            raise ResultsError(
-                f"{where} says tool_call_id {result['tool_call_id']!r}: results are out of order "
-                "or belong to another turn"
-            )
-        if result.get("content") is None:
-            raise ResultsError(f"{where} has no content")
-        try:
-            out.append(_content(result["content"], where))
-        except InvalidMessageError as exc:
-            raise ResultsError(str(exc)) from None
-    return out
-
-
-def _assistant_message(turn: Turn, calls: Sequence[ToolCall]) -> dict[str, Any]:
-    """The assistant message as history returns it (as ``Turn.to_message()`` builds it)."""
-    message: dict[str, Any] = {"role": "assistant", "content": turn.content}
-    if turn.refusal is not None:
-        message["refusal"] = turn.refusal
-    if calls:
-        message["tool_calls"] = [
-            {
-                "id": c.id,
-                "type": c.type,
-                "function": {"name": c.name, "arguments": c.arguments},
-            }
-            for c in calls
-        ]
-    return message
-
-
-def _tool_message(call_id: str, text: str | None, parts: list[Any] | None) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id, "content": text if parts is None else parts}
-
-
-def _attempt_row(
-    result: ParseResult | None, turn: Turn | None, anomalies: Sequence[Anomaly]
-) -> dict[str, Any]:
-    """The ``attempts`` row of one choice (``turn``) of a response (``result``, if known)."""
-    choice = turn.index if turn is not None else None
-    row: dict[str, Any] = {
-        "choice": choice,
-        "anomalies": [
-            dataclasses.asdict(a) for a in anomalies if a.choice is None or a.choice == choice
-        ],
-        "end_how": result.end_how if result is not None else None,
-        "end_reason": result.end_reason if result is not None else None,
-        "complete": False,
-    }
-    if result is not None:
-        row.update(response_id=result.response_id, model=result.model, usage=result.usage)
-    if turn is not None:
-        row.update(
-            response_id=turn.response_id,
-            model=turn.model,
-            usage=turn.usage,
-            finish_reason=turn.finish_reason,
-            complete=turn.complete,
-            content=turn.content,
-            reasoning=turn.reasoning,
-            refusal=turn.refusal,
-        )
-        row["end_how"] = turn.end_reason or row["end_how"]
-    return row
-
-
 # -- values --------------------------------------------------------------------------------------
 class _Corrupt(Exception):
     """A stored history that breaks the contract (becomes ``CorruptStoreError``)."""
@@ -1358,209 +975,6 @@ def _is_int(value: object) -> bool:
     return type(value) is int
 
 
-def _show(value: object, limit: int = 60) -> str:
-    """A short ``repr`` for a one-line message."""
-    try:
-        text = repr(value)
-    except Exception:
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"
-
-
 def _first_line(exc: BaseException | None) -> str:
     text = str(exc).strip() if exc is not None else ""
     return (text.splitlines() or [type(exc).__name__])[0][:300]
-
-
-def _utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-
-
-def _unclean(text: str) -> str | None:
-    """Why ``text`` is not clean text (kept as it is, never marked), or ``None``."""
-    if "\x00" in text:
-        return "contains U+0000"
-    if text.isascii():
-        return None
-    if text.startswith(MARK):
-        return "starts with U+FDD0"
-    if _UNCLEAN.search(text):
-        return "contains a lone surrogate"
-    return None
-
-
-def _check_key_lengths(turn: Turn, calls: Sequence[ToolCall]) -> None:
-    """Ids, names, the model and the response id fit the store's indexes (``MAX_KEY_BYTES``)."""
-    keys: list[tuple[str, str | None]] = [
-        ("model", turn.model),
-        ("response id", turn.response_id),
-    ]
-    for p, call in enumerate(calls):
-        keys += [(f"call {p}'s id", call.id), (f"call {p}'s name", call.name)]
-    for what, value in keys:
-        if value is not None and _utf8_len(value) > MAX_KEY_BYTES:
-            raise UnsupportedValueError(
-                f"the turn's {what} has {_utf8_len(value)} UTF-8 bytes; the store takes at most "
-                f"{MAX_KEY_BYTES} (the parser's default limit): nothing was written"
-            )
-
-
-def _json_problem(value: Any) -> str | None:
-    """Why ``value`` cannot be stored as JSON that reads back equal, or ``None``.
-
-    JSON here is what both engines hold: dicts with string keys, lists (tuples), strings,
-    booleans, ``None``, finite floats and integers of at most 4,300 digits, nested at most
-    ``MAX_JSON_DEPTH`` deep.
-    """
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if item is None or isinstance(item, str | bool):
-            continue
-        if isinstance(item, int):
-            try:
-                str(item)
-            except ValueError:
-                return f"holds an integer too long for JSON text ({item.bit_length()} bits)"
-            continue
-        if isinstance(item, float):
-            if not math.isfinite(item):
-                return f"holds {item!r}, which is not JSON"
-            continue
-        if depth >= MAX_JSON_DEPTH:
-            return f"is nested deeper than {MAX_JSON_DEPTH} levels"
-        if isinstance(item, dict):
-            for key, inner in item.items():
-                if not isinstance(key, str):
-                    return f"has a key {_show(key)} that is not a string"
-                stack.append((inner, depth + 1))
-        elif isinstance(item, list | tuple):
-            stack.extend((inner, depth + 1) for inner in item)
-        else:
-            return f"holds a {type(item).__name__}, which is not JSON"
-    return None
-
-
-def _int_text(value: int) -> str:
-    try:
-        return str(value)
-    except ValueError:  # beyond Python's digit limit for decimal text
-        return hex(value)
-
-
-def _render(value: Any, limit: int = 65536) -> str:
-    """A JSON-like text of any value, however deep or odd, without recursion (for values of
-    attempts nested too deep to keep as JSON); at most about ``limit`` characters."""
-    out: list[str] = []
-    size = 0
-    stack: list[tuple[bool, Any]] = [(False, value)]  # (is a literal piece, item)
-    while stack and size < limit:
-        literal, item = stack.pop()
-        if literal:
-            piece = item
-        elif isinstance(item, dict):
-            pieces: list[tuple[bool, Any]] = [(True, "{")]
-            for i, (key, inner) in enumerate(item.items()):
-                if i:
-                    pieces.append((True, ", "))
-                pieces += [(False, key if isinstance(key, str) else _render(key, 256))]
-                pieces += [(True, ": "), (False, inner)]
-            pieces.append((True, "}"))
-            stack.extend(reversed(pieces))
-            continue
-        elif isinstance(item, list | tuple):
-            pieces = [(True, "[")]
-            for i, inner in enumerate(item):
-                if i:
-                    pieces.append((True, ", "))
-                pieces.append((False, inner))
-            pieces.append((True, "]"))
-            stack.extend(reversed(pieces))
-            continue
-        elif isinstance(item, str):
-            piece = json.dumps(item[:limit])
-        elif isinstance(item, bool) or item is None:
-            piece = json.dumps(item)
-        elif isinstance(item, int):
-            piece = _int_text(item)
-        elif isinstance(item, float):
-            piece = repr(item)
-        else:
-            piece = _show(item, 256)
-        out.append(piece)
-        size += len(piece)
-    text = "".join(out)
-    return text if not stack else text[:limit] + "..."
-
-
-def _json_safe(value: Any, depth: int = 0) -> Any:
-    """``value`` as JSON both engines store (for attempts and usage, which must never fail):
-    NaN and infinities become strings (``"nan"``, ``"inf"``), integers beyond 64 bits their
-    decimal text, non-string keys text, other objects their ``repr``, and anything nested deeper
-    than ``ATTEMPT_JSON_DEPTH`` a string rendering of it."""
-    if value is None or isinstance(value, str | bool):
-        return value
-    if isinstance(value, int):
-        return int(value) if -_INT64 <= value < _INT64 else _int_text(value)
-    if isinstance(value, float):
-        return value if math.isfinite(value) else repr(value)
-    if depth >= ATTEMPT_JSON_DEPTH and isinstance(value, Mapping | list | tuple):
-        return _render(value)
-    if isinstance(value, Mapping):
-        return {
-            (key if isinstance(key, str) else _render(key, 256)): _json_safe(inner, depth + 1)
-            for key, inner in value.items()
-        }
-    if isinstance(value, list | tuple):
-        return [_json_safe(inner, depth + 1) for inner in value]
-    return _show(value, 4096)
-
-
-def _text(value: object) -> str | None:
-    """A text column's value for an attempt: any string as it is (the codec stores it), other
-    objects as their ``str``."""
-    if value is None or isinstance(value, str):
-        return value
-    try:
-        return str(value)
-    except Exception:
-        return _show(value)
-
-
-def _small_int(value: object) -> int | None:
-    """An integer column's value for an attempt (``None`` when it does not fit 64 bits)."""
-    if isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value < _INT64:
-        return int(value)
-    return None
-
-
-def _result_value(value: Any) -> Any:
-    """The stored form of one result given to ``record_attempt`` (its content)."""
-    if isinstance(value, Mapping) and "content" in value:
-        value = value["content"]
-    return _json_safe(value)
-
-
-def _attempt_results(calls: Sequence[ToolCall], results: Any) -> tuple[list[Any], list[str]]:
-    """One stored result (or ``None``) per call of an attempt, and a note for each result
-    that matches no call. Never raises: an attempt is recorded whatever it was given."""
-    stored: list[Any] = [None] * len(calls)
-    notes: list[str] = []
-    if isinstance(results, Mapping):
-        for key, value in results.items():
-            free = [p for p, c in enumerate(calls) if c.id == key and stored[p] is None]
-            if free:
-                stored[free[0]] = _result_value(value)
-            else:
-                notes.append(f"result for id {_show(key)}: no call: {_render(value, 4096)}")
-    elif isinstance(results, str | bytes) or not isinstance(results, Sequence):
-        notes.append(f"results that are not a list or a dict: {_render(results, 4096)}")
-    else:
-        for p, value in enumerate(results):
-            if p < len(calls):
-                stored[p] = _result_value(value)
-            else:
-                notes.append(
-                    f"result {p}: the turn has {len(calls)} call(s): {_render(value, 4096)}"
-                )
-    return stored, notes
