@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+import re
+from typing import Any, Final
 
 import orjson
 
+from fsm.jsonsyntax import JsonSyntax, check_syntax
 from fsm.states import FINAL_STATES, ToolCallState, fire
 
-__all__ = ["FLUSH_EVERY", "ToolCall", "is_json", "repair_json"]
+__all__ = [
+    "DEFAULT_MAX_JSON_DEPTH",
+    "FLUSH_EVERY",
+    "JsonSyntax",
+    "ToolCall",
+    "is_json",
+    "repair_json",
+]
 
 #: fragments kept apart before they are joined into one block (see ``ToolCall._parts``).
 FLUSH_EVERY = 128
@@ -36,6 +45,7 @@ class ToolCall:
     __slots__ = (
         "_blocks",
         "_final_arguments",
+        "_name_bytes",
         "_nbytes",
         "_parts",
         "_raw_length",
@@ -65,9 +75,11 @@ class ToolCall:
         self.reason: str | None = None
         self.repaired = False
         self.position = -1
-        #: set when the call went past the argument-size limit: later fragments are dropped and
-        #: the call ends ``aborted`` with the limit's name as reason.
+        #: set (to ``limit:<name>``) when the call went past a limit (its arguments, name, id or
+        #: type): its later fragments are dropped and it ends ``aborted`` with that reason.
         self.over_limit: str | None = None
+        #: UTF-8 size of ``name`` (kept below ``Limits.max_name_bytes``)
+        self._name_bytes = 0
         # Fragments are kept in two levels so that memory stays close to the argument size
         # whatever the fragment size: up to FLUSH_EVERY recent fragments in ``_parts``, joined
         # into one string in ``_blocks`` when that many have come (O(fragment) amortised), and
@@ -160,53 +172,81 @@ class ToolCall:
         fire(self, trigger)
 
 
-_JSON_WHITESPACE = " \t\r\n"
+#: the nesting limit of :func:`is_json` by default (``Limits.max_json_depth``)
+DEFAULT_MAX_JSON_DEPTH: Final = 512
+#: texts longer than this skip orjson in :func:`is_json` (it would build the whole value, up to
+#: ~10 times the text in memory; the syntax check builds nothing)
+_ORJSON_MAX_CHARS: Final = 1 << 20
+_JSON_WHITESPACE: Final = " \t\r\n"
+_BLANK = re.compile(r"[ \t\r\n]*+").fullmatch
+#: ``int()`` refuses decimal strings of more than 4,300 digits (CPython's guard against slow
+#: conversions); longer integers are valid JSON and are decoded as floats (infinite) instead
+_MAX_INT_DIGITS: Final = 4000
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _parse_int(digits: str) -> int | float:
+    if len(digits) <= _MAX_INT_DIGITS:
+        return int(digits)
+    return float(digits)
+
+
 def loads_strict(data: str | bytes) -> Any:
     """Decode one JSON document by the JSON grammar (RFC 8259), no more, no less.
 
     orjson first (fast); where it refuses valid JSON (lone surrogate escapes such as a split
-    emoji's ``"\\ud83d"``), the standard library decides, with ``NaN``/``Infinity`` refused.
-    Raises ``ValueError`` (or ``RecursionError`` past the decoders' nesting limits).
+    emoji's ``"\\ud83d"``, numbers beyond a double such as ``1e400``, which become infinite), the
+    standard library decides, with ``NaN``/``Infinity`` refused and integers of any length
+    accepted (more than 4,000 digits decode as an infinite float). Raises ``ValueError`` (or
+    ``RecursionError`` past the decoders' nesting limits, about 1,000 levels).
     """
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         text = data.decode("utf-8") if isinstance(data, bytes) else data  # strict: no surrogates
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
 
 
-def is_json(text: str) -> bool:
-    """Whether ``text`` is one valid JSON document, or empty / JSON whitespace only.
+def is_json(text: str, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> JsonSyntax:
+    """Whether ``text`` is one valid JSON document, or empty / JSON whitespace only, by syntax.
 
-    Documents nested deeper than the decoders allow (about 1,000 levels) count as invalid.
+    Returns :class:`~fsm.jsonsyntax.JsonSyntax` (true only when ``VALID``): ``TOO_DEEP`` for a
+    valid document with more than ``max_depth`` nested containers, else ``INVALID``. A number
+    of any length is valid, as is a lone surrogate escape (``"\\ud83d"``); ``NaN``, trailing
+    commas, raw control characters in strings and raw surrogate characters are not. orjson
+    decides when it accepts a text of at most 1 MiB characters with no more brackets than
+    ``max_depth``; otherwise the linear-time syntax check :func:`~fsm.jsonsyntax.check_syntax`.
     """
-    if not text.strip(_JSON_WHITESPACE):
-        return True
-    try:
-        loads_strict(text)
-    except (ValueError, RecursionError):
-        return False
-    return True
+    if not text or (text[0] in _JSON_WHITESPACE and _BLANK(text) is not None):
+        return JsonSyntax.VALID
+    if len(text) <= max_depth or (
+        len(text) <= _ORJSON_MAX_CHARS and text.count("[") + text.count("{") <= max_depth
+    ):
+        try:
+            orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            return JsonSyntax.VALID
+    return check_syntax(text, max_depth)
 
 
 _CLOSERS = {"{": "}", "[": "]"}
 _LITERALS = ("true", "false", "null")
 
 
-def repair_json(text: str) -> str | None:
+def repair_json(text: str, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> str | None:
     """Return the shortest suffix found that makes ``text + suffix`` valid JSON, or ``None``.
 
     Append-only by construction: it never drops or rewrites a character, so the raw string stays
     a prefix of the repaired one. It closes an open string, completes a cut literal
     (``tru`` -> ``true``) or number (``1.`` -> ``1.0``), supplies ``null`` for a value cut after
     ``:`` or a key cut before its colon, and closes open arrays and objects. A trailing comma or
-    anything it cannot end with certainty gives ``None``: the call then stays ``truncated``.
+    anything it cannot end with certainty gives ``None``: the call then stays ``truncated``, as
+    it does when the repaired text would nest deeper than ``max_depth``.
     """
     stack: list[str] = []
     in_string = False
@@ -298,7 +338,7 @@ def repair_json(text: str) -> str | None:
         suffix += _CLOSERS[opener]
     if not suffix:
         return None
-    return suffix if is_json(text + suffix) else None
+    return suffix if is_json(text + suffix, max_depth) else None
 
 
 def _complete_scalar(token: str) -> str | None:
