@@ -167,11 +167,13 @@ class AnomalyDetected(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnEnded(Event):
-    """A choice's turn is final; ``complete`` says whether it may go to history."""
+    """A choice's turn is final; ``complete`` says whether it may go to history, and
+    ``reason`` why not (:attr:`fsm.Turn.incomplete_reason`; ``None`` when complete)."""
 
     choice: int
     finish_reason: str | None
     complete: bool
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -229,5 +231,10 @@ def _text_factory(cls: type[Event]) -> Callable[[int, str], Event]:
 
 
 _content_delta = _text_factory(ContentDelta)
+#: slot setters of ContentDelta and ReasoningDelta, for the parser's inlined hot paths
+_cd_choice = _slot_setter(ContentDelta, "choice")
+_cd_text = _slot_setter(ContentDelta, "text")
+_rd_choice = _slot_setter(ReasoningDelta, "choice")
+_rd_text = _slot_setter(ReasoningDelta, "text")
 _reasoning_delta = _text_factory(ReasoningDelta)
 _refusal_delta = _text_factory(RefusalDelta)

@@ -15,7 +15,8 @@ the project README documents every choice made where the spec is silent.
 
 from __future__ import annotations
 
-import json
+import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn
@@ -25,21 +26,30 @@ import orjson
 from fsm.errors import IncompleteTurnError, LocalProtocolError, RemoteProtocolError
 from fsm.events import (
     AnomalyDetected,
+    ContentDelta,
     Event,
     FinishReasonReceived,
+    ReasoningDelta,
     StreamEnded,
     ToolCallAborted,
+    ToolCallArgumentsDelta,
     ToolCallFinished,
     ToolCallOpened,
     ToolCallTruncated,
     ToolCallUpdated,
     TurnEnded,
     UsageReceived,
-    _arguments_delta,
-    _content_delta,
-    _reasoning_delta,
+    _ad_choice,
+    _ad_delta,
+    _ad_index,
+    _ad_ordinal,
+    _cd_choice,
+    _cd_text,
+    _rd_choice,
+    _rd_text,
     _refusal_delta,
 )
+from fsm.jsonsyntax import JsonSyntax, render_json
 from fsm.sse import EventTooLargeError, SSEFramer
 from fsm.states import ToolCallState
 from fsm.toolcall import FLUSH_EVERY, ToolCall, is_json, loads_strict, repair_json
@@ -49,6 +59,7 @@ __all__ = ["Anomaly", "Limits", "ParseResult", "StreamParser", "Turn"]
 #: receive_data() hands bigger buffers to the framer in pieces of this size.
 _WINDOW: Final = 64 * 1024
 
+_new_event: Final = object.__new__
 _OPENED: Final = ToolCallState.OPENED
 _ACCUMULATING: Final = ToolCallState.ACCUMULATING
 
@@ -61,13 +72,27 @@ KNOWN_FINISH_REASONS: Final = frozenset(
 )
 
 
+#: the most ``max_name_bytes`` / ``max_id_bytes`` may be: the longest value the store can index
+#: on PostgreSQL (a b-tree entry holds about 2.7 KB; 512 bytes leaves room for the rest of a key)
+MAX_INDEXED_BYTES: Final = 512
+#: the most ``max_json_depth`` may be: SQLite's ``json_valid`` refuses deeper documents (its
+#: JSON_MAX_DEPTH is 1000 in current builds), so nothing deeper can pass for finished
+MAX_JSON_DEPTH: Final = 1000
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Safe bounds on what one stream may make the parser hold. All sizes are bytes.
+    """Safe bounds on what one stream may make the parser hold. All sizes are UTF-8 bytes.
 
-    Past ``max_argument_bytes`` a call's further fragments are dropped and the call ends
-    ``aborted`` (reason ``limit:max_argument_bytes``). Past any other limit the whole stream ends:
-    every live call becomes ``aborted`` with the limit's name as reason.
+    Past ``max_argument_bytes``, ``max_name_bytes`` or ``max_id_bytes`` (a call's id or type) a
+    call's further fragments are dropped and the call ends ``aborted`` (reason
+    ``limit:<name>``); arguments nested deeper than ``max_json_depth`` end the call ``aborted``
+    (``limit:max_json_depth``). Past any other limit, or a stream-level identifier (response
+    id, model, system fingerprint, finish_reason) longer than ``max_id_bytes``, the whole stream
+    ends: every live call becomes ``aborted`` with the limit's name as reason.
+
+    Every limit may be lowered; ``max_name_bytes`` and ``max_id_bytes`` may not be raised above
+    512 (the store indexes those values), nor ``max_json_depth`` above 1000.
     """
 
     #: UTF-8 bytes of arguments kept per tool call.
@@ -80,12 +105,36 @@ class Limits:
     max_text_bytes: int = 64 * 1024 * 1024
     #: distinct choice indices per stream.
     max_choices: int = 128
+    #: UTF-8 bytes of a tool call's name (providers allow 64 characters).
+    max_name_bytes: int = MAX_INDEXED_BYTES
+    #: UTF-8 bytes of a call's id and of its type; and of the response id, model, system
+    #: fingerprint and each finish_reason.
+    max_id_bytes: int = MAX_INDEXED_BYTES
+    #: UTF-8 bytes of text, arguments, names and ids accepted over the whole stream (all choices).
+    max_stream_bytes: int = 64 * 1024 * 1024
+    #: nesting of the arguments of a finished call (arrays and objects in one another).
+    max_json_depth: int = 512
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"Limits.{name} must be a positive integer, got {value!r}")
+        for name in ("max_name_bytes", "max_id_bytes"):
+            if getattr(self, name) > MAX_INDEXED_BYTES:
+                raise ValueError(
+                    f"Limits.{name} must be at most {MAX_INDEXED_BYTES}: {MAX_INDEXED_BYTES} bytes "
+                    "is the most the store can index on PostgreSQL, got "
+                    f"{getattr(self, name)!r}"
+                )
+        if self.max_json_depth > MAX_JSON_DEPTH:
+            raise ValueError(
+                f"Limits.max_json_depth must be at most {MAX_JSON_DEPTH} (SQLite's json_valid "
+                f"refuses deeper JSON), got {self.max_json_depth!r}"
+            )
+
+
+_DEFAULT_LIMITS: Final = Limits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +145,13 @@ class Anomaly:
     ``delta_after_finish`` (content or tool-call data after the choice's ``finish_reason``),
     ``data_after_end`` (input after ``[DONE]`` or another end), ``unknown_finish_reason``,
     ``incomplete_event_at_eof`` (EOF inside an SSE event), ``empty_event`` (a ``data:`` event
-    with nothing in it),
-    ``limit_exceeded`` (a call's later fragments are then dropped without further anomalies).
+    with nothing in it), ``limit_exceeded`` (a call's later fragments are then dropped without
+    further anomalies), ``blank_id`` (a call id made only of whitespace: kept as sent),
+    ``no_tool_calls`` (``finish_reason`` ``tool_calls`` / ``function_call`` in a choice with no
+    call: the turn is not complete), ``invalid_usage`` (a ``usage`` object the store could not
+    hold as JSON: a number outside signed 64-bit integers or finite doubles, or nesting deeper
+    than 32; it is ignored and the previous one kept), ``invalid_created`` (an integer
+    ``created`` outside signed 64 bits: ignored).
     """
 
     kind: str
@@ -117,6 +171,30 @@ class _Meta:
         self.usage: dict[str, Any] | None = None
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _pair_surrogates(text: str) -> str:
+    """Join UTF-16 surrogate halves that pair up (``"\\ud83d"`` then ``"\\ude00"`` sent in two
+    chunks) into the real character; lone halves stay as they are."""
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+
+
+def _joined(parts: list[str], blocks: list[str]) -> str | None:
+    """One text field of a turn. Its fragments are kept in two levels like a call's arguments
+    (see ``ToolCall._parts``), so memory tracks the text's size, not the number of fragments:
+    up to FLUSH_EVERY recent ones in ``parts``, joined into one block of ``blocks`` when that
+    many have come. Reading joins everything once (and keeps the result as the only block)."""
+    if not parts and not blocks:
+        return None
+    text = _pair_surrogates("".join(blocks) + "".join(parts))
+    blocks[:] = [text]
+    parts.clear()
+    return text
+
+
 class Turn:
     """One choice of a streamed response: the assistant turn being assembled.
 
@@ -129,17 +207,21 @@ class Turn:
         "_by_index",
         "_calls",
         "_content",
+        "_content_blocks",
         "_final_calls",
         "_finish_seen",
         "_last",
         "_meta",
         "_reasoning",
+        "_reasoning_blocks",
         "_refusal",
+        "_refusal_blocks",
         "_text_bytes",
         "complete",
         "end_reason",
         "ended",
         "finish_reason",
+        "incomplete_reason",
         "index",
     )
 
@@ -153,10 +235,20 @@ class Turn:
         self.complete = False
         #: how the stream ended for this turn (``done``, ``eof``, ``error``, ``aborted``, ...).
         self.end_reason: str | None = None
+        #: why an ended turn is not complete, else ``None``: the reason its calls were cut
+        #: (``length``, ``content_filter``, ``eof``, the error message or abort reason,
+        #: ``protocol_error``, ``limit:<name>``), ``no_tool_calls`` (finish_reason ``tool_calls``
+        #: or ``function_call`` with no call at all), or ``call_not_finished`` (the stream ended
+        #: normally but a call is truncated or aborted: see each call's ``reason``).
+        self.incomplete_reason: str | None = None
         self._meta = meta
+        # text fields: recent fragments, and blocks of FLUSH_EVERY fragments joined (_joined)
         self._content: list[str] = []
+        self._content_blocks: list[str] = []
         self._reasoning: list[str] = []
+        self._reasoning_blocks: list[str] = []
         self._refusal: list[str] = []
+        self._refusal_blocks: list[str] = []
         self._text_bytes = 0
         self._calls: list[ToolCall] = []
         self._by_index: dict[int, ToolCall] = {}
@@ -167,18 +259,20 @@ class Turn:
 
     @property
     def content(self) -> str | None:
-        """Concatenated ``delta.content`` (``None`` if the provider sent no non-empty content)."""
-        return "".join(self._content) if self._content else None
+        """Concatenated ``delta.content`` (``None`` if the provider sent no non-empty content).
+
+        Surrogate halves that pair up across fragments become the real character."""
+        return _joined(self._content, self._content_blocks)
 
     @property
     def reasoning(self) -> str | None:
         """Concatenated ``delta.reasoning_content`` / ``delta.reasoning``, or ``None``."""
-        return "".join(self._reasoning) if self._reasoning else None
+        return _joined(self._reasoning, self._reasoning_blocks)
 
     @property
     def refusal(self) -> str | None:
         """Concatenated ``delta.refusal``, or ``None``."""
-        return "".join(self._refusal) if self._refusal else None
+        return _joined(self._refusal, self._refusal_blocks)
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -214,6 +308,11 @@ class Turn:
             states = {c.position: (c.state.value, c.reason) for c in self.tool_calls}
             if not self.ended:
                 why = "the stream has not ended"
+            elif self.incomplete_reason == "no_tool_calls":
+                why = (
+                    f"finish_reason {self.finish_reason!r} but the stream carried no tool call "
+                    "(something was lost between the model and here)"
+                )
             elif states and any(s != "finished" for s, _ in states.values()):
                 why = ", ".join(
                     f"call {p} ({c.name or 'no name'}) is {s} ({r})"
@@ -246,6 +345,7 @@ class Turn:
             "index": self.index,
             "finish_reason": self.finish_reason,
             "complete": self.complete,
+            "incomplete_reason": self.incomplete_reason,
             "content": self.content,
             "reasoning": self.reasoning,
             "refusal": self.refusal,
@@ -296,6 +396,8 @@ class ParseResult:
     error: RemoteProtocolError | None = field(default=None)
     #: how many anomalies of each kind occurred (``anomalies`` keeps the first 100 of a kind).
     anomaly_counts: dict[str, int] = field(default_factory=dict)
+    #: SSE events and chunks received (``0``: the input held no event at all, not a stream).
+    event_count: int = 0
 
     @property
     def complete(self) -> bool:
@@ -312,11 +414,15 @@ class ParseResult:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The object ``fsm parse --json`` prints."""
+        """The object ``fsm parse --json`` prints. ``end`` says how the stream ended
+        (``{"how": "done" | "eof" | "error" | "aborted" | "protocol_error" | "limit" | null,
+        "reason": <the error message, abort reason or limit, or null>}``), also when no choice
+        ever arrived."""
         return {
             "response_id": self.response_id,
             "model": self.model,
             "usage": self.usage,
+            "end": {"how": self.end_how, "reason": self.end_reason},
             "anomalies": [{"kind": a.kind, "detail": a.detail} for a in self.anomalies],
             "choices": [t.to_json() for t in self.turns],
         }
@@ -337,7 +443,7 @@ class StreamParser:
 
     def __init__(self, *, repair_json: bool = False, limits: Limits | None = None) -> None:
         self.repair_json = repair_json
-        self.limits = limits or Limits()
+        self.limits = limits or _DEFAULT_LIMITS
         self._framer = SSEFramer(self.limits.max_event_bytes)
         self._meta = _Meta()
         self._turns: dict[int, Turn] = {}
@@ -353,6 +459,10 @@ class StreamParser:
         self._framer_usable = True
         self._meta_missing = True
         self._max_argument_bytes = self.limits.max_argument_bytes
+        #: bytes of text, arguments, names and ids accepted so far (Limits.max_stream_bytes)
+        self._stream_bytes = 0
+        self._max_stream_bytes = self.limits.max_stream_bytes
+        self._max_text_bytes = self.limits.max_text_bytes
 
     # -- public API ---------------------------------------------------------------------------
     @property
@@ -385,11 +495,20 @@ class StreamParser:
             end_reason=self._end_reason,
             error=self._error,
             anomaly_counts=dict(self._anomaly_counts),
+            event_count=self._event_number,
         )
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
-        """Feed raw SSE bytes, split anywhere. Returns the events they complete."""
+        """Feed raw SSE bytes, split anywhere. Returns the events they complete.
+
+        The list holds every event of ``data``: for a whole recorded stream it is proportional
+        to the stream (feed network-sized reads to keep it small)."""
         self._check_open("receive_data")
+        if type(data) is not bytes and not isinstance(data, bytes | bytearray | memoryview):
+            raise LocalProtocolError(
+                f"receive_data() takes bytes, bytearray or memoryview, not {type(data).__name__} "
+                "(encode text as UTF-8, or pass chunks to receive_chunk())"
+            )
         if self._status == _ENDED:
             if data and self._framer_usable:
                 for _name, _payload, _offset in self._feed_framer(bytes(data)):
@@ -439,12 +558,14 @@ class StreamParser:
                 self._rare_event(name, payload)
 
     def _rare_event(self, name: str, payload: bytes) -> None:
+        # An event named "error" is an error whatever its data, "[DONE]" included: test the name
+        # before the data.
         if self._status != _OPEN:
             self._anomaly("data_after_end", "an SSE event after the end of the stream")
-        elif payload.strip() == b"[DONE]":
-            self._end("done", None)
         elif name == "error":
             self._error_event(payload)
+        elif payload.strip() == b"[DONE]":
+            self._end("done", None)
         elif not payload.strip():
             self._anomaly("empty_event", "an SSE event with empty data was ignored")
         else:
@@ -562,6 +683,8 @@ class StreamParser:
         raise error
 
     def _error_event(self, payload: bytes) -> None:
+        # The message: the JSON error's message when the data is JSON, else the data as text,
+        # else "error event".
         message: str
         try:
             obj = loads_strict(payload) if payload.strip() else None
@@ -569,10 +692,12 @@ class StreamParser:
             obj = None
         if isinstance(obj, dict) and "error" in obj:
             message = _error_message(obj["error"])
-        elif isinstance(obj, dict):
+        elif isinstance(obj, dict) or (obj is not None and not isinstance(obj, str)):
             message = _error_message(obj)
+        elif isinstance(obj, str) and obj.strip():
+            message = obj
         else:
-            message = payload.decode("utf-8", "replace").strip() or "error event without data"
+            message = payload.decode("utf-8", "replace").strip() or "error event"
         self._end("error", message)
 
     def _process(self, chunk: Any) -> None:
@@ -582,6 +707,8 @@ class StreamParser:
             self._fail(f"a chunk must be a JSON object, got {_json_type(chunk)}", None)
         if self._meta_missing:
             self._metadata(chunk)
+            if self._status != _OPEN:
+                return
         usage = chunk.get("usage")
         if usage is not None:
             self._usage(usage)
@@ -595,12 +722,11 @@ class StreamParser:
                     self._fail(f"must be an object, got {_json_type(choice)}", f"choices[{ci}]")
                 index = choice.get("index", 0)
                 if type(index) is not int or index < 0:
-                    self._fail(
-                        f"must be a non-negative integer, got {_json_repr(index)}",
-                        f"choices[{ci}].index",
-                    )
+                    self._bad_choice_index(ci, index)
                 turn = turns.get(index)
                 if turn is None:
+                    if index > _MAX_INDEX:
+                        self._bad_choice_index(ci, index)
                     turn = self._new_turn(index)
                     if turn is None:
                         return
@@ -643,18 +769,26 @@ class StreamParser:
                                         and call.state is _ACCUMULATING
                                         and call.over_limit is None
                                     ):
-                                        total = call._nbytes + len(fragment)
-                                        if total <= self._max_argument_bytes:
+                                        size = len(fragment)
+                                        total = call._nbytes + size
+                                        stream = self._stream_bytes + size
+                                        if (
+                                            total <= self._max_argument_bytes
+                                            and stream <= self._max_stream_bytes
+                                        ):
                                             parts = call._parts
                                             parts.append(fragment)
                                             if len(parts) >= FLUSH_EVERY:
                                                 call._flush()
                                             call._nbytes = total
-                                            self._events.append(
-                                                _arguments_delta(
-                                                    index, call.ordinal, tindex, fragment
-                                                )
-                                            )
+                                            self._stream_bytes = stream
+                                            # _arguments_delta, inlined
+                                            delta_event = _new_event(ToolCallArgumentsDelta)
+                                            _ad_choice(delta_event, index)
+                                            _ad_ordinal(delta_event, call.ordinal)
+                                            _ad_index(delta_event, tindex)
+                                            _ad_delta(delta_event, fragment)
+                                            self._events.append(delta_event)
                                             continue
                             self._tool_delta(turn, entry, ci, ti)
                             if self._status != _OPEN:
@@ -671,6 +805,8 @@ class StreamParser:
                 finish = choice.get("finish_reason")
                 if finish is not None:
                     self._finish(turn, finish, ci)
+                    if self._status != _OPEN:
+                        return
         elif choices is not None and type(choices) is not list:
             self._fail(f"must be a list or null, got {_json_type(choices)}", "choices")
         error = chunk.get("error")
@@ -681,25 +817,77 @@ class StreamParser:
         meta = self._meta
         rid = chunk.get("id")
         if meta.response_id is None and type(rid) is str and rid:
+            if not self._identifier(rid, "the response id"):
+                return
             meta.response_id = rid
         model = chunk.get("model")
         if model is None:
             model = chunk.get("model_id")  # watsonx
         if meta.model is None and type(model) is str and model:
+            if not self._identifier(model, "the model"):
+                return
             meta.model = model
         created = chunk.get("created")
         if meta.created is None and type(created) is int:
-            meta.created = created
+            if _INT64_MIN <= created <= _INT64_MAX:
+                meta.created = created
+            else:
+                self._anomaly(
+                    "invalid_created", "created is outside signed 64-bit integers; ignored"
+                )
         fp = chunk.get("system_fingerprint")
         if meta.system_fingerprint is None and type(fp) is str and fp:
+            if not self._identifier(fp, "the system fingerprint"):
+                return
             meta.system_fingerprint = fp
         self._meta_missing = meta.response_id is None or meta.model is None
+
+    def _identifier(self, value: str, what: str) -> bool:
+        """Count a stream-level identifier; ``False`` when a limit ended the stream."""
+        size = len(value) if value.isascii() else _utf8_len(value)
+        if size > self.limits.max_id_bytes:
+            self._limit("max_id_bytes", f"{what} is longer than {self.limits.max_id_bytes} bytes")
+            return False
+        self._stream_bytes += size
+        if self._stream_bytes > self._max_stream_bytes:
+            self._stream_limit()
+            return False
+        return True
+
+    def _count(self, size: int) -> bool:
+        """Add ``size`` bytes to what the stream holds; ``False`` when that ended the stream."""
+        self._stream_bytes += size
+        if self._stream_bytes > self._max_stream_bytes:
+            self._stream_limit()
+            return False
+        return True
+
+    def _stream_limit(self) -> None:
+        self._limit(
+            "max_stream_bytes",
+            f"the stream holds more than {self._max_stream_bytes} bytes of text, arguments, "
+            "names and ids",
+        )
 
     def _usage(self, usage: Any) -> None:
         if type(usage) is not dict:
             self._fail(f"must be an object or null, got {_json_type(usage)}", "usage")
+        problem = _usage_problem(usage)
+        if problem is not None:
+            self._anomaly(
+                "invalid_usage",
+                f"usage ignored: it holds {problem}"
+                + ("; the previous usage is kept" if self._meta.usage is not None else ""),
+            )
+            return
         self._meta.usage = usage
         self._events.append(UsageReceived(usage=usage))
+
+    def _bad_choice_index(self, ci: int, index: Any) -> NoReturn:
+        self._fail(
+            f"must be a non-negative integer (at most {_MAX_INDEX}), got {_json_repr(index)}",
+            f"choices[{ci}].index",
+        )
 
     def _new_turn(self, index: int) -> Turn | None:
         if len(self._turns) >= self.limits.max_choices:
@@ -717,6 +905,13 @@ class StreamParser:
         if not finish:
             return
         if finish not in KNOWN_FINISH_REASONS:
+            if _utf8_len(finish) > self.limits.max_id_bytes:
+                self._limit(
+                    "max_id_bytes",
+                    f"choice {turn.index}: a finish_reason is longer than "
+                    f"{self.limits.max_id_bytes} bytes",
+                )
+                return
             self._anomaly(
                 "unknown_finish_reason",
                 f"finish_reason {finish!r} is not a known value; treated like 'stop'",
@@ -726,17 +921,24 @@ class StreamParser:
         turn._finish_seen = True
         self._events.append(FinishReasonReceived(choice=turn.index, finish_reason=finish))
 
-    def _text(self, turn: Turn, value: Any, parts: list[str], field: str, ci: int) -> bool:
-        if type(value) is not str:
-            self._fail(
-                f"must be a string or null, got {_json_type(value)}", f"choices[{ci}].delta.{field}"
-            )
+    def _text(self, turn: Turn, value: str, parts: list[str], blocks: list[str]) -> bool:
+        """Keep one text fragment (checked to be a non-empty str); ``False`` when a limit ended
+        the stream."""
         nbytes = len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
-        turn._text_bytes += nbytes
-        if turn._text_bytes > self.limits.max_text_bytes:
+        total = turn._text_bytes + nbytes
+        if total > self._max_text_bytes:
             self._limit("max_text_bytes", f"choice {turn.index} text exceeds the limit")
             return False
+        stream = self._stream_bytes + nbytes
+        if stream > self._max_stream_bytes:
+            self._stream_limit()
+            return False
+        turn._text_bytes = total
+        self._stream_bytes = stream
         parts.append(value)
+        if len(parts) >= FLUSH_EVERY:
+            blocks.append("".join(parts))
+            parts.clear()
         return True
 
     def _texts(self, turn: Turn, delta: dict[str, Any], ci: int) -> bool:
@@ -744,25 +946,47 @@ class StreamParser:
         events = self._events
         index = turn.index
         content = delta.get("content")
-        if content is not None and (type(content) is not str or content):
-            if not self._text(turn, content, turn._content, "content", ci):
-                return False
-            events.append(_content_delta(index, content))
+        if content is not None:
+            if type(content) is not str:
+                self._bad_text(content, "content", ci)
+            if content:
+                if not self._text(turn, content, turn._content, turn._content_blocks):
+                    return False
+                event: Event = _new_event(ContentDelta)  # _content_delta, inlined
+                _cd_choice(event, index)
+                _cd_text(event, content)
+                events.append(event)
+            if len(delta) == 1:
+                return True  # the common {"content": "..."}: nothing else to look for
         reasoning = delta.get("reasoning_content")
         field_name = "reasoning_content"
         if reasoning is None:
             reasoning = delta.get("reasoning")
             field_name = "reasoning"
-        if reasoning is not None and (type(reasoning) is not str or reasoning):
-            if not self._text(turn, reasoning, turn._reasoning, field_name, ci):
-                return False
-            events.append(_reasoning_delta(index, reasoning))
+        if reasoning is not None:
+            if type(reasoning) is not str:
+                self._bad_text(reasoning, field_name, ci)
+            if reasoning:
+                if not self._text(turn, reasoning, turn._reasoning, turn._reasoning_blocks):
+                    return False
+                event = _new_event(ReasoningDelta)  # _reasoning_delta, inlined
+                _rd_choice(event, index)
+                _rd_text(event, reasoning)
+                events.append(event)
         refusal = delta.get("refusal")
-        if refusal is not None and (type(refusal) is not str or refusal):
-            if not self._text(turn, refusal, turn._refusal, "refusal", ci):
-                return False
-            events.append(_refusal_delta(index, refusal))
+        if refusal is not None:
+            if type(refusal) is not str:
+                self._bad_text(refusal, "refusal", ci)
+            if refusal:
+                if not self._text(turn, refusal, turn._refusal, turn._refusal_blocks):
+                    return False
+                events.append(_refusal_delta(index, refusal))
         return True
+
+    def _bad_text(self, value: Any, field: str, ci: int) -> NoReturn:
+        self._fail(
+            f"must be a string or null, got {_json_type(value)}", f"choices[{ci}].delta.{field}"
+        )
 
     def _tool_delta(self, turn: Turn, entry: Any, ci: int, ti: int) -> None:
         if type(entry) is not dict:
@@ -796,7 +1020,7 @@ class StreamParser:
         else:
             name = arguments = None
         if index is not None and (type(index) is not int or index < 0):
-            self._bad_field(ci, ti, "index", "a non-negative integer or null", index)
+            self._bad_index(ci, ti, index)
 
         # -- routing (spec: "Routing a tool-call delta to a call") --
         call: ToolCall | None
@@ -819,6 +1043,8 @@ class StreamParser:
                 )
                 return
         if call is None:
+            if index is not None and index > _MAX_INDEX:
+                self._bad_index(ci, ti, index)
             call = self._open(turn, index, cid or "", name or "", typ or "")
             if call is None:
                 return
@@ -836,21 +1062,58 @@ class StreamParser:
             if call._nbytes + nbytes > self._max_argument_bytes:
                 self._over_limit(call)
                 return
+            stream = self._stream_bytes + nbytes
+            if stream > self._max_stream_bytes:
+                self._stream_limit()
+                return
+            self._stream_bytes = stream
             call._append(arguments, nbytes)
-            self._events.append(_arguments_delta(call.choice, call.ordinal, call.index, arguments))
+            event = _new_event(ToolCallArgumentsDelta)  # _arguments_delta, inlined
+            _ad_choice(event, call.choice)
+            _ad_ordinal(event, call.ordinal)
+            _ad_index(event, call.index)
+            _ad_delta(event, arguments)
+            self._events.append(event)
 
     def _merge_header(
         self, turn: Turn, call: ToolCall, cid: str | None, name: str | None, typ: str | None
     ) -> None:
+        # Past a limit the call's header fragments are dropped. A name is at most
+        # max_name_bytes (512), so appending a fragment copies at most that much, and each
+        # ToolCallUpdated event holds at most that much: linear in the bytes received.
+        if call.over_limit is not None:
+            return
         changed = False
+        limits = self.limits
         if cid and not call.id:
+            size = _utf8_len(cid)
+            if size > limits.max_id_bytes:
+                self._header_over_limit(call, "max_id_bytes", "id", limits.max_id_bytes)
+                return
+            if not self._count(size):
+                return
             call.id = cid
             turn._by_id.setdefault(cid, call)
+            if cid.isspace():
+                self._blank_id(call)
             changed = True
         if name and name != call.name:
+            size = _utf8_len(name)
+            if call._name_bytes + size > limits.max_name_bytes:
+                self._header_over_limit(call, "max_name_bytes", "name", limits.max_name_bytes)
+                return
+            if not self._count(size):
+                return
             call.name += name
+            call._name_bytes += size
             changed = True
         if typ and not call._type:
+            size = _utf8_len(typ)
+            if size > limits.max_id_bytes:
+                self._header_over_limit(call, "max_id_bytes", "type", limits.max_id_bytes)
+                return
+            if not self._count(size):
+                return
             call._type = typ
         if changed:
             self._events.append(
@@ -869,9 +1132,28 @@ class StreamParser:
                 f"choice {turn.index} has more than {self.limits.max_tool_calls} tool calls",
             )
             return None
+        limits = self.limits
+        over: tuple[str, str, int] | None = None
+        id_size = len(cid) if cid.isascii() else _utf8_len(cid)
+        name_size = len(name) if name.isascii() else _utf8_len(name)
+        type_size = len(typ) if typ.isascii() else _utf8_len(typ)
+        if id_size > limits.max_id_bytes:
+            over, cid = ("max_id_bytes", "id", limits.max_id_bytes), ""
+            id_size = 0
+        if name_size > limits.max_name_bytes:
+            over, name = over or ("max_name_bytes", "name", limits.max_name_bytes), ""
+            name_size = 0
+        if type_size > limits.max_id_bytes:
+            over, typ = over or ("max_id_bytes", "type", limits.max_id_bytes), ""
+            type_size = 0
+        self._stream_bytes += id_size + name_size + type_size
+        if self._stream_bytes > self._max_stream_bytes:
+            self._stream_limit()
+            return None
         call = ToolCall(
             choice=turn.index, ordinal=len(turn._calls), index=index, id=cid, name=name, type=typ
         )
+        call._name_bytes = name_size
         turn._calls.append(call)
         turn._last = call
         if index is not None:
@@ -884,7 +1166,28 @@ class StreamParser:
                 type=call.type,
             )
         )  # fmt: skip
+        if cid.isspace():
+            self._blank_id(call)
+        if over is not None:
+            self._header_over_limit(call, *over)
         return call
+
+    def _blank_id(self, call: ToolCall) -> None:
+        self._anomaly(
+            "blank_id",
+            f"choice {call.choice} call {call.ordinal}: the id is only whitespace "
+            f"({call.id!r}); kept as sent",
+            call.choice,
+        )
+
+    def _header_over_limit(self, call: ToolCall, limit: str, what: str, size: int) -> None:
+        call.over_limit = f"limit:{limit}"
+        self._anomaly(
+            "limit_exceeded",
+            f"choice {call.choice} call {call.ordinal}: its {what} would exceed {size} bytes; "
+            "its later fragments are dropped and the call will end aborted",
+            call.choice,
+        )
 
     def _over_limit(self, call: ToolCall) -> None:
         call.over_limit = "limit:max_argument_bytes"
@@ -894,6 +1197,12 @@ class StreamParser:
             f"choice {call.choice} call {call.ordinal}: arguments exceed "
             f"{self.limits.max_argument_bytes} bytes; the call will end aborted",
             call.choice,
+        )
+
+    def _bad_index(self, ci: int, ti: int, index: Any) -> NoReturn:
+        # the store keeps indices as 32-bit integers: a bigger one could not be committed
+        self._bad_field(
+            ci, ti, "index", f"a non-negative integer (at most {_MAX_INDEX}) or null", index
         )
 
     def _bad_field(self, ci: int, ti: int, name: str, expected: str, value: Any) -> NoReturn:
@@ -931,18 +1240,22 @@ class StreamParser:
         else:
             mode, why = "abort", reason or how
         calls = sorted(turn._calls, key=_call_order)
+        max_depth = self.limits.max_json_depth
         for position, call in enumerate(calls):
             call.position = position
             if call.over_limit is not None:
                 call._end("abort", call.over_limit)
-            elif not call.name:
+            elif not call.name.strip():  # empty or only whitespace (str.isspace): no name
                 call._end("abort", "missing_name")
             elif mode == "ok":
                 raw = call.raw_arguments
-                if is_json(raw):
+                syntax = is_json(raw, max_depth)
+                if syntax is JsonSyntax.VALID:
                     call._end("finish", None)
+                elif syntax is JsonSyntax.TOO_DEEP:
+                    call._end("abort", "limit:max_json_depth")
                 else:
-                    suffix = repair_json(raw) if self.repair_json else None
+                    suffix = repair_json(raw, max_depth) if self.repair_json else None
                     if suffix:
                         call._end("finish", None, suffix)
                     else:
@@ -958,10 +1271,25 @@ class StreamParser:
         turn._last = None
         turn.ended = True
         turn.end_reason = how
-        turn.complete = mode == "ok" and all(c.state is ToolCallState.FINISHED for c in calls)
+        if mode != "ok":
+            turn.incomplete_reason = why
+        elif not calls and finish in _CALL_FINISH_REASONS:
+            turn.incomplete_reason = "no_tool_calls"
+            self._anomaly(
+                "no_tool_calls",
+                f"choice {turn.index}: finish_reason {finish!r} but no tool call arrived; the "
+                "turn is not complete",
+                turn.index,
+            )
+        elif any(c.state is not ToolCallState.FINISHED for c in calls):
+            turn.incomplete_reason = "call_not_finished"
+        turn.complete = turn.incomplete_reason is None
         self._events.append(
-            TurnEnded(choice=turn.index, finish_reason=finish, complete=turn.complete)
-        )
+            TurnEnded(
+                choice=turn.index, finish_reason=finish, complete=turn.complete,
+                reason=turn.incomplete_reason,
+            )
+        )  # fmt: skip
 
 
 def _final_event(call: ToolCall) -> Event:
@@ -988,15 +1316,19 @@ def _has_payload(delta: dict[str, Any]) -> bool:
     )
 
 
+#: the most characters of an error payload shown as JSON in a reason (a string message is kept
+#: whole)
+_ERROR_JSON_CHARS: Final = 4096
+
+
 def _error_message(error: Any) -> str:
     if isinstance(error, dict):
         message = error.get("message")
         if isinstance(message, str) and message:
             return message
-        return json.dumps(error, ensure_ascii=False, sort_keys=True)
-    if isinstance(error, str) and error:
+    elif isinstance(error, str) and error:
         return error
-    return json.dumps(error, ensure_ascii=False)
+    return render_json(error, _ERROR_JSON_CHARS)
 
 
 def _json_type(value: Any) -> str:
@@ -1016,13 +1348,69 @@ def _json_type(value: Any) -> str:
 
 
 def _json_repr(value: Any) -> str:
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{_json_type(value)} {text}"
+    return f"{_json_type(value)} {render_json(value, 60)}"
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+#: the largest choice or tool-call index accepted (the store keeps them as 32-bit integers)
+_MAX_INDEX: Final = 2**31 - 1
+#: how deep ``usage`` may nest (the object itself is level 1)
+_MAX_USAGE_DEPTH: Final = 32
+_CALL_FINISH_REASONS: Final = frozenset({"tool_calls", "function_call"})
+
+
+def _usage_problem(usage: dict[str, Any]) -> str | None:
+    """Why ``usage`` cannot be kept (stored as JSON on every engine), or ``None``: integers must
+    fit in signed 64 bits, floats be finite, nesting at most 32 deep. Iterative."""
+    # The common shape first, with no work list: numbers, strings and nulls, and objects of
+    # those (prompt_tokens_details). ``x - x != 0.0`` is true only for an infinite or NaN x.
+    for item in usage.values():
+        kind = type(item)
+        if kind is int:
+            if item > _INT64_MAX or item < _INT64_MIN:
+                break
+        elif kind is float:
+            if item - item != 0.0:
+                break
+        elif kind is dict:
+            for inner in item.values():
+                kind = type(inner)
+                if kind is int:
+                    if inner > _INT64_MAX or inner < _INT64_MIN:
+                        break
+                elif kind is float:
+                    if inner - inner != 0.0:
+                        break
+                elif kind is dict or kind is list:
+                    break
+            else:
+                continue
+            break
+        elif kind is list:
+            break
+    else:
+        return None
+    todo: list[tuple[Any, int]] = [(usage, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if depth > _MAX_USAGE_DEPTH:
+            return f"objects or lists nested deeper than {_MAX_USAGE_DEPTH}"
+        for item in value.values() if type(value) is dict else value:
+            kind = type(item)
+            if kind is int:
+                if not _INT64_MIN <= item <= _INT64_MAX:
+                    return "an integer outside signed 64 bits"
+            elif kind is float:
+                if not math.isfinite(item):
+                    return "a number beyond a double (infinite or NaN)"
+            elif kind is dict or kind is list:
+                todo.append((item, depth + 1))
+    return None
 
 
 def feed_all(parser: StreamParser, items: Iterable[Any]) -> list[Event]:

@@ -26,6 +26,8 @@ __all__ = ["EventTooLargeError", "SSEEvent", "SSEFramer"]
 
 _BOM: Final = b"\xef\xbb\xbf"
 _LINE_SEP: Final = re.compile(rb"(\r\n|\r|\n)")
+#: the most significant digits of a ``retry:`` field that is kept
+_MAX_RETRY_DIGITS: Final = 18
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,7 +248,11 @@ class SSEFramer:
             if b"\0" not in value:
                 self.last_event_id = value.decode("utf-8", "replace")
         elif name == b"retry" and value.isdigit():
-            self.retry = int(value)
+            # int() refuses more than 4,300 digits: leading zeros aside, a value past 18 digits
+            # (over 31 million years in milliseconds) is ignored
+            digits = value.lstrip(b"0") or b"0"
+            if len(digits) <= _MAX_RETRY_DIGITS:
+                self.retry = int(digits)
         # "data" with no colon is an empty data line: append it
         elif name == b"data":
             if self._event_start < 0:

@@ -334,12 +334,12 @@ CASES: list[Hostile] = [
     ),
     Hostile(
         id="deeply-nested-arguments-balanced",
-        why="valid JSON nested 100k deep cannot be checked by the JSON decoders: the call ends "
-        "truncated (invalid_json), the safe side (never executed); kept raw",
+        why="spec round 2: valid JSON nested 100k deep passes max_json_depth (512): the call "
+        "ends aborted (limit:max_json_depth), never executed; kept raw",
         sse=one_call_stream(args="[" * DEEP + "]" * DEEP),
         expect=Outcome(
             how="done",
-            calls=({"state": "truncated", "reason": "invalid_json"},),
+            calls=({"state": "aborted", "reason": "limit:max_json_depth"},),
             complete=False,
             check=_deep_args_check,
         ),
@@ -424,12 +424,25 @@ CASES: list[Hostile] = [
     ),
     Hostile(
         id="index-2-63",
-        why="a huge but exact integer index is legal: the call is kept under that index",
-        sse=one_call_stream().replace(b'"index": 0, "id"', b'"index": 9223372036854775808, "id"'),
+        why="README (round 2: values in a result must be storable): an index past 2**31 - 1 "
+        "cannot be stored (32-bit column) -> RemoteProtocolError at its path",
+        sse=OPEN
+        + ev(chunk(call(0, args='is"}')))
+        + ev(chunk(call(9223372036854775808, "c2", "f", "{}"))),
         expect=Outcome(
-            how="done",
-            calls=({"index": 2**63, "state": "finished"},),
-            complete=True,
+            raises=True,
+            error_path=TC + ".index",
+            error_phrase="non-negative integer (at most 2147483647)",
+            error_event=3,
+            calls=({"id": "call_a", "state": "aborted", "reason": "protocol_error"},),
+        ),
+    ),
+    Hostile(
+        id="index-2-31-minus-1",
+        why="README: the largest storable index, 2**31 - 1, is a legal (odd) index",
+        sse=one_call_stream().replace(b'"index": 0, "id"', b'"index": 2147483647, "id"'),
+        expect=Outcome(
+            how="done", calls=({"index": 2**31 - 1, "state": "finished"},), complete=True
         ),
     ),
     Hostile(
@@ -442,10 +455,12 @@ CASES: list[Hostile] = [
     ),
     Hostile(
         id="index-10-30-as-dict-chunk",
-        why="a chunk handed over as a dict keeps Python's exact integers: the same index 10**30 "
-        "that the SSE path refuses is accepted here (recorded as observed)",
+        why="a chunk handed over as a dict keeps Python's exact integers: the index 10**30 is "
+        "refused there too (README: past 2**31 - 1 it cannot be stored)",
         chunks=(chunk(call(10**30, "c", "f", "{}")), chunk(finish="tool_calls"), "[DONE]"),
-        expect=Outcome(how="done", calls=({"index": 10**30, "state": "finished"},), complete=True),
+        expect=Outcome(
+            raises=True, error_path=TC + ".index", error_phrase="non-negative integer", calls=()
+        ),
     ),
     Hostile(
         id="choice-index-negative",
@@ -540,12 +555,19 @@ CASES: list[Hostile] = [
     ),
     Hostile(
         id="choice-index-2-63",
-        why="a huge exact choice index is a legal (odd) choice",
+        why="README (round 2): a choice index past 2**31 - 1 cannot be stored -> "
+        "RemoteProtocolError at its path",
         sse=stream(
             {"choices": [{"index": 2**63, "delta": {"content": "x"}, "finish_reason": "stop"}]}
         )
         + DONE,
-        expect=Outcome(how="done", complete=True, turns={2**63: {"content": "x"}}),
+        expect=Outcome(
+            raises=True,
+            error_path="choices[0].index",
+            error_phrase="non-negative integer",
+            error_event=1,
+            calls=(),
+        ),
     ),
     # -- routing oddities ------------------------------------------------------------------------
     Hostile(
@@ -690,9 +712,7 @@ CASES: list[Hostile] = [
         id="error-event-without-data",
         why="README: 'event: error' is dispatched even with no data",
         sse=OPEN + b"event: error\n\n",
-        expect=Outcome(
-            how="error", reason="error event without data", calls=({"state": "aborted"},)
-        ),
+        expect=Outcome(how="error", reason="error event", calls=({"state": "aborted"},)),
     ),
     Hostile(
         id="error-object-is-a-string",
@@ -746,9 +766,15 @@ CASES: list[Hostile] = [
     ),
     Hostile(
         id="id-1-mib",
-        why="spec: a 1 MiB id is kept whole (under the event limit)",
+        why="spec round 2: ids are limited (max_id_bytes, 512): a 1 MiB id is not kept, the call "
+        "ends aborted (limit:max_id_bytes) and the turn is incomplete",
         sse=one_call_stream(id=LONG_ID),
-        expect=Outcome(how="done", calls=({"id": LONG_ID, "state": "finished"},), complete=True),
+        expect=Outcome(
+            how="done",
+            anomalies=("limit_exceeded",),
+            calls=({"id": "", "state": "aborted", "reason": "limit:max_id_bytes"},),
+            complete=False,
+        ),
     ),
     Hostile(
         id="non-ascii-name-raw-utf8",
@@ -1065,13 +1091,14 @@ BIG: list[Big] = [
     ),
     Big(
         id="content-deltas-1m",
-        why="spec: a million one-character content deltas are concatenated in linear time "
-        "(memory: the text is kept, about 60 bytes per fragment)",
+        why="spec: a million one-character content deltas are concatenated in linear time; "
+        "round 2: text is kept in blocks of 128 fragments, so memory tracks the text (1 MB), "
+        "not the fragments (~85 bytes each before)",
         pieces="content_deltas_1m",
         how="done",
         calls=(1, ("finished", None)),
         content_length=1_000_000,
-        max_rss_growth_mb=120,
+        max_rss_growth_mb=12,
         max_seconds=30,
     ),
     Big(

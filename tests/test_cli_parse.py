@@ -25,10 +25,12 @@ def test_json_output_has_exactly_the_documented_shape() -> None:
     code, out, _ = run(["parse", "--json", str(EXAMPLES / "parallel_add_multiply.sse")])
     assert code == 0
     data = json.loads(out)
-    assert list(data) == ["response_id", "model", "usage", "anomalies", "choices"]
+    assert list(data) == ["response_id", "model", "usage", "end", "anomalies", "choices"]
+    assert data["end"] == {"how": "done", "reason": None}
     (choice,) = data["choices"]
     assert list(choice) == [
-        "index", "finish_reason", "complete", "content", "reasoning", "refusal", "tool_calls",
+        "index", "finish_reason", "complete", "incomplete_reason", "content", "reasoning",
+        "refusal", "tool_calls",
     ]  # fmt: skip
     assert [list(c) for c in choice["tool_calls"]] == [
         ["position", "index", "id", "type", "name", "arguments", "state", "reason", "repaired"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -14,6 +15,8 @@ from fsm.parser import ParseResult, Turn
 __all__ = ["parse_command", "render_result"]
 
 _PREVIEW = 200
+#: exit status for unusable input (``fsm.cli.main.EXIT_UNUSABLE``; not imported: main imports us)
+_EXIT_UNUSABLE = 2
 
 
 def _short(text: str, limit: int = _PREVIEW) -> str:
@@ -22,7 +25,8 @@ def _short(text: str, limit: int = _PREVIEW) -> str:
 
 def _render_turn(turn: Turn) -> list[str]:
     status = "complete" if turn.complete else "INCOMPLETE"
-    lines = [f"choice {turn.index}: {status} (finish_reason {turn.finish_reason or '-'})"]
+    why = f"; {turn.incomplete_reason}" if turn.incomplete_reason else ""
+    lines = [f"choice {turn.index}: {status} (finish_reason {turn.finish_reason or '-'}{why})"]
     for label, text in (
         ("reasoning", turn.reasoning),
         ("content", turn.content),
@@ -65,7 +69,18 @@ def render_result(result: ParseResult) -> str:
         head.append(f"usage: {usage}")
     verdict = "COMPLETE: safe to commit" if result.complete else "INCOMPLETE: do not execute"
     head.append(verdict)
-    return "\n".join(head)
+    # lone surrogates (kept as sent in ids and names) cannot be written as UTF-8: show escapes
+    return "\n".join(head).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def render_json(result: ParseResult) -> str:
+    """The ``--json`` document. Lone surrogates, which UTF-8 cannot carry, are written as JSON
+    ``\\uXXXX`` escapes (the whole document is then ASCII)."""
+    payload: Any = result.to_json()
+    try:
+        return orjson.dumps(payload, option=orjson.OPT_INDENT_2).decode()
+    except TypeError:  # orjson.JSONEncodeError: a str with a lone surrogate
+        return json.dumps(payload, indent=2, ensure_ascii=True)
 
 
 def _read(source: str) -> bytes:
@@ -87,7 +102,8 @@ def parse_command(file: str, as_json: bool, repair_json: bool) -> None:
     """Parse a recorded stream FILE (SSE text, or JSON lines of chunks; '-' for stdin).
 
     Exit status: 0 when every choice is a complete turn, 1 when any is not, 2 when the input is
-    not a stream at all (the reason is printed on stderr).
+    not a stream at all (invalid chunks, or no SSE event and no chunk in it: the reason is
+    printed on stderr).
 
     \b
     Examples:
@@ -96,9 +112,14 @@ def parse_command(file: str, as_json: bool, repair_json: bool) -> None:
       curl -sN ... | fsm parse --json -
     """
     result = parse_text(_read(file), repair_json=repair_json)
+    if result.event_count == 0:
+        name = "stdin" if file == "-" else file
+        click.echo(
+            f"error: {name} is not a stream: it holds no SSE event and no JSON chunk", err=True
+        )
+        sys.exit(_EXIT_UNUSABLE)
     if as_json:
-        payload: Any = result.to_json()
-        click.echo(orjson.dumps(payload, option=orjson.OPT_INDENT_2).decode())
+        click.echo(render_json(result))
     else:
         click.echo(render_result(result))
     if not result.complete:
