@@ -4,6 +4,11 @@ Two sides, as in h11: :class:`RemoteProtocolError` means the *stream* broke the 
 sent something that is not a chat-completion chunk); :class:`LocalProtocolError` means the *caller*
 used the API wrongly (fed data after ``receive_eof()``). They share no parent but
 :class:`FsmError`, so catching one never hides the other.
+
+For any input, bytes or chunks (deep nesting anywhere, numbers of any length, ``retry:`` fields
+of any length, invalid UTF-8), the parser raises only :class:`RemoteProtocolError` and
+:class:`LocalProtocolError`, and ``Turn.to_message()`` :class:`IncompleteTurnError`;
+``ValueError`` / ``TypeError`` come only from invalid constructor arguments (``Limits(...)``).
 """
 
 from __future__ import annotations
