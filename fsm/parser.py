@@ -16,7 +16,6 @@ the project README documents every choice made where the spec is silent.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn
@@ -52,7 +51,7 @@ from fsm.events import (
 from fsm.jsonsyntax import JsonSyntax, render_json
 from fsm.sse import EventTooLargeError, SSEFramer
 from fsm.states import ToolCallState
-from fsm.toolcall import FLUSH_EVERY, ToolCall, is_json, loads_strict, repair_json
+from fsm.toolcall import FLUSH_EVERY, ToolCall, is_json, loads_strict, pair_surrogates, repair_json
 
 __all__ = ["Anomaly", "Limits", "ParseResult", "StreamParser", "Turn"]
 
@@ -171,17 +170,6 @@ class _Meta:
         self.usage: dict[str, Any] | None = None
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _pair_surrogates(text: str) -> str:
-    """Join UTF-16 surrogate halves that pair up (``"\\ud83d"`` then ``"\\ude00"`` sent in two
-    chunks) into the real character; lone halves stay as they are."""
-    if text.isascii() or _SURROGATE.search(text) is None:
-        return text
-    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
-
-
 def _joined(parts: list[str], blocks: list[str]) -> str | None:
     """One text field of a turn. Its fragments are kept in two levels like a call's arguments
     (see ``ToolCall._parts``), so memory tracks the text's size, not the number of fragments:
@@ -189,7 +177,7 @@ def _joined(parts: list[str], blocks: list[str]) -> str | None:
     many have come. Reading joins everything once (and keeps the result as the only block)."""
     if not parts and not blocks:
         return None
-    text = _pair_surrogates("".join(blocks) + "".join(parts))
+    text = pair_surrogates("".join(blocks) + "".join(parts))
     blocks[:] = [text]
     parts.clear()
     return text

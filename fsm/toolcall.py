@@ -17,11 +17,28 @@ __all__ = [
     "JsonSyntax",
     "ToolCall",
     "is_json",
+    "pair_surrogates",
     "repair_json",
 ]
 
 #: fragments kept apart before they are joined into one block (see ``ToolCall._parts``).
 FLUSH_EVERY = 128
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def pair_surrogates(text: str) -> str:
+    """Join UTF-16 surrogate halves that pair up into the real character; lone halves stay.
+
+    A provider that cuts an emoji between two chunks sends ``"\\ud83d"`` then ``"\\ude00"``:
+    each chunk decodes to a lone half, and only the concatenation means the character (as it
+    does in JavaScript). Applied to joined text fields and to a call's arguments; never to ids
+    and names, which are kept exactly as sent.
+    """
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
 
 
 class ToolCall:
@@ -106,10 +123,11 @@ class ToolCall:
 
     @property
     def raw_arguments(self) -> str:
-        """Exactly the argument fragments the provider sent, concatenated in arrival order."""
+        """Exactly the argument fragments the provider sent, concatenated in arrival order
+        (surrogate halves that pair up across fragments joined, see :func:`pair_surrogates`)."""
         if self._final_arguments is not None:
             return self._final_arguments[: self._raw_length]
-        return "".join(self._blocks) + "".join(self._parts)
+        return pair_surrogates("".join(self._blocks) + "".join(self._parts))
 
     @property
     def argument_bytes(self) -> int:
@@ -157,7 +175,7 @@ class ToolCall:
 
     def _seal(self) -> str:
         """Join the fragments once; drop the lists (a final call keeps only its result)."""
-        raw = "".join(self._blocks) + "".join(self._parts)
+        raw = pair_surrogates("".join(self._blocks) + "".join(self._parts))
         self._drop()
         self._final_arguments = raw
         self._raw_length = len(raw)

@@ -485,3 +485,32 @@ def test_random_jsonish_and_bytes_raise_only_documented_errors(
     except DOCUMENTED:
         pass
     check_result(parser)
+
+
+def test_a_surrogate_pair_split_across_argument_fragments_is_the_character() -> None:
+    """A provider that cuts an emoji between two argument fragments sends ``"\\ud83d"`` then
+    ``"\\ude00"`` (JSON escapes of the chunk): the arguments are the emoji, valid JSON, and the
+    call finishes; a half that pairs with nothing stays a lone surrogate, which is not JSON text
+    (it has no UTF-8 form), so that call is truncated."""
+
+    def turn(second: str) -> Any:
+        chunks = [
+            {"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "id": "c", "function": {"name": "f", "arguments": '{"a": "\ud83d'}}
+            ]}}]},
+            {"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "function": {"arguments": second}}
+            ]}, "finish_reason": "tool_calls"}]},
+        ]  # fmt: skip
+        return parse(chunks).turns[0]
+
+    paired = turn('\ude00"}')
+    assert paired.complete
+    assert paired.tool_calls[0].arguments == '{"a": "\U0001f600"}'
+    assert paired.tool_calls[0].raw_arguments == '{"a": "\U0001f600"}'
+    lone = turn('"}')
+    assert not lone.complete
+    assert (lone.tool_calls[0].state.value, lone.tool_calls[0].reason) == (
+        "truncated",
+        "invalid_json",
+    )
