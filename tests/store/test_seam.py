@@ -18,7 +18,6 @@ import json
 import math
 from typing import Any
 
-import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -254,7 +253,9 @@ def test_complete_turns_commit_and_read_back_byte_exact(
 
 def test_a_split_pair_in_every_field(store: ConversationStore) -> None:
     """The finding of issue 10: a split emoji (``"\\ud83d"`` + ``"\\ude00"``) in content,
-    arguments, id and name commits on both engines and reads back as the same two halves."""
+    arguments, id and name commits on both engines and reads back byte-exact: in content and
+    arguments the parser joins the halves into the character; an id, a name, a model, a response
+    id and a tool result keep them as sent (stored marked)."""
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {
@@ -288,14 +289,12 @@ def test_a_split_pair_in_every_field(store: ConversationStore) -> None:
         turn.to_message(),
         _tool_message(turn.tool_calls[0].id, HIGH + "result" + LOW),
     ]
-    assert history[0]["content"] == "a" + HIGH + LOW + "b"
-    assert history[0]["tool_calls"][0]["function"]["arguments"] == '{"e": "' + HIGH + LOW + '"}'
+    assert history[0]["content"] == "a\U0001f600b"
+    assert history[0]["tool_calls"][0]["function"]["arguments"] == '{"e": "\U0001f600"}'
+    assert history[0]["tool_calls"][0]["function"]["name"] == "f" + HIGH + LOW
+    assert history[1]["content"] == HIGH + "result" + LOW
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the parser's round-2 rule (blank names abort, spec/parser.md) is another helper's",
-)
 def test_a_blank_name_is_never_complete_or_commits(store: ConversationStore) -> None:
     """The database refuses a finished call with a blank name; the parser must not call it
     complete (then it is an attempt), or the seam breaks."""
