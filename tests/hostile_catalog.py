@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.streams import entry as call
+from tests.helpers import entry as call
 
 #: the parser's default limits (kept in sync by a test)
 MiB = 1024 * 1024

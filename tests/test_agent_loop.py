@@ -38,7 +38,7 @@ from fsm.api import parse_file
 from fsm.store import ConflictError, ConversationStore
 from fsm.store.aio import AsyncConversationStore
 from fsm.testing import EXAMPLES_DIR, ReplayServer, ReplayTurn, demo_script
-from tests.conftest import CORPUS, require_corpus
+from tests.helpers import CORPUS, require_corpus
 from tests.store.conftest import (  # noqa: F401  (fixtures: a fresh database per engine)
     _postgres_at_head,
     _sqlite_at_head,

@@ -22,7 +22,7 @@ from fsm import (
     ToolCallOpened,
     ToolCallState,
 )
-from tests.streams import entry
+from tests.helpers import entry
 
 # -- builders ----------------------------------------------------------------------------------
 

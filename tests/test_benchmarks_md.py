@@ -15,7 +15,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import corpus_files, require_corpus
+from tests.helpers import corpus_files, require_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "BENCHMARKS.md"

@@ -11,7 +11,7 @@ import click
 from click.testing import CliRunner
 
 from fsm.cli.main import cli
-from tests.streams import chunk, sse, tc
+from tests.helpers import chunk, sse, tc
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "fsm" / "examples"
 

@@ -36,7 +36,7 @@ from fsm.clients import (
 )
 from fsm.errors import FsmError
 from fsm.testing import EXAMPLES_DIR, ReplayServer, ReplayTurn, demo_script
-from tests.conftest import CORPUS, corpus_params, require_corpus
+from tests.helpers import CORPUS, corpus_params, require_corpus
 
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ import pytest
 
 from fsm import StreamParser
 from fsm.api import parse_file, parse_text
-from tests.conftest import CORPUS, corpus_expected, corpus_files, corpus_params, require_corpus
+from tests.helpers import CORPUS, corpus_expected, corpus_files, corpus_params, require_corpus
 
 
 def _summary(result: Any) -> dict[str, Any]:

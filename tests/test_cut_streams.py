@@ -50,17 +50,14 @@ from fsm import (
     TurnEnded,
 )
 from fsm.parser import ParseResult
-from tests.streams import strict_json
-
-try:
-    from tests.conftest import CORPUS, corpus_files, corpus_params, require_corpus
-except ModuleNotFoundError:  # plain `pytest`: the repository root is not on sys.path
-    from conftest import (  # type: ignore[import-not-found,no-redef]
-        CORPUS,
-        corpus_files,
-        corpus_params,
-        require_corpus,
-    )
+from tests.helpers import (
+    corpus_bytes,
+    corpus_files,
+    corpus_params,
+    need,
+    require_corpus,
+    strict_json,
+)
 
 #: Parsing a prefix costs its length; the every-offset sweep of an N-byte stream costs about
 #: N * N / 2 bytes per mode. Streams within this budget get every offset; longer ones a sample
@@ -228,11 +225,6 @@ def cut_offsets(oracle: Oracle) -> list[int]:
 
 
 @cache
-def corpus_bytes(name: str) -> bytes:
-    return (CORPUS / name).read_bytes()
-
-
-@cache
 def whole(name: str) -> ParseResult:
     parser = StreamParser()
     parser.receive_data(corpus_bytes(name))
@@ -376,13 +368,6 @@ def check_abort_cut(name: str, oracle: Oracle, k: int) -> None:
 
 
 # -- the tests ---------------------------------------------------------------------------------
-
-
-def need(name: str | None) -> str:
-    if name is None:
-        require_corpus()
-    assert name is not None
-    return name
 
 
 @pytest.mark.parametrize("name", corpus_params())

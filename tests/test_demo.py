@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from fsm.cli.main import cli
 from fsm.store import ConversationStore, audit
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.store.conftest import (  # noqa: F401  (fixtures: a fresh database per engine)
     _postgres_at_head,
     _sqlite_at_head,

@@ -41,7 +41,7 @@ from fsm import (
     StreamParser,
     ToolCallState,
 )
-from tests.streams import strict_json
+from tests.helpers import cut, strict_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -319,11 +319,6 @@ def to_sse(draw: st.DrawFn, chunks: list[dict[str, Any]], done: bool) -> bytes:
     if done:
         out.append("data:" + space + "[DONE]" + eol + eol)
     return "".join(out).encode("utf-8")
-
-
-def cut(data: bytes, points: list[int]) -> list[bytes]:
-    at = sorted(p % (len(data) + 1) for p in points)
-    return [data[a:b] for a, b in zip([0, *at], [*at, len(data)], strict=True)]
 
 
 # -- checks ------------------------------------------------------------------------------------

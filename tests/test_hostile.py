@@ -28,7 +28,7 @@ from fsm import (
     StreamParser,
     ToolCallState,
 )
-from tests.streams import strict_json
+from tests.helpers import strict_json
 
 try:
     from tests import hostile_catalog as catalog

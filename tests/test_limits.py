@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from fsm import Limits, StreamParser, ToolCallUpdated
 from fsm.parser import MAX_INDEXED_BYTES, MAX_JSON_DEPTH
 from fsm.toolcall import FLUSH_EVERY
-from tests.streams import chunk, sse, tc
+from tests.helpers import bytewise, chunk, cut, sse, tc
 
 REPO = Path(__file__).resolve().parents[1]
 SPLITS = settings(max_examples=20, deadline=None)
@@ -44,15 +44,10 @@ def kinds(parser: StreamParser) -> list[str]:
     return [a.kind for a in parser.anomalies]
 
 
-def cut(data: bytes, points: list[int]) -> list[bytes]:
-    at = sorted(p % (len(data) + 1) for p in points)
-    return [data[a:b] for a, b in zip([0, *at], [*at, len(data)], strict=True)]
-
-
 def same_everywhere(data: bytes, points: list[int], **limits: int) -> StreamParser:
     """Whole, byte by byte and in random pieces: the same result and the same events."""
     whole, events = run(data, **limits)
-    for pieces in ([data[i : i + 1] for i in range(len(data))], cut(data, points)):
+    for pieces in (bytewise(data), cut(data, points)):
         other, other_events = run(data, pieces, **limits)
         assert other.result().to_json() == whole.result().to_json()
         assert other_events == events

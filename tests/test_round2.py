@@ -27,7 +27,7 @@ from fsm import (
 from fsm.cli.main import cli
 from fsm.jsonsyntax import render_json
 from fsm.sse import SSEFramer
-from tests.streams import chunk, sse, strict_json, tc
+from tests.helpers import bytewise, chunk, cut, sse, strict_json, tc
 
 SPLITS = settings(max_examples=20, deadline=None)
 DOCUMENTED = (RemoteProtocolError, LocalProtocolError)
@@ -45,15 +45,10 @@ def run(pieces: list[bytes]) -> tuple[StreamParser, list[Any], RemoteProtocolErr
     return parser, events, None
 
 
-def cut(data: bytes, points: list[int]) -> list[bytes]:
-    at = sorted(p % (len(data) + 1) for p in points)
-    return [data[a:b] for a, b in zip([0, *at], [*at, len(data)], strict=True)]
-
-
 def everywhere(data: bytes, points: list[int]) -> StreamParser:
     """Whole, byte by byte and in random pieces: the same result and events."""
     whole, events, _ = run([data])
-    for pieces in ([data[i : i + 1] for i in range(len(data))], cut(data, points)):
+    for pieces in (bytewise(data), cut(data, points)):
         other, other_events, _ = run(pieces)
         assert other.result().to_json() == whole.result().to_json()
         assert other_events == events

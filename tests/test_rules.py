@@ -24,7 +24,7 @@ from fsm import (
     TurnEnded,
     parse,
 )
-from tests.streams import chunk, sse, tc
+from tests.helpers import chunk, sse, tc
 
 FINISHED = ToolCallState.FINISHED
 TRUNCATED = ToolCallState.TRUNCATED

@@ -26,7 +26,7 @@ from fsm.testing import (
     demo_script,
     split_events,
 )
-from tests.conftest import CORPUS, corpus_files, corpus_params, require_corpus
+from tests.helpers import CORPUS, corpus_files, corpus_params, require_corpus
 
 DEMO = EXAMPLES_DIR / "parallel_add_multiply.sse"
 FINAL = EXAMPLES_DIR / "final_answer.sse"

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from fsm import Event, Limits, RemoteProtocolError, StreamParser
 from fsm.parser import ParseResult
-from tests.conftest import CORPUS, corpus_params, require_corpus
+from tests.helpers import bytewise, corpus_bytes, corpus_params, cut, need
 
 SETTINGS = settings(max_examples=25, deadline=None)
 UNICODE = "héllo wörld 日本 🎉"
@@ -67,16 +67,6 @@ def run_chunks(chunks: list[Any]) -> dict[str, Any]:
     return normalise(parser, None)
 
 
-def cut(data: bytes, points: list[int]) -> list[bytes]:
-    """Cut ``data`` at ``points`` (taken modulo ``len(data) + 1``; repeats give empty pieces)."""
-    at = sorted(p % (len(data) + 1) for p in points)
-    return [data[a:b] for a, b in zip([0, *at], [*at, len(data)], strict=True)]
-
-
-def bytewise(data: bytes) -> list[bytes]:
-    return [data[i : i + 1] for i in range(len(data))]
-
-
 def check_invariant(data: bytes, pieces: list[bytes], *, repair_json: bool = False) -> None:
     assert b"".join(pieces) == data
     expected = run_bytes([data], repair_json=repair_json)
@@ -86,19 +76,6 @@ def check_invariant(data: bytes, pieces: list[bytes], *, repair_json: bool = Fal
 
 
 # -- the recorded corpus -----------------------------------------------------------------------
-
-
-def need(name: str | None) -> str:
-    """The corpus file's name; skips (or fails under FSM_REQUIRE_CORPUS=1) without the corpus."""
-    if name is None:
-        require_corpus()
-    assert name is not None
-    return name
-
-
-@cache
-def corpus_bytes(name: str) -> bytes:
-    return (CORPUS / name).read_bytes()
 
 
 @cache

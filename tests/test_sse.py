@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsm.sse import EventTooLargeError, SSEEvent, SSEFramer
+from tests.helpers import bytewise
 
 BOM = b"\xef\xbb\xbf"
 
@@ -23,10 +24,6 @@ def frame(pieces: Iterable[bytes], max_event_bytes: int = 1 << 20) -> list[SSEEv
     for piece in pieces:
         events.extend(framer.events(piece))
     return events
-
-
-def bytewise(data: bytes) -> list[bytes]:
-    return [data[i : i + 1] for i in range(len(data))]
 
 
 def frame_every_way(data: bytes) -> list[SSEEvent]:

@@ -26,7 +26,7 @@ from fsm.store import (
     StoreBusyError,
 )
 from fsm.store.aio import AsyncConversationStore, async_url, sync_url
-from tests.conftest import CORPUS, corpus_expected, require_corpus
+from tests.helpers import CORPUS, corpus_expected, require_corpus
 from tests.store.conftest import assert_blocks_whole, assert_openai_accepts, make_turn
 
 T = TypeVar("T")

@@ -1,6 +1,6 @@
 """Audit queries (``fsm.store.audit``) and the ``fsm audit`` / ``fsm history --mermaid`` commands
 on a small store with known answers, built through ``ConversationStore`` with the real parser on
-recorded provider streams (the corpus) and hand-built ones (``tests/streams.py``)."""
+recorded provider streams (the corpus) and hand-built ones (``tests/helpers.py``)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,7 @@ from fsm.cli.main import cli
 from fsm.cli.output import OutputFormat, emit, mermaid_sequence, mermaid_text
 from fsm.store import ConversationStore, SchemaNotAtHeadError
 from fsm.store import audit as A
-from tests.conftest import CORPUS, require_corpus
-from tests.streams import chunk, sse, tc
+from tests.helpers import CORPUS, chunk, require_corpus, sse, tc
 
 PARALLEL = "openai/openai-gpt-4o_parallel_two_calls.sse"  # add + multiply, gpt-4o, usage 156
 GPT5 = "openai/openai-gpt-5_single_tool_call.sse"  # weather

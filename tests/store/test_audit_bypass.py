@@ -37,9 +37,9 @@ from fsm.store.audit import integrity
 from fsm.store.engine import create_engine
 from fsm.store.migrate import upgrade
 from fsm.store.models import Base
+from tests.helpers import chunk, sse, tc
 from tests.store.conftest import make_turn
 from tests.store.corrupt import CORRUPTIONS, Corruption, seed
-from tests.streams import chunk, sse, tc
 
 # -- fixtures and helpers --------------------------------------------------------------------
 #: run a test on one engine only (the other has no such switch, or refuses the value outright)

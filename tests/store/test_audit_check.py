@@ -25,8 +25,7 @@ from fsm.cli.main import cli
 from fsm.store import ConversationStore
 from fsm.store import audit as A
 from fsm.store.engine import create_engine
-from tests.conftest import CORPUS, require_corpus
-from tests.streams import chunk, sse, tc
+from tests.helpers import CORPUS, chunk, require_corpus, sse, tc
 
 TABLES = ("conversations", "messages", "tool_calls", "attempts", "attempt_calls")
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from fsm.cli import store as store_cli
 from fsm.cli.main import cli
 from fsm.store import ConversationStore
-from tests.conftest import CORPUS, require_corpus
+from tests.helpers import CORPUS, require_corpus
 
 PARALLEL = "openai/openai-gpt-4o_parallel_two_calls.sse"
 TRUNCATED = "openai-python/finish_length_max_tokens_1__gpt-4o-2024-08-06__4cc50a6135d2.sse"

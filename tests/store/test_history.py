@@ -16,7 +16,7 @@ from fsm import parse
 from fsm.api import parse_file
 from fsm.errors import IncompleteTurnError
 from fsm.store import ConversationStore
-from tests.conftest import CORPUS, corpus_expected, require_corpus
+from tests.helpers import CORPUS, corpus_expected, require_corpus
 from tests.store.conftest import assert_blocks_whole, assert_openai_accepts, make_turn
 
 

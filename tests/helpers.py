@@ -1,0 +1,176 @@
+"""The tests' one set of helpers, used by tests, bench and fuzz: where the recorded corpus is and
+how to reach it, builders for small hand-written streams in the shape providers send, cutting
+bytes into pieces, and the tests' own JSON oracle.
+
+The corpus is read in place from ``../shared/corpus`` beside the checkout (never copied into the
+project). Without it the corpus tests skip with a reason; with ``FSM_REQUIRE_CORPUS=1`` (set by
+``.ci/run``) a missing corpus is an error instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# -- the recorded corpus -----------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = Path(os.environ.get("FSM_CORPUS_DIR", REPO.parent / "shared" / "corpus"))
+
+
+def corpus_available() -> bool:
+    return (CORPUS / "expected.json").is_file()
+
+
+def corpus_files() -> list[str]:
+    """Relative paths of every recorded stream (``provider/file.sse``), sorted; ``[]`` without
+    the corpus."""
+    if not corpus_available():
+        return []
+    return sorted(p.relative_to(CORPUS).as_posix() for p in CORPUS.glob("*/*.sse"))
+
+
+def corpus_expected() -> dict[str, Any]:
+    if not corpus_available():
+        return {}
+    data: dict[str, Any] = json.loads((CORPUS / "expected.json").read_text())
+    return data
+
+
+def require_corpus() -> None:
+    """Skip (or fail, under FSM_REQUIRE_CORPUS=1) when the corpus is not there."""
+    if corpus_available():
+        return
+    message = f"the recorded corpus is not at {CORPUS} (set FSM_CORPUS_DIR or check out shared/)"
+    if os.environ.get("FSM_REQUIRE_CORPUS") == "1":
+        pytest.fail(message + "; FSM_REQUIRE_CORPUS=1 makes this an error")
+    pytest.skip(message)
+
+
+def corpus_params() -> list[Any]:
+    """Parametrize values for every corpus file; one skipping placeholder without the corpus."""
+    files = corpus_files()
+    if files:
+        return files
+    return [pytest.param(None, id="no-corpus")]
+
+
+def need(name: str | None) -> str:
+    """The corpus file's name; skips (or fails under FSM_REQUIRE_CORPUS=1) without the corpus."""
+    if name is None:
+        require_corpus()
+    assert name is not None
+    return name
+
+
+@cache
+def corpus_bytes(name: str) -> bytes:
+    """The bytes of one recorded stream (``provider/file.sse``), read once."""
+    return (CORPUS / name).read_bytes()
+
+
+# -- cutting bytes -----------------------------------------------------------------------------
+
+
+def cut(data: bytes, points: list[int]) -> list[bytes]:
+    """Cut ``data`` at ``points`` (taken modulo ``len(data) + 1``; repeats give empty pieces)."""
+    at = sorted(p % (len(data) + 1) for p in points)
+    return [data[a:b] for a, b in zip([0, *at], [*at, len(data)], strict=True)]
+
+
+def bytewise(data: bytes) -> list[bytes]:
+    """``data`` one byte a piece."""
+    return [data[i : i + 1] for i in range(len(data))]
+
+
+# -- building streams --------------------------------------------------------------------------
+
+
+def tc(
+    index: Any = None,
+    id: Any = None,
+    name: Any = None,
+    args: Any = None,
+    type: Any = None,
+    *,
+    omit_index: bool = False,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One ``tool_calls[]`` entry; ``None`` fields are left out (``omit_index`` drops index).
+
+    Values are not checked, so tests can put wrong types anywhere; ``extra`` adds fields."""
+    entry: dict[str, Any] = {}
+    if index is not None and not omit_index:
+        entry["index"] = index
+    if id is not None:
+        entry["id"] = id
+    if type is not None:
+        entry["type"] = type
+    function: dict[str, Any] = {}
+    if name is not None:
+        function["name"] = name
+    if args is not None:
+        function["arguments"] = args
+    if function:
+        entry["function"] = function
+    entry.update(extra)
+    return entry
+
+
+def entry(
+    index: Any = 0, id: Any = None, name: Any = None, args: Any = None, **extra: Any
+) -> dict[str, Any]:
+    """:func:`tc` with index 0 by default (positional: index, id, name, args)."""
+    return tc(index, id, name, args, **extra)
+
+
+def chunk(
+    *tool_calls: dict[str, Any],
+    content: str | None = None,
+    finish: str | None = None,
+    choice: int = 0,
+    **delta_extra: Any,
+) -> dict[str, Any]:
+    delta: dict[str, Any] = dict(delta_extra)
+    if content is not None:
+        delta["content"] = content
+    if tool_calls:
+        delta["tool_calls"] = list(tool_calls)
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": "test-model",
+        "choices": [{"index": choice, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def sse(*chunks: dict[str, Any] | str, done: bool = True) -> bytes:
+    """SSE bytes: each chunk as ``data: <json>`` plus a blank line; a str is sent raw."""
+    out = []
+    for c in chunks:
+        out.append(c if isinstance(c, str) else "data: " + json.dumps(c) + "\n\n")
+    if done:
+        out.append("data: [DONE]\n\n")
+    return "".join(out).encode()
+
+
+def strict_json(text: str) -> bool:
+    """The tests' own oracle (independent of fsm.toolcall.is_json): RFC 8259 JSON (no
+    NaN/Infinity), or empty / JSON whitespace only."""
+    if not text.strip(" \t\r\n"):
+        return True
+
+    def reject(constant: str) -> Any:
+        raise ValueError(constant)
+
+    try:
+        json.loads(text, parse_constant=reject)
+    except (ValueError, RecursionError):
+        return False
+    return True
