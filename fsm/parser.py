@@ -30,11 +30,9 @@ from fsm.events import (
     FinishReasonReceived,
     ReasoningDelta,
     StreamEnded,
-    ToolCallAborted,
     ToolCallArgumentsDelta,
     ToolCallFinished,
     ToolCallOpened,
-    ToolCallTruncated,
     ToolCallUpdated,
     TurnEnded,
     UsageReceived,
@@ -50,10 +48,21 @@ from fsm.events import (
 )
 from fsm.jsonsyntax import JsonSyntax, render_json
 from fsm.sse import EventTooLargeError, SSEFramer
-from fsm.states import ToolCallState
+from fsm.states import (
+    ARGUMENT_ENDINGS,
+    CALL_FINISH_REASONS,
+    CALL_NOT_FINISHED,
+    FINAL_EVENTS,
+    KNOWN_FINISH_REASONS,
+    MISSING_NAME,
+    NO_TOOL_CALLS,
+    StreamState,
+    ToolCallState,
+    ending,
+)
 from fsm.toolcall import FLUSH_EVERY, ToolCall, is_json, loads_strict, pair_surrogates, repair_json
 
-__all__ = ["Anomaly", "Limits", "ParseResult", "StreamParser", "Turn"]
+__all__ = ["KNOWN_FINISH_REASONS", "Anomaly", "Limits", "ParseResult", "StreamParser", "Turn"]
 
 #: receive_data() hands bigger buffers to the framer in pieces of this size.
 _WINDOW: Final = 64 * 1024
@@ -64,11 +73,6 @@ _ACCUMULATING: Final = ToolCallState.ACCUMULATING
 
 #: anomalies of one kind kept with their details (and reported as events); more are only counted.
 MAX_ANOMALIES_PER_KIND: Final = 100
-
-#: finish_reason values with a meaning of their own; any other value ends a turn like ``stop``.
-KNOWN_FINISH_REASONS: Final = frozenset(
-    {"stop", "tool_calls", "function_call", "length", "content_filter"}
-)
 
 
 #: the most ``max_name_bytes`` / ``max_id_bytes`` may be: the longest value the store can index
@@ -416,7 +420,10 @@ class ParseResult:
         }
 
 
-_OPEN, _ENDED, _CLOSED, _FAILED = range(4)
+_OPEN: Final = StreamState.OPEN
+_ENDED: Final = StreamState.ENDED
+_CLOSED: Final = StreamState.CLOSED
+_FAILED: Final = StreamState.FAILED
 
 
 class StreamParser:
@@ -466,7 +473,7 @@ class StreamParser:
     @property
     def ended(self) -> bool:
         """Whether the stream has ended (``[DONE]``, an error, EOF, abort, a limit)."""
-        return self._status != _OPEN
+        return self._status is not _OPEN
 
     def result(self) -> ParseResult:
         """A snapshot of the response so far (the :class:`Turn` objects are the live ones)."""
@@ -497,7 +504,7 @@ class StreamParser:
                 f"receive_data() takes bytes, bytearray or memoryview, not {type(data).__name__} "
                 "(encode text as UTF-8, or pass chunks to receive_chunk())"
             )
-        if self._status == _ENDED:
+        if self._status is _ENDED:
             if data and self._framer_usable:
                 for _name, _payload, _offset in self._feed_framer(bytes(data)):
                     self._event_number += 1
@@ -524,7 +531,7 @@ class StreamParser:
             frames = exc.events
             too_large = exc
         self._frames(frames)
-        if too_large is not None and self._status == _OPEN:
+        if too_large is not None and self._status is _OPEN:
             self._event_number += 1
             self._offset = too_large.offset
             self._anomaly("limit_exceeded", str(too_large))
@@ -536,7 +543,7 @@ class StreamParser:
         for name, payload, offset in frames:
             self._event_number += 1
             self._offset = offset
-            if payload[:1] == b"{" and not name and self._status == _OPEN:
+            if payload[:1] == b"{" and not name and self._status is _OPEN:
                 try:
                     chunk = loads(payload)
                 except orjson.JSONDecodeError:
@@ -548,7 +555,7 @@ class StreamParser:
     def _rare_event(self, name: str, payload: bytes) -> None:
         # An event named "error" is an error whatever its data, "[DONE]" included: test the name
         # before the data.
-        if self._status != _OPEN:
+        if self._status is not _OPEN:
             self._anomaly("data_after_end", "an SSE event after the end of the stream")
         elif name == "error":
             self._error_event(payload)
@@ -575,12 +582,12 @@ class StreamParser:
         if isinstance(chunk, str | bytes | bytearray):
             text = chunk.strip()
             if text in ("[DONE]", b"[DONE]"):
-                if self._status == _OPEN:
+                if self._status is _OPEN:
                     self._end("done", None)
                 else:
                     self._anomaly("data_after_end", "[DONE] after the end of the stream")
                 return self._take()
-            if self._status != _OPEN:
+            if self._status is not _OPEN:
                 self._anomaly("data_after_end", "a chunk after the end of the stream")
                 return self._take()
             chunk = self._decode_slow(bytes(text) if isinstance(text, bytearray) else text)
@@ -592,7 +599,7 @@ class StreamParser:
                     f"not {type(chunk).__name__}"
                 )
             chunk = dump(exclude_unset=True, by_alias=True)
-        if self._status != _OPEN:
+        if self._status is not _OPEN:
             self._anomaly("data_after_end", "a chunk after the end of the stream")
             return self._take()
         self._process(chunk)
@@ -601,7 +608,7 @@ class StreamParser:
     def receive_eof(self) -> list[Event]:
         """The transport closed cleanly. Ends the stream if ``[DONE]`` did not."""
         self._check_open("receive_eof")
-        if self._status == _OPEN:
+        if self._status is _OPEN:
             if self._framer.close():
                 self._anomaly(
                     "incomplete_event_at_eof",
@@ -614,15 +621,15 @@ class StreamParser:
     def abort(self, reason: str = "aborted") -> list[Event]:
         """The transport failed or the caller cancelled: every live call becomes ``aborted``
         with ``reason``. A no-op (returns ``[]``) once the stream has already ended."""
-        if self._status == _OPEN:
+        if self._status is _OPEN:
             self._end("aborted", reason or "aborted")
-        if self._status == _ENDED:
+        if self._status is _ENDED:
             self._status = _CLOSED
         return self._take()
 
     # -- internals ----------------------------------------------------------------------------
     def _check_open(self, what: str) -> None:
-        if self._status == _FAILED:
+        if self._status is _FAILED:
             assert self._error is not None
             raise RemoteProtocolError(
                 f"the stream already failed ({self._error.reason}); no more input is accepted",
@@ -630,7 +637,7 @@ class StreamParser:
                 byte_offset=self._error.byte_offset,
                 path=self._error.path,
             )
-        if self._status == _CLOSED:
+        if self._status is _CLOSED:
             raise LocalProtocolError(
                 f"{what}() called after the stream was closed by receive_eof() or abort(); "
                 "use a new StreamParser for a new response"
@@ -695,7 +702,7 @@ class StreamParser:
             self._fail(f"a chunk must be a JSON object, got {_json_type(chunk)}", None)
         if self._meta_missing:
             self._metadata(chunk)
-            if self._status != _OPEN:
+            if self._status is not _OPEN:
                 return
         usage = chunk.get("usage")
         if usage is not None:
@@ -779,7 +786,7 @@ class StreamParser:
                                             self._events.append(delta_event)
                                             continue
                             self._tool_delta(turn, entry, ci, ti)
-                            if self._status != _OPEN:
+                            if self._status is not _OPEN:
                                 return
                     elif tool_calls is not None and type(tool_calls) is not list:
                         self._fail(
@@ -793,7 +800,7 @@ class StreamParser:
                 finish = choice.get("finish_reason")
                 if finish is not None:
                     self._finish(turn, finish, ci)
-                    if self._status != _OPEN:
+                    if self._status is not _OPEN:
                         return
         elif choices is not None and type(choices) is not list:
             self._fail(f"must be a list or null, got {_json_type(choices)}", "choices")
@@ -1215,18 +1222,8 @@ class StreamParser:
 
     def _end_turn(self, turn: Turn, how: str, reason: str | None) -> None:
         finish = turn.finish_reason
-        # mode: "ok" (normal end), "truncate" or "abort", with the reason for the last two
-        if how in ("done", "eof"):
-            if finish == "length":
-                mode, why = "truncate", "length"
-            elif finish == "content_filter":
-                mode, why = "abort", "content_filter"
-            elif finish is None and how == "eof":
-                mode, why = "abort", "eof"
-            else:
-                mode, why = "ok", None
-        else:
-            mode, why = "abort", reason or how
+        row = ending(how, finish)  # the ending table (fsm.states.ENDINGS)
+        why = None if row.trigger is None else (row.reason or reason or how)
         calls = sorted(turn._calls, key=_call_order)
         max_depth = self.limits.max_json_depth
         for position, call in enumerate(calls):
@@ -1234,24 +1231,21 @@ class StreamParser:
             if call.over_limit is not None:
                 call._end("abort", call.over_limit)
             elif not call.name.strip():  # empty or only whitespace (str.isspace): no name
-                call._end("abort", "missing_name")
-            elif mode == "ok":
+                call._end(*MISSING_NAME)
+            elif row.trigger is None:
                 raw = call.raw_arguments
                 syntax = is_json(raw, max_depth)
-                if syntax is JsonSyntax.VALID:
-                    call._end("finish", None)
-                elif syntax is JsonSyntax.TOO_DEEP:
-                    call._end("abort", "limit:max_json_depth")
+                suffix = (
+                    repair_json(raw, max_depth)
+                    if syntax is JsonSyntax.INVALID and self.repair_json
+                    else None
+                )
+                if suffix:
+                    call._end("finish", None, suffix)
                 else:
-                    suffix = repair_json(raw, max_depth) if self.repair_json else None
-                    if suffix:
-                        call._end("finish", None, suffix)
-                    else:
-                        call._end("truncate", "invalid_json")
-            elif mode == "truncate":
-                call._end("truncate", why)
+                    call._end(*ARGUMENT_ENDINGS[syntax])
             else:
-                call._end("abort", why)
+                call._end(row.trigger, why)
             self._events.append(_final_event(call))
         turn._final_calls = calls
         turn._by_index = {}
@@ -1259,10 +1253,10 @@ class StreamParser:
         turn._last = None
         turn.ended = True
         turn.end_reason = how
-        if mode != "ok":
+        if row.trigger is not None:
             turn.incomplete_reason = why
-        elif not calls and finish in _CALL_FINISH_REASONS:
-            turn.incomplete_reason = "no_tool_calls"
+        elif not calls and finish in CALL_FINISH_REASONS:
+            turn.incomplete_reason = NO_TOOL_CALLS
             self._anomaly(
                 "no_tool_calls",
                 f"choice {turn.index}: finish_reason {finish!r} but no tool call arrived; the "
@@ -1270,7 +1264,7 @@ class StreamParser:
                 turn.index,
             )
         elif any(c.state is not ToolCallState.FINISHED for c in calls):
-            turn.incomplete_reason = "call_not_finished"
+            turn.incomplete_reason = CALL_NOT_FINISHED
         turn.complete = turn.incomplete_reason is None
         self._events.append(
             TurnEnded(
@@ -1281,17 +1275,18 @@ class StreamParser:
 
 
 def _final_event(call: ToolCall) -> Event:
-    if call.state is ToolCallState.FINISHED:
+    cls: Any = FINAL_EVENTS[call.state]
+    if cls is ToolCallFinished:
         return ToolCallFinished(
             choice=call.choice, ordinal=call.ordinal, position=call.position, index=call.index,
             id=call.id, name=call.name, arguments=call.arguments, repaired=call.repaired,
             raw_length=len(call.raw_arguments),
         )  # fmt: skip
-    cls = ToolCallTruncated if call.state is ToolCallState.TRUNCATED else ToolCallAborted
-    return cls(
+    event: Event = cls(
         choice=call.choice, ordinal=call.ordinal, position=call.position, index=call.index,
         id=call.id, name=call.name, arguments=call.arguments, reason=call.reason or "",
     )  # fmt: skip
+    return event
 
 
 def _has_payload(delta: dict[str, Any]) -> bool:
@@ -1349,7 +1344,6 @@ _INT64_MAX: Final = 2**63 - 1
 _MAX_INDEX: Final = 2**31 - 1
 #: how deep ``usage`` may nest (the object itself is level 1)
 _MAX_USAGE_DEPTH: Final = 32
-_CALL_FINISH_REASONS: Final = frozenset({"tool_calls", "function_call"})
 
 
 def _usage_problem(usage: dict[str, Any]) -> str | None:

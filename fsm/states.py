@@ -13,17 +13,37 @@ each argument fragment appended while ``accumulating``.
 from __future__ import annotations
 
 import enum
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from transitions import Machine, MachineError
 
+from fsm.events import Event, ToolCallAborted, ToolCallFinished, ToolCallTruncated
+from fsm.jsonsyntax import JsonSyntax
+
 __all__ = [
+    "ARGUMENT_ENDINGS",
+    "CALL_FINISH_REASONS",
+    "CALL_NOT_FINISHED",
+    "ENDINGS",
+    "FAILED_STATES",
+    "FINAL_EVENTS",
     "FINAL_STATES",
+    "FINISH_CLASSES",
+    "KNOWN_FINISH_REASONS",
     "MACHINE",
+    "MISSING_NAME",
+    "NORMAL_ENDS",
+    "NO_TOOL_CALLS",
+    "STREAM_ENDS",
     "TRANSITIONS",
     "TRIGGERS",
+    "CallEnding",
+    "Ending",
     "MachineError",
+    "StreamState",
     "ToolCallState",
+    "ending",
+    "ending_table",
     "fire",
     "mermaid_diagram",
 ]
@@ -49,6 +69,21 @@ class ToolCallState(enum.Enum):
 FINAL_STATES: Final = frozenset(
     {ToolCallState.FINISHED, ToolCallState.TRUNCATED, ToolCallState.ABORTED}
 )
+
+#: The final states of a call that did not finish (what the audit and ``fsm failures`` list),
+#: in declaration order.
+FAILED_STATES: Final = tuple(
+    state
+    for state in ToolCallState
+    if state in FINAL_STATES and state is not ToolCallState.FINISHED
+)
+
+#: The event class reported when a call reaches each final state.
+FINAL_EVENTS: Final[dict[ToolCallState, type[Event]]] = {
+    ToolCallState.FINISHED: ToolCallFinished,
+    ToolCallState.TRUNCATED: ToolCallTruncated,
+    ToolCallState.ABORTED: ToolCallAborted,
+}
 
 _LIVE = [ToolCallState.OPENED, ToolCallState.ACCUMULATING]
 
@@ -105,4 +140,120 @@ def mermaid_diagram() -> str:
     for state in ToolCallState:
         if state in FINAL_STATES:
             lines.append(f"    {state.value} --> [*]")
+    return "\n".join(lines) + "\n"
+
+
+class StreamState(enum.Enum):
+    """The life of one stream (of a :class:`~fsm.parser.StreamParser`)."""
+
+    #: Receiving input.
+    OPEN = "open"
+    #: Ended (``[DONE]``, EOF, an error payload, ``abort()``, a limit); later input is an
+    #: anomaly (``data_after_end``) and ignored.
+    ENDED = "ended"
+    #: Closed by ``receive_eof()`` or ``abort()``: feeding it is a local error.
+    CLOSED = "closed"
+    #: A protocol error ended it: feeding it raises the same error class again.
+    FAILED = "failed"
+
+
+# -- ending a turn (spec "Ending a turn") ---------------------------------------------------------
+
+#: How a stream can end (``StreamEnded.how``, ``ParseResult.end_how``).
+STREAM_ENDS: Final = ("done", "eof", "error", "aborted", "protocol_error", "limit")
+#: The ends after which a call may finish: ``[DONE]`` and a clean EOF.
+NORMAL_ENDS: Final = ("done", "eof")
+
+#: finish_reason values with a meaning of their own; any other value ends a turn like ``stop``.
+KNOWN_FINISH_REASONS: Final = frozenset(
+    {"stop", "tool_calls", "function_call", "length", "content_filter"}
+)
+#: finish_reasons that promise at least one call (with none, the turn is ``no_tool_calls``).
+CALL_FINISH_REASONS: Final = frozenset({"tool_calls", "function_call"})
+
+#: The columns of :data:`ENDINGS`: the choice's last finish_reason, as the table reads it.
+#: ``"stop"`` stands for ``stop``, ``tool_calls``, ``function_call`` and any unknown value.
+FINISH_CLASSES: Final = (None, "stop", "length", "content_filter")
+
+
+class Ending(NamedTuple):
+    """What ending does to a call (and why a turn is incomplete)."""
+
+    #: the trigger fired for every call, or ``None``: decided by each call's arguments
+    #: (:data:`ARGUMENT_ENDINGS`).
+    trigger: str | None
+    #: the reason given to the calls and to the turn (``Turn.incomplete_reason``); ``None``
+    #: with a trigger: the stream's own reason (the error message, abort reason or limit).
+    reason: str | None
+
+
+class CallEnding(NamedTuple):
+    """How one call ends: the trigger fired and the call's reason."""
+
+    trigger: str
+    reason: str | None
+
+
+_BY_ARGUMENTS: Final = Ending(None, None)
+
+#: The ending table: (how the stream ended, finish class) -> :class:`Ending`.
+ENDINGS: Final[dict[tuple[str, str | None], Ending]] = {
+    ("done", None): _BY_ARGUMENTS,
+    ("done", "stop"): _BY_ARGUMENTS,
+    ("done", "length"): Ending("truncate", "length"),
+    ("done", "content_filter"): Ending("abort", "content_filter"),
+    ("eof", None): Ending("abort", "eof"),
+    ("eof", "stop"): _BY_ARGUMENTS,
+    ("eof", "length"): Ending("truncate", "length"),
+    ("eof", "content_filter"): Ending("abort", "content_filter"),
+    **{
+        (how, finish): Ending("abort", None)
+        for how in STREAM_ENDS
+        if how not in NORMAL_ENDS
+        for finish in FINISH_CLASSES
+    },
+}
+
+#: A call of a turn decided by its arguments: their JSON syntax -> :class:`Ending`. ``INVALID``
+#: becomes ``finish`` (``repaired``) instead when opt-in repair finds a suffix.
+ARGUMENT_ENDINGS: Final[dict[JsonSyntax, CallEnding]] = {
+    JsonSyntax.VALID: CallEnding("finish", None),
+    JsonSyntax.TOO_DEEP: CallEnding("abort", "limit:max_json_depth"),
+    JsonSyntax.INVALID: CallEnding("truncate", "invalid_json"),
+}
+
+#: Whatever the row, a call that went past a limit ends ``abort`` with its ``limit:<name>``; and
+#: a call with no name (empty or whitespace only) this way.
+MISSING_NAME: Final = CallEnding("abort", "missing_name")
+
+#: ``Turn.incomplete_reason`` of a turn ended by arguments: finish_reason ``tool_calls`` or
+#: ``function_call`` but no call at all.
+NO_TOOL_CALLS: Final = "no_tool_calls"
+#: ``Turn.incomplete_reason`` of a turn ended by arguments with a call not ``finished``.
+CALL_NOT_FINISHED: Final = "call_not_finished"
+
+
+def ending(how: str, finish_reason: str | None) -> Ending:
+    """The row of :data:`ENDINGS` for a stream that ended ``how`` and a choice whose last
+    finish_reason is ``finish_reason``."""
+    if finish_reason is not None and finish_reason not in _SPECIAL_FINISH:
+        finish_reason = "stop"
+    return ENDINGS[(how, finish_reason)]
+
+
+_SPECIAL_FINISH: Final = frozenset({"length", "content_filter"})
+
+
+def ending_table() -> str:
+    """The ending table as Markdown rows, built from :data:`ENDINGS` (the README embeds it)."""
+    lines = [
+        "| how the stream ended | finish_reason | calls | reason |",
+        "|---|---|---|---|",
+    ]
+    for (how, finish), row in ENDINGS.items():
+        calls = "by the arguments" if row.trigger is None else row.trigger
+        reason = "-" if row.trigger is None else (row.reason or "the stream's reason")
+        lines.append(
+            f"| `{how}` | {'none' if finish is None else f'`{finish}`'} | {calls} | {reason} |"
+        )
     return "\n".join(lines) + "\n"

@@ -8,13 +8,30 @@ from pathlib import Path
 import pytest
 from transitions import Machine
 
+from fsm.errors import RemoteProtocolError
+from fsm.events import ToolCallAborted, ToolCallFinished, ToolCallTruncated
+from fsm.jsonsyntax import JsonSyntax
+from fsm.parser import Limits, StreamParser
 from fsm.states import (
+    ARGUMENT_ENDINGS,
+    CALL_FINISH_REASONS,
+    CALL_NOT_FINISHED,
+    ENDINGS,
+    FAILED_STATES,
+    FINAL_EVENTS,
     FINAL_STATES,
+    FINISH_CLASSES,
     MACHINE,
+    MISSING_NAME,
+    NO_TOOL_CALLS,
+    STREAM_ENDS,
     TRANSITIONS,
     TRIGGERS,
     MachineError,
+    StreamState,
     ToolCallState,
+    ending,
+    ending_table,
     fire,
     mermaid_diagram,
 )
@@ -88,3 +105,148 @@ def test_diagram_lists_every_transition() -> None:
     for trigger, sources, dest in TRANSITIONS:
         for source in sources:
             assert f"{source.value} --> {dest.value}: {trigger}" in text
+
+
+# -- the ending table (fsm.states.ENDINGS), every row driven through a real parser -------------
+
+#: the table written out independently: (how, finish class) -> (trigger, reason) where trigger
+#: None means "by the arguments" and reason None "the stream's own reason"
+EXPECTED_ENDINGS: dict[tuple[str, str | None], tuple[str | None, str | None]] = {
+    ("done", None): (None, None),
+    ("done", "stop"): (None, None),
+    ("done", "length"): ("truncate", "length"),
+    ("done", "content_filter"): ("abort", "content_filter"),
+    ("eof", None): ("abort", "eof"),
+    ("eof", "stop"): (None, None),
+    ("eof", "length"): ("truncate", "length"),
+    ("eof", "content_filter"): ("abort", "content_filter"),
+    **{
+        (how, finish): ("abort", None)
+        for how in ("error", "aborted", "protocol_error", "limit")
+        for finish in (None, "stop", "length", "content_filter")
+    },
+}
+#: the reason each failing end gives in the driver below
+_STREAM_REASONS = {
+    "error": "boom",
+    "aborted": "cancelled here",
+    "protocol_error": "protocol_error",
+    "limit": "limit:max_choices",
+}
+#: finish_reason values standing for each class ("stop": any normal or unknown value)
+_FINISH_VALUES: dict[str | None, tuple[str | None, ...]] = {
+    None: (None,),
+    "stop": ("stop", "tool_calls", "function_call", "something_new"),
+    "length": ("length",),
+    "content_filter": ("content_filter",),
+}
+
+
+def test_ending_table_is_the_expected_table() -> None:
+    assert {k: tuple(v) for k, v in ENDINGS.items()} == EXPECTED_ENDINGS
+    assert set(ENDINGS) == {(h, f) for h in STREAM_ENDS for f in FINISH_CLASSES}
+
+
+def _ended(how: str, finish: str | None, arguments: str) -> StreamParser:
+    parser = StreamParser(limits=Limits(max_choices=1))
+    call = {"index": 0, "id": "c1", "function": {"name": "f", "arguments": arguments}}
+    parser.receive_chunk(
+        {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": finish}]}
+    )
+    if how == "done":
+        parser.receive_chunk("[DONE]")
+    elif how == "eof":
+        parser.receive_eof()
+    elif how == "error":
+        parser.receive_chunk({"error": {"message": "boom"}})
+    elif how == "aborted":
+        parser.abort("cancelled here")
+    elif how == "protocol_error":
+        with pytest.raises(RemoteProtocolError):
+            parser.receive_chunk("not json")
+    else:
+        parser.receive_chunk({"choices": [{"index": 1, "delta": {"content": "x"}}]})
+    assert parser.result().end_how == how
+    return parser
+
+
+@pytest.mark.parametrize(("how", "finish_class"), sorted(EXPECTED_ENDINGS, key=str))
+@pytest.mark.parametrize("arguments", ['{"a": 1}', '{"a": '])
+def test_every_ending_row(how: str, finish_class: str | None, arguments: str) -> None:
+    trigger, reason = EXPECTED_ENDINGS[(how, finish_class)]
+    for finish in _FINISH_VALUES[finish_class]:
+        assert ending(how, finish) == (trigger, reason)
+        turn = _ended(how, finish, arguments).turns[0]
+        (call,) = turn.tool_calls
+        if trigger is None:  # by the arguments
+            if arguments.endswith("}"):
+                assert (call.state, call.reason) == (S.FINISHED, None)
+                assert turn.complete and turn.incomplete_reason is None
+            else:
+                assert (call.state, call.reason) == (S.TRUNCATED, "invalid_json")
+                assert turn.incomplete_reason == CALL_NOT_FINISHED
+        else:
+            expected_reason = reason if reason is not None else _STREAM_REASONS[how]
+            state = {"truncate": S.TRUNCATED, "abort": S.ABORTED}[trigger]
+            assert (call.state, call.reason) == (state, expected_reason)
+            assert turn.incomplete_reason == expected_reason
+            assert not turn.complete
+
+
+@pytest.mark.parametrize("finish", ["tool_calls", "function_call"])
+def test_call_finish_reason_without_a_call_is_no_tool_calls(finish: str) -> None:
+    assert finish in CALL_FINISH_REASONS
+    parser = StreamParser()
+    parser.receive_chunk({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+    parser.receive_eof()
+    assert parser.turns[0].incomplete_reason == NO_TOOL_CALLS
+
+
+def test_argument_endings_and_missing_name() -> None:
+    assert ARGUMENT_ENDINGS == {
+        JsonSyntax.VALID: ("finish", None),
+        JsonSyntax.TOO_DEEP: ("abort", "limit:max_json_depth"),
+        JsonSyntax.INVALID: ("truncate", "invalid_json"),
+    }
+    assert MISSING_NAME == ("abort", "missing_name")
+    parser = StreamParser()
+    parser.receive_chunk(
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]}
+    )
+    parser.receive_chunk("[DONE]")
+    (call,) = parser.turns[0].tool_calls
+    assert (call.state, call.reason) == (S.ABORTED, "missing_name")
+
+
+def test_final_event_per_final_state_and_failed_states() -> None:
+    assert set(FINAL_EVENTS) == FINAL_STATES
+    assert FINAL_EVENTS[S.FINISHED] is ToolCallFinished
+    assert FINAL_EVENTS[S.TRUNCATED] is ToolCallTruncated
+    assert FINAL_EVENTS[S.ABORTED] is ToolCallAborted
+    assert FAILED_STATES == (S.TRUNCATED, S.ABORTED)
+    assert set(FAILED_STATES) == FINAL_STATES - {S.FINISHED}
+    from fsm.cli.options import FAILED_STATES as CLI_FAILED
+
+    assert tuple(s.value for s in FAILED_STATES) == CLI_FAILED
+
+
+def test_stream_states() -> None:
+    parser = StreamParser()
+    assert parser._status is StreamState.OPEN
+    parser.receive_chunk("[DONE]")
+    assert parser._status is StreamState.ENDED
+    parser.receive_eof()
+    assert parser._status is StreamState.CLOSED
+    failed = StreamParser()
+    with pytest.raises(RemoteProtocolError):
+        failed.receive_chunk("[")
+    assert failed._status is StreamState.FAILED
+    assert [s.value for s in StreamState] == ["open", "ended", "closed", "failed"]
+
+
+def test_readme_ending_table_is_generated_from_the_table() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert ending_table() in readme, (
+        "README.md's ending table is stale: paste the output of "
+        "`python -c 'import fsm.states as s; print(s.ending_table(), end=\"\")'`"
+    )

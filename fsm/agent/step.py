@@ -45,7 +45,7 @@ from fsm.agent.tools import Tool, function_tool
 from fsm.clients import CANCELLED
 from fsm.errors import FsmError
 from fsm.parser import ParseResult, StreamParser, Turn
-from fsm.states import ToolCallState
+from fsm.states import ToolCallState, ending
 from fsm.toolcall import ToolCall
 
 if TYPE_CHECKING:
@@ -246,9 +246,8 @@ def why_incomplete(result: ParseResult) -> str:
     normally, else the reasons of choice 0's unfinished calls, else its finish_reason (``length``,
     ``content_filter``) or ``eof``.
 
-    The agent's one copy of this rule. Its right home is the parser's ending table (the parser's
-    ``Turn.incomplete_reason`` and ``Turn.to_message`` word the same ending); until then, the
-    agent derives every reason it reports from here.
+    The cut reasons come from the parser's ending table (:func:`fsm.states.ending`), the one
+    definition ``Turn.incomplete_reason`` is also set from.
     """
     turn = _choice_0(result)
     if result.end_how not in ("done", "eof"):
@@ -261,10 +260,9 @@ def why_incomplete(result: ParseResult) -> str:
             reasons.append(call.reason)
     if reasons:
         return ", ".join(reasons)
-    if turn.finish_reason in ("length", "content_filter"):
-        return turn.finish_reason
-    if turn.finish_reason is None and result.end_how == "eof":
-        return "eof"
+    row = ending(result.end_how, turn.finish_reason)
+    if row.trigger is not None and row.reason is not None:
+        return row.reason  # length, content_filter, eof
     return result.end_reason or "incomplete"
 
 

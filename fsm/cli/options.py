@@ -33,8 +33,9 @@ from typing import Any, TypeVar
 
 import click
 
+from fsm import states
 from fsm.cli.output import FORMATS, OutputFormat
-from fsm.states import FINAL_STATES, ToolCallState
+from fsm.states import ToolCallState
 
 __all__ = [
     "FAILED_STATES",
@@ -56,11 +57,7 @@ Decorator = Callable[[F], F]
 #: every state of a tool call, as ``--state`` spells it.
 STATES: tuple[str, ...] = tuple(state.value for state in ToolCallState)
 #: the states of a call that failed (final, and not finished).
-FAILED_STATES: tuple[str, ...] = tuple(
-    state.value
-    for state in ToolCallState
-    if state in FINAL_STATES and state is not ToolCallState.FINISHED
-)
+FAILED_STATES: tuple[str, ...] = tuple(state.value for state in states.FAILED_STATES)
 
 _DB_HELP = (
     "Database URL (sqlite:///path.db, postgresql+psycopg://user@host/db). Default: $FSM_DB_URL, "

@@ -30,7 +30,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL, Connection, Engine
 
-from fsm.states import ToolCallState
+from fsm.states import FAILED_STATES, ToolCallState
 from fsm.store.codec import MARK, decode_text
 from fsm.store.engine import create_readonly_engine, display_url, normalize_url
 from fsm.store.errors import (
@@ -50,7 +50,7 @@ _ATTEMPT_CALLS = cast(sa.Table, AttemptCall.__table__)
 _CONVERSATIONS = cast(sa.Table, Conversation.__table__)
 
 _STATES: Final = tuple(s.value for s in ToolCallState)
-_FAILED_STATES: Final = (ToolCallState.TRUNCATED.value, ToolCallState.ABORTED.value)
+_FAILED_STATES: Final = tuple(s.value for s in FAILED_STATES)
 _PAGE: Final = 1000
 
 
