@@ -329,6 +329,57 @@ def test_text_is_kept_in_blocks(field: str) -> None:
     assert getattr(turn, attr) == expected  # read twice: the same
 
 
+def _fragment(i: int, ascii: bool) -> str:
+    # ascii takes the parser's inlined hot path; "é" (not ASCII) takes ToolCall._append
+    return str(i % 10) if ascii else "é" + str(i % 10)
+
+
+@pytest.mark.parametrize("path", ["hot", "append", "mixed"])
+def test_arguments_are_kept_in_blocks(path: str) -> None:
+    # the memory-bounding flush: every FLUSH_EVERY fragments are joined into one block, so a call
+    # keeps fewer than FLUSH_EVERY loose fragments however many come; the arguments stay exact
+    count = 10 * FLUSH_EVERY + 3
+    fragments = [
+        _fragment(i, path == "hot" or (path == "mixed" and i % 3 > 0)) for i in range(count)
+    ]
+    parser = StreamParser()
+    parser.receive_chunk(chunk(tc(0, "call_1", "f", '{"a": "')))
+    call = parser.turns[0].tool_calls[0]
+    for i, fragment in enumerate(fragments, start=1):
+        parser.receive_chunk(chunk(tc(0, args=fragment)))
+        # the opening fragment plus i more
+        assert len(call._parts) == (i + 1) % FLUSH_EVERY
+        assert len(call._blocks) == (i + 1) // FLUSH_EVERY
+    assert len(call._blocks) == 10 and len(call._parts) == 4  # not 1,284 fragments kept apart
+    expected = '{"a": "' + "".join(fragments)
+    assert call.arguments == expected and call.raw_arguments == expected  # read while open
+    parser.receive_chunk(chunk(tc(0, args='"}'), finish="tool_calls"))
+    parser.receive_eof()
+    assert states(parser) == [("finished", None)]
+    assert call.raw_arguments == call.arguments == expected + '"}'
+    assert json.loads(call.arguments) == {"a": "".join(fragments)}
+    assert (call._parts, call._blocks) == ([], [])  # a final call keeps only its result
+
+
+@pytest.mark.parametrize("field", ["content", "reasoning_content", "refusal"])
+def test_text_blocks_stay_exact_across_sse_cuts(field: str) -> None:
+    # text past FLUSH_EVERY fragments, multi-byte and fed as SSE bytes cut anywhere: the joined
+    # blocks give back exactly the text sent
+    count = 3 * FLUSH_EVERY + 5
+    fragments = [("é" if i % 2 else "a") + str(i) for i in range(count)]
+    data = sse(*(chunk(**{field: f}) for f in fragments), chunk(finish="stop"))
+    attr = {"reasoning_content": "reasoning"}.get(field, field)
+    for pieces in ([data], cut(data, list(range(7, len(data), 97)))):
+        parser = StreamParser()
+        for piece in pieces:
+            parser.receive_data(piece)
+        turn = parser.turns[0]
+        parts, blocks = getattr(turn, f"_{attr}"), getattr(turn, f"_{attr}_blocks")
+        assert (len(parts), len(blocks)) == (5, 3)
+        parser.receive_eof()
+        assert getattr(turn, attr) == "".join(fragments)
+
+
 @pytest.mark.parametrize("field", ["content", "reasoning_content", "refusal"])
 @SPLITS
 @given(points=st.lists(st.integers(0, 1 << 16), max_size=12))
