@@ -35,9 +35,13 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the repository root, for the tests' helpers (after the installed packages: fsm is not shadowed)
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # fuzz_sse decides between atheris and the plain loop (and takes "--plain" off sys.argv)
 import fuzz_sse
+
+from tests.helpers import strict_json  # the tests' own JSON oracle (not instrumented)
 
 atheris = fuzz_sse.atheris
 if atheris is not None:
@@ -101,20 +105,6 @@ TOKENS = [*fuzz_sse.TOKENS, *VOCAB]
 
 def decode_tokens(body: bytes) -> bytes:
     return b"".join(VOCAB[b] if b < len(VOCAB) else bytes((b,)) for b in body)
-
-
-def strict_json(text: str) -> bool:
-    if not text.strip(" \t\r\n"):
-        return True
-
-    def reject(constant: str) -> Any:
-        raise ValueError(constant)
-
-    try:
-        json.loads(text, parse_constant=reject)
-    except (ValueError, RecursionError):
-        return False
-    return True
 
 
 def run(
