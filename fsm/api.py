@@ -2,32 +2,66 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from fsm.events import Event
-from fsm.parser import Limits, ParseResult, StreamParser, feed_all
+from fsm.parser import Limits, ParseResult, StreamParser
 
-__all__ = ["aparse", "parse", "parse_file", "parse_text"]
+__all__ = ["aparse", "feed", "feed_all", "parse", "parse_file", "parse_text"]
 
 EventCallback = Callable[[Event], object]
 
 
-def _feed(parser: StreamParser, item: Any, on_event: EventCallback | None) -> None:
-    events = feed_all(parser, (item,))
-    if on_event is not None:
-        for event in events:
-            on_event(event)
+def feed(parser: StreamParser, item: Any) -> list[Event]:
+    """Feed one item of a stream: ``bytes``/``str`` as SSE data (split anywhere), anything else
+    as a chunk (:meth:`~fsm.parser.StreamParser.receive_chunk`). No EOF."""
+    if isinstance(item, bytes | bytearray | memoryview):
+        return parser.receive_data(item)
+    if isinstance(item, str):
+        return parser.receive_data(item.encode("utf-8", "surrogatepass"))
+    return parser.receive_chunk(item)
 
 
-def _finish(parser: StreamParser, on_event: EventCallback | None, *, aborted: str | None) -> None:
-    events = parser.abort(aborted) if aborted is not None else parser.receive_eof()
-    if on_event is not None:
-        for event in events:
-            on_event(event)
+def feed_all(parser: StreamParser, items: Iterable[Any]) -> list[Event]:
+    """:func:`feed` every item; no EOF."""
+    events: list[Event] = []
+    for item in items:
+        events.extend(feed(parser, item))
+    return events
+
+
+class _Driver:
+    """The one driver of :func:`parse` and :func:`aparse`: feed each item, report its events,
+    and end the stream: EOF, or ``abort`` when the source failed (a protocol error of the
+    parser itself is raised as is)."""
+
+    __slots__ = ("on_event", "parser")
+
+    def __init__(self, parser: StreamParser, on_event: EventCallback | None) -> None:
+        self.parser = parser
+        self.on_event = on_event
+
+    def _report(self, events: list[Event]) -> None:
+        if self.on_event is not None:
+            for event in events:
+                self.on_event(event)
+
+    def item(self, item: Any) -> None:
+        self._report(feed(self.parser, item))
+
+    def end(self, aborted: str | None = None) -> ParseResult:
+        parser = self.parser
+        self._report(parser.abort(aborted) if aborted is not None else parser.receive_eof())
+        return parser.result()
+
+    def failed(self, exc: Exception) -> ParseResult:
+        """The source raised ``exc``: re-raise a protocol error, else abort with it."""
+        if self.parser.result().error is not None:
+            raise exc
+        return self.end(f"{type(exc).__name__}: {exc}")
 
 
 def parse(
@@ -47,18 +81,14 @@ def parse(
     with the error as reason and the incomplete result is returned: check ``result.complete``.
     A :class:`~fsm.errors.RemoteProtocolError` (the input is not a stream) is raised as is.
     """
-    parser = StreamParser(repair_json=repair_json, limits=limits)
+    driver = _Driver(StreamParser(repair_json=repair_json, limits=limits), on_event)
     items: Iterable[Any] = (source,) if isinstance(source, bytes | str) else source
     try:
         for item in items:
-            _feed(parser, item, on_event)
+            driver.item(item)
     except Exception as exc:
-        if parser.result().error is not None:
-            raise
-        _finish(parser, on_event, aborted=f"{type(exc).__name__}: {exc}")
-        return parser.result()
-    _finish(parser, on_event, aborted=None)
-    return parser.result()
+        return driver.failed(exc)
+    return driver.end()
 
 
 async def aparse(
@@ -74,20 +104,18 @@ async def aparse(
     Cancelling the task aborts the stream (reason ``cancelled``) and re-raises
     :class:`asyncio.CancelledError`: nothing incomplete can pass for complete.
     """
-    parser = StreamParser(repair_json=repair_json, limits=limits)
+    import asyncio  # here, so that ``import fsm`` does not load asyncio
+
+    driver = _Driver(StreamParser(repair_json=repair_json, limits=limits), on_event)
     try:
         async for item in source:
-            _feed(parser, item, on_event)
+            driver.item(item)
     except asyncio.CancelledError:
-        _finish(parser, on_event, aborted="cancelled")
+        driver.end("cancelled")
         raise
     except Exception as exc:
-        if parser.result().error is not None:
-            raise
-        _finish(parser, on_event, aborted=f"{type(exc).__name__}: {exc}")
-        return parser.result()
-    _finish(parser, on_event, aborted=None)
-    return parser.result()
+        return driver.failed(exc)
+    return driver.end()
 
 
 def parse_text(

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
 import orjson
 
-from fsm.errors import IncompleteTurnError, LocalProtocolError, RemoteProtocolError
+from fsm.errors import LocalProtocolError, RemoteProtocolError
 from fsm.events import (
     AnomalyDetected,
     ContentDelta,
@@ -30,37 +30,21 @@ from fsm.events import (
     FinishReasonReceived,
     ReasoningDelta,
     StreamEnded,
-    ToolCallArgumentsDelta,
-    ToolCallFinished,
     ToolCallOpened,
     ToolCallUpdated,
     TurnEnded,
     UsageReceived,
-    _ad_choice,
-    _ad_delta,
-    _ad_index,
-    _ad_ordinal,
     _cd_choice,
     _cd_text,
     _rd_choice,
     _rd_text,
     _refusal_delta,
 )
-from fsm.jsonsyntax import JsonSyntax, render_json
+from fsm.jsonsyntax import render_json
 from fsm.sse import EventTooLargeError, SSEFramer
-from fsm.states import (
-    ARGUMENT_ENDINGS,
-    CALL_FINISH_REASONS,
-    CALL_NOT_FINISHED,
-    FINAL_EVENTS,
-    KNOWN_FINISH_REASONS,
-    MISSING_NAME,
-    NO_TOOL_CALLS,
-    StreamState,
-    ToolCallState,
-    ending,
-)
-from fsm.toolcall import FLUSH_EVERY, ToolCall, is_json, loads_strict, pair_surrogates, repair_json
+from fsm.states import KNOWN_FINISH_REASONS, NO_TOOL_CALLS, StreamState, ToolCallState
+from fsm.toolcall import ToolCall, loads_strict
+from fsm.turn import CONTENT, REASONING, REFUSAL, Anomaly, ParseResult, Turn, _Meta
 
 __all__ = ["KNOWN_FINISH_REASONS", "Anomaly", "Limits", "ParseResult", "StreamParser", "Turn"]
 
@@ -68,7 +52,6 @@ __all__ = ["KNOWN_FINISH_REASONS", "Anomaly", "Limits", "ParseResult", "StreamPa
 _WINDOW: Final = 64 * 1024
 
 _new_event: Final = object.__new__
-_OPENED: Final = ToolCallState.OPENED
 _ACCUMULATING: Final = ToolCallState.ACCUMULATING
 
 #: anomalies of one kind kept with their details (and reported as events); more are only counted.
@@ -138,286 +121,6 @@ class Limits:
 
 
 _DEFAULT_LIMITS: Final = Limits()
-
-
-@dataclass(frozen=True, slots=True)
-class Anomaly:
-    """Something the provider did wrong that the parser survived.
-
-    ``kind`` is one of: ``orphan_continuation`` (a nameless, id-less fragment with no open call),
-    ``delta_after_finish`` (content or tool-call data after the choice's ``finish_reason``),
-    ``data_after_end`` (input after ``[DONE]`` or another end), ``unknown_finish_reason``,
-    ``incomplete_event_at_eof`` (EOF inside an SSE event), ``empty_event`` (a ``data:`` event
-    with nothing in it), ``limit_exceeded`` (a call's later fragments are then dropped without
-    further anomalies), ``blank_id`` (a call id made only of whitespace: kept as sent),
-    ``no_tool_calls`` (``finish_reason`` ``tool_calls`` / ``function_call`` in a choice with no
-    call: the turn is not complete), ``invalid_usage`` (a ``usage`` object the store could not
-    hold as JSON: a number outside signed 64-bit integers or finite doubles, or nesting deeper
-    than 32; it is ignored and the previous one kept), ``invalid_created`` (an integer
-    ``created`` outside signed 64 bits: ignored).
-    """
-
-    kind: str
-    detail: str
-    choice: int | None = None
-    event_number: int | None = None
-
-
-class _Meta:
-    __slots__ = ("created", "model", "response_id", "system_fingerprint", "usage")
-
-    def __init__(self) -> None:
-        self.response_id: str | None = None
-        self.model: str | None = None
-        self.created: int | None = None
-        self.system_fingerprint: str | None = None
-        self.usage: dict[str, Any] | None = None
-
-
-def _joined(parts: list[str], blocks: list[str]) -> str | None:
-    """One text field of a turn. Its fragments are kept in two levels like a call's arguments
-    (see ``ToolCall._parts``), so memory tracks the text's size, not the number of fragments:
-    up to FLUSH_EVERY recent ones in ``parts``, joined into one block of ``blocks`` when that
-    many have come. Reading joins everything once (and keeps the result as the only block)."""
-    if not parts and not blocks:
-        return None
-    text = pair_surrogates("".join(blocks) + "".join(parts))
-    blocks[:] = [text]
-    parts.clear()
-    return text
-
-
-class Turn:
-    """One choice of a streamed response: the assistant turn being assembled.
-
-    A live view while streaming; final once :attr:`ended`. Only a :attr:`complete` turn can
-    become history (:meth:`to_message`).
-    """
-
-    __slots__ = (
-        "_by_id",
-        "_by_index",
-        "_calls",
-        "_content",
-        "_content_blocks",
-        "_final_calls",
-        "_finish_seen",
-        "_last",
-        "_meta",
-        "_reasoning",
-        "_reasoning_blocks",
-        "_refusal",
-        "_refusal_blocks",
-        "_text_bytes",
-        "complete",
-        "end_reason",
-        "ended",
-        "finish_reason",
-        "incomplete_reason",
-        "index",
-    )
-
-    def __init__(self, index: int, meta: _Meta) -> None:
-        self.index = index
-        #: the last non-empty ``finish_reason`` seen for this choice.
-        self.finish_reason: str | None = None
-        #: whether the turn is over (the stream ended).
-        self.ended = False
-        #: whether the turn ended normally with every call ``finished``: safe for history.
-        self.complete = False
-        #: how the stream ended for this turn (``done``, ``eof``, ``error``, ``aborted``, ...).
-        self.end_reason: str | None = None
-        #: why an ended turn is not complete, else ``None``: the reason its calls were cut
-        #: (``length``, ``content_filter``, ``eof``, the error message or abort reason,
-        #: ``protocol_error``, ``limit:<name>``), ``no_tool_calls`` (finish_reason ``tool_calls``
-        #: or ``function_call`` with no call at all), or ``call_not_finished`` (the stream ended
-        #: normally but a call is truncated or aborted: see each call's ``reason``).
-        self.incomplete_reason: str | None = None
-        self._meta = meta
-        # text fields: recent fragments, and blocks of FLUSH_EVERY fragments joined (_joined)
-        self._content: list[str] = []
-        self._content_blocks: list[str] = []
-        self._reasoning: list[str] = []
-        self._reasoning_blocks: list[str] = []
-        self._refusal: list[str] = []
-        self._refusal_blocks: list[str] = []
-        self._text_bytes = 0
-        self._calls: list[ToolCall] = []
-        self._by_index: dict[int, ToolCall] = {}
-        self._by_id: dict[str, ToolCall] = {}
-        self._last: ToolCall | None = None
-        self._final_calls: list[ToolCall] | None = None
-        self._finish_seen = False
-
-    @property
-    def content(self) -> str | None:
-        """Concatenated ``delta.content`` (``None`` if the provider sent no non-empty content).
-
-        Surrogate halves that pair up across fragments become the real character."""
-        return _joined(self._content, self._content_blocks)
-
-    @property
-    def reasoning(self) -> str | None:
-        """Concatenated ``delta.reasoning_content`` / ``delta.reasoning``, or ``None``."""
-        return _joined(self._reasoning, self._reasoning_blocks)
-
-    @property
-    def refusal(self) -> str | None:
-        """Concatenated ``delta.refusal``, or ``None``."""
-        return _joined(self._refusal, self._refusal_blocks)
-
-    @property
-    def tool_calls(self) -> list[ToolCall]:
-        """The calls in final order: by provider index, then by opening order (calls without an
-        index after indexed ones)."""
-        if self._final_calls is not None:
-            return list(self._final_calls)
-        return sorted(self._calls, key=_call_order)
-
-    @property
-    def usage(self) -> dict[str, Any] | None:
-        """The response's ``usage`` when known (shared by every choice of the response)."""
-        return self._meta.usage
-
-    @property
-    def response_id(self) -> str | None:
-        """The response id (the chunks' ``id``)."""
-        return self._meta.response_id
-
-    @property
-    def model(self) -> str | None:
-        """The model name the provider reported."""
-        return self._meta.model
-
-    def to_message(self, *, include_reasoning: bool = False) -> dict[str, Any]:
-        """The OpenAI assistant message for this turn, ready to send back.
-
-        Only for a complete turn: any other raises :class:`~fsm.errors.IncompleteTurnError`, so an
-        unfinished call can never be salvaged into history by accident. ``include_reasoning``
-        adds ``reasoning_content`` (some providers want it back with tool calls).
-        """
-        if not self.complete:
-            states = {c.position: (c.state.value, c.reason) for c in self.tool_calls}
-            if not self.ended:
-                why = "the stream has not ended"
-            elif self.incomplete_reason == "no_tool_calls":
-                why = (
-                    f"finish_reason {self.finish_reason!r} but the stream carried no tool call "
-                    "(something was lost between the model and here)"
-                )
-            elif states and any(s != "finished" for s, _ in states.values()):
-                why = ", ".join(
-                    f"call {p} ({c.name or 'no name'}) is {s} ({r})"
-                    for p, (s, r), c in zip(states, states.values(), self.tool_calls, strict=True)
-                    if s != "finished"
-                )
-            else:
-                why = (
-                    f"the stream ended with {self.end_reason} / finish_reason {self.finish_reason}"
-                )
-            raise IncompleteTurnError(
-                f"choice {self.index} is not a complete turn: {why}; record it as an attempt "
-                "instead of sending it back",
-                choice=self.index,
-                states=states,
-            )
-        message: dict[str, Any] = {"role": "assistant", "content": self.content}
-        if self.refusal is not None:
-            message["refusal"] = self.refusal
-        if include_reasoning and self.reasoning is not None:
-            message["reasoning_content"] = self.reasoning
-        calls = self.tool_calls
-        if calls:
-            message["tool_calls"] = [c.to_dict() for c in calls]
-        return message
-
-    def to_json(self) -> dict[str, Any]:
-        """The turn as the ``choices[]`` entry of ``fsm parse --json``."""
-        return {
-            "index": self.index,
-            "finish_reason": self.finish_reason,
-            "complete": self.complete,
-            "incomplete_reason": self.incomplete_reason,
-            "content": self.content,
-            "reasoning": self.reasoning,
-            "refusal": self.refusal,
-            "tool_calls": [
-                {
-                    "position": c.position,
-                    "index": c.index,
-                    "id": c.id,
-                    "type": c.type,
-                    "name": c.name,
-                    "arguments": c.arguments,
-                    "state": c.state.value,
-                    "reason": c.reason,
-                    "repaired": c.repaired,
-                }
-                for c in self.tool_calls
-            ],
-        }
-
-    def __repr__(self) -> str:
-        return (
-            f"Turn(index={self.index}, finish_reason={self.finish_reason!r}, "
-            f"complete={self.complete}, tool_calls={len(self._calls)})"
-        )
-
-
-def _call_order(call: ToolCall) -> tuple[bool, int, int]:
-    return (call.index is None, call.index or 0, call.ordinal)
-
-
-@dataclass(slots=True)
-class ParseResult:
-    """What one streamed response amounted to."""
-
-    response_id: str | None
-    model: str | None
-    created: int | None
-    system_fingerprint: str | None
-    usage: dict[str, Any] | None
-    anomalies: list[Anomaly]
-    #: one per choice index, sorted by index.
-    turns: list[Turn]
-    #: how the stream ended (see :class:`fsm.events.StreamEnded`), ``None`` while it goes on.
-    end_how: str | None
-    #: the error message or abort reason, when there is one.
-    end_reason: str | None
-    #: the protocol error that ended the stream, if any.
-    error: RemoteProtocolError | None = field(default=None)
-    #: how many anomalies of each kind occurred (``anomalies`` keeps the first 100 of a kind).
-    anomaly_counts: dict[str, int] = field(default_factory=dict)
-    #: SSE events and chunks received (``0``: the input held no event at all, not a stream).
-    event_count: int = 0
-
-    @property
-    def complete(self) -> bool:
-        """Whether there is at least one choice and every choice is a complete turn."""
-        return bool(self.turns) and all(t.complete for t in self.turns)
-
-    def turn(self, index: int = 0) -> Turn:
-        """The turn of choice ``index``; ``KeyError`` with a clear message if there is none."""
-        for t in self.turns:
-            if t.index == index:
-                return t
-        raise KeyError(
-            f"the stream has no choice {index} (choices: {[t.index for t in self.turns]})"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        """The object ``fsm parse --json`` prints. ``end`` says how the stream ended
-        (``{"how": "done" | "eof" | "error" | "aborted" | "protocol_error" | "limit" | null,
-        "reason": <the error message, abort reason or limit, or null>}``), also when no choice
-        ever arrived."""
-        return {
-            "response_id": self.response_id,
-            "model": self.model,
-            "usage": self.usage,
-            "end": {"how": self.end_how, "reason": self.end_reason},
-            "anomalies": [{"kind": a.kind, "detail": a.detail} for a in self.anomalies],
-            "choices": [t.to_json() for t in self.turns],
-        }
 
 
 _OPEN: Final = StreamState.OPEN
@@ -731,7 +434,7 @@ class StreamParser:
                         self._fail(
                             f"must be an object, got {_json_type(delta)}", f"choices[{ci}].delta"
                         )
-                    if turn._finish_seen and _has_payload(delta):
+                    if turn.finish_seen and _has_payload(delta):
                         self._anomaly(
                             "delta_after_finish",
                             f"choice {index} sent data after finish_reason {turn.finish_reason!r}",
@@ -746,11 +449,13 @@ class StreamParser:
                                 f"must be a list or null, got {_json_type(tool_calls)}",
                                 f"choices[{ci}].delta.tool_calls",
                             )
-                        by_index = turn._by_index
+                        by_index = turn.by_index
                         for ti, entry in enumerate(tool_calls):
                             # The hottest case inline: a continuation {"index": i, "function":
-                            # {"arguments": "..."}} of a call already accumulating. It does
-                            # exactly what _tool_delta does for it; anything else goes there.
+                            # {"arguments": "..."}} of a call already accumulating, routed by
+                            # Turn.route's first rule (index, no id) and appended by
+                            # ToolCall.append after the same limit checks as _tool_delta's;
+                            # anything else goes to _tool_delta.
                             if type(entry) is dict and len(entry) == 2:
                                 tindex = entry.get("index")
                                 fn = entry.get("function")
@@ -765,25 +470,13 @@ class StreamParser:
                                         and call.over_limit is None
                                     ):
                                         size = len(fragment)
-                                        total = call._nbytes + size
                                         stream = self._stream_bytes + size
                                         if (
-                                            total <= self._max_argument_bytes
+                                            call.argument_bytes + size <= self._max_argument_bytes
                                             and stream <= self._max_stream_bytes
                                         ):
-                                            parts = call._parts
-                                            parts.append(fragment)
-                                            if len(parts) >= FLUSH_EVERY:
-                                                call._flush()
-                                            call._nbytes = total
                                             self._stream_bytes = stream
-                                            # _arguments_delta, inlined
-                                            delta_event = _new_event(ToolCallArgumentsDelta)
-                                            _ad_choice(delta_event, index)
-                                            _ad_ordinal(delta_event, call.ordinal)
-                                            _ad_index(delta_event, tindex)
-                                            _ad_delta(delta_event, fragment)
-                                            self._events.append(delta_event)
+                                            self._events.append(call.append(fragment, size))
                                             continue
                             self._tool_delta(turn, entry, ci, ti)
                             if self._status is not _OPEN:
@@ -849,7 +542,7 @@ class StreamParser:
             return False
         return True
 
-    def _count(self, size: int) -> bool:
+    def count_header_bytes(self, size: int) -> bool:
         """Add ``size`` bytes to what the stream holds; ``False`` when that ended the stream."""
         self._stream_bytes += size
         if self._stream_bytes > self._max_stream_bytes:
@@ -912,28 +605,22 @@ class StreamParser:
                 f"finish_reason {finish!r} is not a known value; treated like 'stop'",
                 turn.index,
             )
-        turn.finish_reason = finish
-        turn._finish_seen = True
+        turn.finish(finish)
         self._events.append(FinishReasonReceived(choice=turn.index, finish_reason=finish))
 
-    def _text(self, turn: Turn, value: str, parts: list[str], blocks: list[str]) -> bool:
+    def _text(self, turn: Turn, value: str, field: int) -> bool:
         """Keep one text fragment (checked to be a non-empty str); ``False`` when a limit ended
         the stream."""
         nbytes = len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
-        total = turn._text_bytes + nbytes
-        if total > self._max_text_bytes:
+        if turn.text_bytes + nbytes > self._max_text_bytes:
             self._limit("max_text_bytes", f"choice {turn.index} text exceeds the limit")
             return False
         stream = self._stream_bytes + nbytes
         if stream > self._max_stream_bytes:
             self._stream_limit()
             return False
-        turn._text_bytes = total
         self._stream_bytes = stream
-        parts.append(value)
-        if len(parts) >= FLUSH_EVERY:
-            blocks.append("".join(parts))
-            parts.clear()
+        turn.append_text(field, value, nbytes)
         return True
 
     def _texts(self, turn: Turn, delta: dict[str, Any], ci: int) -> bool:
@@ -945,7 +632,7 @@ class StreamParser:
             if type(content) is not str:
                 self._bad_text(content, "content", ci)
             if content:
-                if not self._text(turn, content, turn._content, turn._content_blocks):
+                if not self._text(turn, content, CONTENT):
                     return False
                 event: Event = _new_event(ContentDelta)  # _content_delta, inlined
                 _cd_choice(event, index)
@@ -962,7 +649,7 @@ class StreamParser:
             if type(reasoning) is not str:
                 self._bad_text(reasoning, field_name, ci)
             if reasoning:
-                if not self._text(turn, reasoning, turn._reasoning, turn._reasoning_blocks):
+                if not self._text(turn, reasoning, REASONING):
                     return False
                 event = _new_event(ReasoningDelta)  # _reasoning_delta, inlined
                 _rd_choice(event, index)
@@ -973,7 +660,7 @@ class StreamParser:
             if type(refusal) is not str:
                 self._bad_text(refusal, "refusal", ci)
             if refusal:
-                if not self._text(turn, refusal, turn._refusal, turn._refusal_blocks):
+                if not self._text(turn, refusal, REFUSAL):
                     return False
                 events.append(_refusal_delta(index, refusal))
         return True
@@ -1017,111 +704,67 @@ class StreamParser:
         if index is not None and (type(index) is not int or index < 0):
             self._bad_index(ci, ti, index)
 
-        # -- routing (spec: "Routing a tool-call delta to a call") --
-        call: ToolCall | None
-        if index is not None:
-            call = turn._by_index.get(index)
-            if call is not None and cid and call.id and cid != call.id:
-                call = None  # same index, a new distinct id: a new call (Groq, Bedrock, Ollama)
-        elif cid:
-            call = turn._by_id.get(cid)
-        elif name:
-            call = None
-        else:
-            call = turn._last
-            if call is None:
-                self._anomaly(
-                    "orphan_continuation",
-                    f"choice {turn.index}: a tool-call fragment with no index, id or name and no "
-                    "open call was dropped",
-                    turn.index,
-                )
-                return
+        try:
+            call = turn.route(index, cid, name)
+        except LookupError:
+            self._anomaly(
+                "orphan_continuation",
+                f"choice {turn.index}: a tool-call fragment with no index, id or name and no "
+                "open call was dropped",
+                turn.index,
+            )
+            return
         if call is None:
             if index is not None and index > _MAX_INDEX:
                 self._bad_index(ci, ti, index)
             call = self._open(turn, index, cid or "", name or "", typ or "")
             if call is None:
                 return
-        elif cid or name or typ:
-            self._merge_header(turn, call, cid, name, typ)
-        if not arguments:
-            return
-        # -- appending (O(fragment); no trigger but the first) --
-        if call.over_limit is None:
-            nbytes = (
-                len(arguments)
-                if arguments.isascii()
-                else len(arguments.encode("utf-8", "surrogatepass"))
-            )
-            if call._nbytes + nbytes > self._max_argument_bytes:
-                self._over_limit(call)
-                return
-            stream = self._stream_bytes + nbytes
-            if stream > self._max_stream_bytes:
-                self._stream_limit()
-                return
-            self._stream_bytes = stream
-            call._append(arguments, nbytes)
-            event = _new_event(ToolCallArgumentsDelta)  # _arguments_delta, inlined
-            _ad_choice(event, call.choice)
-            _ad_ordinal(event, call.ordinal)
-            _ad_index(event, call.index)
-            _ad_delta(event, arguments)
-            self._events.append(event)
-
-    def _merge_header(
-        self, turn: Turn, call: ToolCall, cid: str | None, name: str | None, typ: str | None
-    ) -> None:
-        # Past a limit the call's header fragments are dropped. A name is at most
-        # max_name_bytes (512), so appending a fragment copies at most that much, and each
-        # ToolCallUpdated event holds at most that much: linear in the bytes received.
-        if call.over_limit is not None:
-            return
-        changed = False
-        limits = self.limits
-        if cid and not call.id:
-            size = _utf8_len(cid)
-            if size > limits.max_id_bytes:
-                self._header_over_limit(call, "max_id_bytes", "id", limits.max_id_bytes)
-                return
-            if not self._count(size):
-                return
-            call.id = cid
-            turn._by_id.setdefault(cid, call)
-            if cid.isspace():
-                self._blank_id(call)
-            changed = True
-        if name and name != call.name:
-            size = _utf8_len(name)
-            if call._name_bytes + size > limits.max_name_bytes:
-                self._header_over_limit(call, "max_name_bytes", "name", limits.max_name_bytes)
-                return
-            if not self._count(size):
-                return
-            call.name += name
-            call._name_bytes += size
-            changed = True
-        if typ and not call._type:
-            size = _utf8_len(typ)
-            if size > limits.max_id_bytes:
-                self._header_over_limit(call, "max_id_bytes", "type", limits.max_id_bytes)
-                return
-            if not self._count(size):
-                return
-            call._type = typ
-        if changed:
+        elif (cid or name or typ) and call.merge(cid, name, typ, self):
             self._events.append(
                 ToolCallUpdated(
                     choice=turn.index, ordinal=call.ordinal, index=call.index, id=call.id,
                     name=call.name,
                 )
             )  # fmt: skip
+        if not arguments or call.over_limit is not None:
+            return
+        nbytes = (
+            len(arguments)
+            if arguments.isascii()
+            else len(arguments.encode("utf-8", "surrogatepass"))
+        )
+        if call.argument_bytes + nbytes > self._max_argument_bytes:
+            self._over_limit(call)
+            return
+        stream = self._stream_bytes + nbytes
+        if stream > self._max_stream_bytes:
+            self._stream_limit()
+            return
+        self._stream_bytes = stream
+        self._events.append(call.append(arguments, nbytes))
+
+    # -- what ToolCall.merge needs (fsm.toolcall.HeaderSink) --
+    @property
+    def max_id_bytes(self) -> int:
+        """``limits.max_id_bytes`` (for :meth:`ToolCall.merge`)."""
+        return self.limits.max_id_bytes
+
+    @property
+    def max_name_bytes(self) -> int:
+        """``limits.max_name_bytes`` (for :meth:`ToolCall.merge`)."""
+        return self.limits.max_name_bytes
+
+    def header_id_set(self, call: ToolCall) -> None:
+        """A call got its id late (for :meth:`ToolCall.merge`)."""
+        self._turns[call.choice].note_id(call)
+        if call.id.isspace():
+            self._blank_id(call)
 
     def _open(
         self, turn: Turn, index: int | None, cid: str, name: str, typ: str
     ) -> ToolCall | None:
-        if len(turn._calls) >= self.limits.max_tool_calls:
+        if turn.call_count >= self.limits.max_tool_calls:
             self._limit(
                 "max_tool_calls",
                 f"choice {turn.index} has more than {self.limits.max_tool_calls} tool calls",
@@ -1146,15 +789,9 @@ class StreamParser:
             self._stream_limit()
             return None
         call = ToolCall(
-            choice=turn.index, ordinal=len(turn._calls), index=index, id=cid, name=name, type=typ
+            choice=turn.index, ordinal=turn.call_count, index=index, id=cid, name=name, type=typ
         )
-        call._name_bytes = name_size
-        turn._calls.append(call)
-        turn._last = call
-        if index is not None:
-            turn._by_index[index] = call
-        if cid:
-            turn._by_id[cid] = call
+        turn.add_call(call)
         self._events.append(
             ToolCallOpened(
                 choice=turn.index, ordinal=call.ordinal, index=index, id=cid, name=name,
@@ -1164,7 +801,7 @@ class StreamParser:
         if cid.isspace():
             self._blank_id(call)
         if over is not None:
-            self._header_over_limit(call, *over)
+            self.header_over_limit(call, *over)
         return call
 
     def _blank_id(self, call: ToolCall) -> None:
@@ -1175,8 +812,9 @@ class StreamParser:
             call.choice,
         )
 
-    def _header_over_limit(self, call: ToolCall, limit: str, what: str, size: int) -> None:
-        call.over_limit = f"limit:{limit}"
+    def header_over_limit(self, call: ToolCall, limit: str, what: str, size: int) -> None:
+        """A call's id, name or type would pass ``limit`` (for :meth:`ToolCall.merge`)."""
+        call.exceed(limit)
         self._anomaly(
             "limit_exceeded",
             f"choice {call.choice} call {call.ordinal}: its {what} would exceed {size} bytes; "
@@ -1185,8 +823,7 @@ class StreamParser:
         )
 
     def _over_limit(self, call: ToolCall) -> None:
-        call.over_limit = "limit:max_argument_bytes"
-        call._drop()
+        call.exceed("max_argument_bytes", drop=True)
         self._anomaly(
             "limit_exceeded",
             f"choice {call.choice} call {call.ordinal}: arguments exceed "
@@ -1221,72 +858,22 @@ class StreamParser:
         self._events.append(StreamEnded(how=how, reason=reason, complete=complete))
 
     def _end_turn(self, turn: Turn, how: str, reason: str | None) -> None:
-        finish = turn.finish_reason
-        row = ending(how, finish)  # the ending table (fsm.states.ENDINGS)
-        why = None if row.trigger is None else (row.reason or reason or how)
-        calls = sorted(turn._calls, key=_call_order)
-        max_depth = self.limits.max_json_depth
-        for position, call in enumerate(calls):
-            call.position = position
-            if call.over_limit is not None:
-                call._end("abort", call.over_limit)
-            elif not call.name.strip():  # empty or only whitespace (str.isspace): no name
-                call._end(*MISSING_NAME)
-            elif row.trigger is None:
-                raw = call.raw_arguments
-                syntax = is_json(raw, max_depth)
-                suffix = (
-                    repair_json(raw, max_depth)
-                    if syntax is JsonSyntax.INVALID and self.repair_json
-                    else None
-                )
-                if suffix:
-                    call._end("finish", None, suffix)
-                else:
-                    call._end(*ARGUMENT_ENDINGS[syntax])
-            else:
-                call._end(row.trigger, why)
-            self._events.append(_final_event(call))
-        turn._final_calls = calls
-        turn._by_index = {}
-        turn._by_id = {}
-        turn._last = None
-        turn.ended = True
-        turn.end_reason = how
-        if row.trigger is not None:
-            turn.incomplete_reason = why
-        elif not calls and finish in CALL_FINISH_REASONS:
-            turn.incomplete_reason = NO_TOOL_CALLS
+        self._events.extend(
+            turn.end(how, reason, repair=self.repair_json, max_depth=self.limits.max_json_depth)
+        )
+        if turn.incomplete_reason == NO_TOOL_CALLS:
             self._anomaly(
                 "no_tool_calls",
-                f"choice {turn.index}: finish_reason {finish!r} but no tool call arrived; the "
-                "turn is not complete",
+                f"choice {turn.index}: finish_reason {turn.finish_reason!r} but no tool call "
+                "arrived; the turn is not complete",
                 turn.index,
             )
-        elif any(c.state is not ToolCallState.FINISHED for c in calls):
-            turn.incomplete_reason = CALL_NOT_FINISHED
-        turn.complete = turn.incomplete_reason is None
         self._events.append(
             TurnEnded(
-                choice=turn.index, finish_reason=finish, complete=turn.complete,
+                choice=turn.index, finish_reason=turn.finish_reason, complete=turn.complete,
                 reason=turn.incomplete_reason,
             )
         )  # fmt: skip
-
-
-def _final_event(call: ToolCall) -> Event:
-    cls: Any = FINAL_EVENTS[call.state]
-    if cls is ToolCallFinished:
-        return ToolCallFinished(
-            choice=call.choice, ordinal=call.ordinal, position=call.position, index=call.index,
-            id=call.id, name=call.name, arguments=call.arguments, repaired=call.repaired,
-            raw_length=len(call.raw_arguments),
-        )  # fmt: skip
-    event: Event = cls(
-        choice=call.choice, ordinal=call.ordinal, position=call.position, index=call.index,
-        id=call.id, name=call.name, arguments=call.arguments, reason=call.reason or "",
-    )  # fmt: skip
-    return event
 
 
 def _has_payload(delta: dict[str, Any]) -> bool:
@@ -1346,36 +933,30 @@ _MAX_INDEX: Final = 2**31 - 1
 _MAX_USAGE_DEPTH: Final = 32
 
 
-def _usage_problem(usage: dict[str, Any]) -> str | None:
-    """Why ``usage`` cannot be kept (stored as JSON on every engine), or ``None``: integers must
-    fit in signed 64 bits, floats be finite, nesting at most 32 deep. Iterative."""
-    # The common shape first, with no work list: numbers, strings and nulls, and objects of
-    # those (prompt_tokens_details). ``x - x != 0.0`` is true only for an infinite or NaN x.
-    for item in usage.values():
+def _flat_usage_ok(obj: dict[str, Any], *, nested: bool) -> bool:
+    """The common shape of ``usage``, checked with no work list: numbers, strings and nulls,
+    and (``nested``) objects of those (prompt_tokens_details). ``x - x != 0.0`` is true only for
+    an infinite or NaN x. ``False``: let the full check decide."""
+    for item in obj.values():
         kind = type(item)
         if kind is int:
             if item > _INT64_MAX or item < _INT64_MIN:
-                break
+                return False
         elif kind is float:
             if item - item != 0.0:
-                break
-        elif kind is dict:
-            for inner in item.values():
-                kind = type(inner)
-                if kind is int:
-                    if inner > _INT64_MAX or inner < _INT64_MIN:
-                        break
-                elif kind is float:
-                    if inner - inner != 0.0:
-                        break
-                elif kind is dict or kind is list:
-                    break
-            else:
-                continue
-            break
-        elif kind is list:
-            break
-    else:
+                return False
+        elif kind is dict and nested:
+            if not _flat_usage_ok(item, nested=False):
+                return False
+        elif kind is dict or kind is list:
+            return False
+    return True
+
+
+def _usage_problem(usage: dict[str, Any]) -> str | None:
+    """Why ``usage`` cannot be kept (stored as JSON on every engine), or ``None``: integers must
+    fit in signed 64 bits, floats be finite, nesting at most 32 deep. Iterative."""
+    if _flat_usage_ok(usage, nested=True):
         return None
     todo: list[tuple[Any, int]] = [(usage, 1)]
     while todo:
@@ -1396,13 +977,9 @@ def _usage_problem(usage: dict[str, Any]) -> str | None:
 
 
 def feed_all(parser: StreamParser, items: Iterable[Any]) -> list[Event]:
-    """Feed every item (bytes/str as SSE data, anything else as a chunk); no EOF."""
-    events: list[Event] = []
-    for item in items:
-        if isinstance(item, bytes | bytearray | memoryview):
-            events.extend(parser.receive_data(item))
-        elif isinstance(item, str):
-            events.extend(parser.receive_data(item.encode("utf-8", "surrogatepass")))
-        else:
-            events.extend(parser.receive_chunk(item))
-    return events
+    """Feed every item (bytes/str as SSE data, anything else as a chunk); no EOF.
+
+    Kept for old imports: the driver is :func:`fsm.api.feed_all`."""
+    from fsm.api import feed_all as _feed_all
+
+    return _feed_all(parser, items)

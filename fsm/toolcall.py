@@ -1,15 +1,23 @@
-"""One streamed tool call, and the JSON checks made when it ends."""
+"""One streamed tool call: it owns appending a fragment, merging id/name/type, and ending.
+
+The JSON helpers live in :mod:`fsm.jsonutil` (re-exported here for old imports)."""
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-import orjson
-
-from fsm.jsonsyntax import JsonSyntax, check_syntax
-from fsm.states import FINAL_STATES, ToolCallState, fire
+from fsm.events import (
+    Event,
+    ToolCallArgumentsDelta,
+    ToolCallFinished,
+    _ad_choice,
+    _ad_delta,
+    _ad_index,
+    _ad_ordinal,
+)
+from fsm.jsonutil import DEFAULT_MAX_JSON_DEPTH, JsonSyntax, is_json, loads_strict, repair_json
+from fsm.states import FINAL_EVENTS, FINAL_STATES, ToolCallState, fire
 
 __all__ = [
     "DEFAULT_MAX_JSON_DEPTH",
@@ -17,6 +25,7 @@ __all__ = [
     "JsonSyntax",
     "ToolCall",
     "is_json",
+    "loads_strict",
     "pair_surrogates",
     "repair_json",
 ]
@@ -63,10 +72,10 @@ class ToolCall:
         "_blocks",
         "_final_arguments",
         "_name_bytes",
-        "_nbytes",
         "_parts",
         "_raw_length",
         "_type",
+        "argument_bytes",
         "choice",
         "id",
         "index",
@@ -96,14 +105,15 @@ class ToolCall:
         #: type): its later fragments are dropped and it ends ``aborted`` with that reason.
         self.over_limit: str | None = None
         #: UTF-8 size of ``name`` (kept below ``Limits.max_name_bytes``)
-        self._name_bytes = 0
+        self._name_bytes = _utf8_len(name)
         # Fragments are kept in two levels so that memory stays close to the argument size
         # whatever the fragment size: up to FLUSH_EVERY recent fragments in ``_parts``, joined
         # into one string in ``_blocks`` when that many have come (O(fragment) amortised), and
         # everything joined once when the call ends.
         self._parts: list[str] = []
         self._blocks: list[str] = []
-        self._nbytes = 0
+        #: UTF-8 size of the raw arguments received so far (fragments past a limit not counted)
+        self.argument_bytes = 0
         self._final_arguments: str | None = None
         self._raw_length = 0
 
@@ -130,11 +140,6 @@ class ToolCall:
         return pair_surrogates("".join(self._blocks) + "".join(self._parts))
 
     @property
-    def argument_bytes(self) -> int:
-        """UTF-8 size of the raw arguments received so far (fragments past a limit not counted)."""
-        return self._nbytes
-
-    @property
     def final(self) -> bool:
         """Whether the call is in a final state."""
         return self.state in FINAL_STATES
@@ -154,19 +159,77 @@ class ToolCall:
             f"reason={self.reason!r}, arguments={self.arguments!r})"
         )
 
-    # -- driving (used by the parser) ---------------------------------------------------------
-    def _append(self, fragment: str, nbytes: int) -> None:
-        if self.state is ToolCallState.OPENED:
+    # -- driving (used by the parser and the turn) --------------------------------------------
+    def append(self, fragment: str, nbytes: int) -> Event:
+        """Append one non-empty argument fragment of ``nbytes`` UTF-8 bytes (the caller checked
+        the limits) and return its :class:`~fsm.events.ToolCallArgumentsDelta`. The only append
+        path: O(fragment), and a trigger only for the first fragment."""
+        if self.state is _OPENED:
             fire(self, "accumulate")
         parts = self._parts
         parts.append(fragment)
         if len(parts) >= FLUSH_EVERY:
-            self._flush()
-        self._nbytes += nbytes
+            self._blocks.append("".join(parts))
+            self._parts = []
+        self.argument_bytes += nbytes
+        event = _new_event(ToolCallArgumentsDelta)
+        _ad_choice(event, self.choice)
+        _ad_ordinal(event, self.ordinal)
+        _ad_index(event, self.index)
+        _ad_delta(event, fragment)
+        return event
 
-    def _flush(self) -> None:
-        self._blocks.append("".join(self._parts))
-        self._parts = []
+    def exceed(self, limit: str, *, drop: bool = False) -> None:
+        """Mark the call past ``limit``: its later fragments are dropped and it ends
+        ``aborted`` (reason ``limit:<limit>``); ``drop`` forgets the arguments held."""
+        self.over_limit = f"limit:{limit}"
+        if drop:
+            self._drop()
+
+    def merge(self, cid: str | None, name: str | None, typ: str | None, sink: HeaderSink) -> bool:
+        """Merge a delta's id, name and type into the call (spec "Merging fields into a call").
+
+        The id is set once (an empty string never overwrites), a name fragment equal to the
+        whole name is a repeat and anything else non-empty is appended, the type is set once.
+        ``sink`` counts the bytes (``False``: the stream ended), learns a new id and a limit
+        passed. Returns whether the id or name changed (a ``ToolCallUpdated`` is due)."""
+        # Past a limit the call's header fragments are dropped. A name is at most
+        # max_name_bytes (512), so appending a fragment copies at most that much: linear in
+        # the bytes received.
+        if self.over_limit is not None:
+            return False
+        changed = False
+        if cid and not self.id:
+            size = _utf8_len(cid)
+            if not self._fits(sink, size, 0, "id", "max_id_bytes", sink.max_id_bytes):
+                return False
+            self.id = cid
+            sink.header_id_set(self)
+            changed = True
+        if name and name != self.name:
+            size = _utf8_len(name)
+            held = self._name_bytes
+            if not self._fits(sink, size, held, "name", "max_name_bytes", sink.max_name_bytes):
+                return False
+            self.name += name
+            self._name_bytes += size
+            changed = True
+        if typ and not self._type:
+            size = _utf8_len(typ)
+            if not self._fits(sink, size, 0, "type", "max_id_bytes", sink.max_id_bytes):
+                return False
+            self._type = typ
+        return changed
+
+    def _fits(
+        self, sink: HeaderSink, size: int, held: int, what: str, limit: str, most: int
+    ) -> bool:
+        """Whether ``size`` more bytes of a header field (``held`` so far) stay within ``most``
+        and the stream's limit; past ``limit``, the sink is told."""
+        if held + size > most:
+            sink.header_over_limit(self, limit, what, most)
+            return False
+        return sink.count_header_bytes(size)
 
     def _drop(self) -> None:
         """Forget every fragment (a call past its size limit keeps nothing)."""
@@ -181,192 +244,45 @@ class ToolCall:
         self._raw_length = len(raw)
         return raw
 
-    def _end(self, trigger: str, reason: str | None, repair_suffix: str = "") -> None:
+    def end(self, trigger: str, reason: str | None, repair_suffix: str = "") -> Event:
+        """Make the call final (``trigger`` from :mod:`fsm.states`) and return its final event
+        (:data:`fsm.states.FINAL_EVENTS`)."""
         raw = self._seal()
         if repair_suffix:
             self._final_arguments = raw + repair_suffix
             self.repaired = True
         self.reason = reason
         fire(self, trigger)
+        cls: Any = FINAL_EVENTS[self.state]
+        if cls is ToolCallFinished:
+            return ToolCallFinished(
+                choice=self.choice, ordinal=self.ordinal, position=self.position,
+                index=self.index, id=self.id, name=self.name, arguments=self.arguments,
+                repaired=self.repaired, raw_length=self._raw_length,
+            )  # fmt: skip
+        event: Event = cls(
+            choice=self.choice, ordinal=self.ordinal, position=self.position, index=self.index,
+            id=self.id, name=self.name, arguments=self.arguments, reason=reason or "",
+        )  # fmt: skip
+        return event
 
 
-#: the nesting limit of :func:`is_json` by default (``Limits.max_json_depth``)
-DEFAULT_MAX_JSON_DEPTH: Final = 512
-#: texts longer than this skip orjson in :func:`is_json` (it would build the whole value, up to
-#: ~10 times the text in memory; the syntax check builds nothing)
-_ORJSON_MAX_CHARS: Final = 1 << 20
-_JSON_WHITESPACE: Final = " \t\r\n"
-_BLANK = re.compile(r"[ \t\r\n]*+").fullmatch
-#: ``int()`` refuses decimal strings of more than 4,300 digits (CPython's guard against slow
-#: conversions); longer integers are valid JSON and are decoded as floats (infinite) instead
-_MAX_INT_DIGITS: Final = 4000
+class HeaderSink(Protocol):
+    """What :meth:`ToolCall.merge` needs from its parser: the header limits, the stream's byte
+    count, and where to report a new id and a limit passed."""
+
+    @property
+    def max_id_bytes(self) -> int: ...
+    @property
+    def max_name_bytes(self) -> int: ...
+    def count_header_bytes(self, size: int) -> bool: ...
+    def header_id_set(self, call: ToolCall) -> None: ...
+    def header_over_limit(self, call: ToolCall, limit: str, what: str, size: int) -> None: ...
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+_new_event: Final = object.__new__
+_OPENED: Final = ToolCallState.OPENED
 
 
-def _parse_int(digits: str) -> int | float:
-    if len(digits) <= _MAX_INT_DIGITS:
-        return int(digits)
-    return float(digits)
-
-
-def loads_strict(data: str | bytes) -> Any:
-    """Decode one JSON document by the JSON grammar (RFC 8259), no more, no less.
-
-    orjson first (fast); where it refuses valid JSON (lone surrogate escapes such as a split
-    emoji's ``"\\ud83d"``, numbers beyond a double such as ``1e400``, which become infinite), the
-    standard library decides, with ``NaN``/``Infinity`` refused and integers of any length
-    accepted (more than 4,000 digits decode as an infinite float). Raises ``ValueError`` (or
-    ``RecursionError`` past the decoders' nesting limits, about 1,000 levels).
-    """
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        text = data.decode("utf-8") if isinstance(data, bytes) else data  # strict: no surrogates
-        return json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
-
-
-def is_json(text: str, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> JsonSyntax:
-    """Whether ``text`` is one valid JSON document, or empty / JSON whitespace only, by syntax.
-
-    Returns :class:`~fsm.jsonsyntax.JsonSyntax` (true only when ``VALID``): ``TOO_DEEP`` for a
-    valid document with more than ``max_depth`` nested containers, else ``INVALID``. A number
-    of any length is valid, as is a lone surrogate escape (``"\\ud83d"``); ``NaN``, trailing
-    commas, raw control characters in strings and raw surrogate characters are not. orjson
-    decides when it accepts a text of at most 1 MiB characters with no more brackets than
-    ``max_depth``; otherwise the linear-time syntax check :func:`~fsm.jsonsyntax.check_syntax`.
-    """
-    if not text or (text[0] in _JSON_WHITESPACE and _BLANK(text) is not None):
-        return JsonSyntax.VALID
-    if len(text) <= max_depth or (
-        len(text) <= _ORJSON_MAX_CHARS and text.count("[") + text.count("{") <= max_depth
-    ):
-        try:
-            orjson.loads(text)
-        except orjson.JSONDecodeError:
-            pass
-        else:
-            return JsonSyntax.VALID
-    return check_syntax(text, max_depth)
-
-
-_CLOSERS = {"{": "}", "[": "]"}
-_LITERALS = ("true", "false", "null")
-
-
-def repair_json(text: str, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> str | None:
-    """Return the shortest suffix found that makes ``text + suffix`` valid JSON, or ``None``.
-
-    Append-only by construction: it never drops or rewrites a character, so the raw string stays
-    a prefix of the repaired one. It closes an open string, completes a cut literal
-    (``tru`` -> ``true``) or number (``1.`` -> ``1.0``), supplies ``null`` for a value cut after
-    ``:`` or a key cut before its colon, and closes open arrays and objects. A trailing comma or
-    anything it cannot end with certainty gives ``None``: the call then stays ``truncated``, as
-    it does when the repaired text would nest deeper than ``max_depth``.
-    """
-    stack: list[str] = []
-    in_string = False
-    escape = False
-    # what the innermost object expects next: "key", "colon", "value", "comma"
-    expect: list[str] = []
-    token_start = -1
-    i = 0
-    n = len(text)
-    while i < n:
-        ch = text[i]
-        if in_string:
-            if escape:
-                escape = False
-            elif ch == "\\":
-                escape = True
-            elif ch == '"':
-                in_string = False
-                if expect and expect[-1] == "key":
-                    expect[-1] = "colon"
-                elif expect and expect[-1] == "value":
-                    expect[-1] = "comma"
-            i += 1
-            continue
-        if ch in " \t\r\n":
-            token_start = -1
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            stack.append(ch)
-            expect.append("key" if ch == "{" else "value")
-        elif ch in "}]":
-            if not stack:
-                return None
-            stack.pop()
-            expect.pop()
-            if expect:
-                expect[-1] = "comma"
-        elif ch == ":":
-            if expect and expect[-1] == "colon":
-                expect[-1] = "value"
-        elif ch == ",":
-            if expect:
-                expect[-1] = "key" if stack[-1] == "{" else "value"
-        else:
-            if token_start < 0:
-                token_start = i
-            if expect and expect[-1] == "value":
-                expect[-1] = "comma"
-        if ch in ' \t\r\n"{}[]:,':
-            token_start = -1
-        i += 1
-
-    suffix = ""
-    if in_string:
-        if escape:
-            return None
-        # a cut \uXXXX escape cannot be completed honestly
-        tail = text[text.rfind("\\") :] if "\\" in text else ""
-        if tail.startswith("\\u") and len(tail) < 6:
-            return None
-        suffix += '"'
-        if expect and expect[-1] == "key":
-            suffix += ":null"
-            expect[-1] = "comma"
-        elif expect and expect[-1] == "value":
-            expect[-1] = "comma"
-    elif token_start >= 0:
-        token = text[token_start:]
-        completed = _complete_scalar(token)
-        if completed is None:
-            return None
-        suffix += completed
-    if expect:
-        state = expect[-1]
-        if state == "colon":
-            suffix += ":null"
-        elif state == "value":
-            last = text.rstrip()[-1:] if text.strip() else ""
-            if last == ",":
-                return None
-            if last == ":":
-                suffix += "null"
-        elif state == "key":
-            last = text.rstrip()[-1:]
-            if last == ",":
-                return None
-    for opener in reversed(stack):
-        suffix += _CLOSERS[opener]
-    if not suffix:
-        return None
-    return suffix if is_json(text + suffix, max_depth) else None
-
-
-def _complete_scalar(token: str) -> str | None:
-    for literal in _LITERALS:
-        if literal.startswith(token):
-            return literal[len(token) :]
-    if token[-1:] in ("-", "+", ".", "e", "E"):
-        return "0"
-    try:
-        float(token)
-    except ValueError:
-        return None
-    return ""
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))

@@ -45,7 +45,7 @@ from fsm.agent.tools import Tool, function_tool
 from fsm.clients import CANCELLED
 from fsm.errors import FsmError
 from fsm.parser import ParseResult, StreamParser, Turn
-from fsm.states import ToolCallState, ending
+from fsm.states import ending
 from fsm.toolcall import ToolCall
 
 if TYPE_CHECKING:
@@ -255,8 +255,8 @@ def why_incomplete(result: ParseResult) -> str:
     if turn is None:
         return "the response has no choice 0"
     reasons = []
-    for call in turn.tool_calls:
-        if call.state is not ToolCallState.FINISHED and call.reason and call.reason not in reasons:
+    for call in turn.unfinished_calls:
+        if call.reason and call.reason not in reasons:
             reasons.append(call.reason)
     if reasons:
         return ", ".join(reasons)

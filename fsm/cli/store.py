@@ -207,8 +207,7 @@ def _why(parsed: Any, turn: Any) -> str:
     bad = [
         f"{call.name or 'a call without name'} {call.state.value}"
         + (f" ({call.reason})" if call.reason else "")
-        for call in turn.tool_calls
-        if call.state.value != "finished"
+        for call in turn.unfinished_calls
     ]
     return ", ".join(bad) or f"finish_reason {turn.finish_reason}, stream ended {turn.end_reason}"
 
