@@ -56,14 +56,8 @@ from fsm.store.errors import (
     ValueRejectedError,
 )
 from fsm.testing import ReplayServer, ReplayTurn, demo_script
-from tests.store.conftest import (  # noqa: F401  (fixtures: a fresh database per engine)
-    _postgres_at_head,
-    _sqlite_at_head,
-    db_url,
-    engine_name,
-    make_turn,
-)
-from tests.test_agent_loop import CLIENTS, DEMO, FINAL, MODEL, USER, _bounded, streamed
+from tests.helpers.agent import CLIENTS, DEMO, FINAL, MODEL, USER, bounded, streamed
+from tests.helpers.store import make_turn
 
 DEMO_TURN = parse_file(DEMO).turn(0)
 RESULTS = ["6912", "408"]
@@ -77,7 +71,7 @@ ASYNC_ONLY = "async-openai"
 
 
 @pytest.fixture
-def url(db_url: sa.URL) -> str:  # noqa: F811
+def url(db_url: sa.URL) -> str:
     return db_url.render_as_string(hide_password=False)
 
 
@@ -245,7 +239,7 @@ def drive(
                 finally:
                     await client.close()
 
-        asyncio.run(_bounded(body()))
+        asyncio.run(bounded(body()))
     with ConversationStore(plain(url)) as reader:
         try:
             run.history = reader.history(conversation)
@@ -800,7 +794,7 @@ def test_cancelled_during_the_commit_records_the_results_and_re_raises(url: str)
             run.attempts = await real.attempts("conv")
 
     with ReplayServer(demo_script()) as server:
-        asyncio.run(_bounded(scenario(server)))
+        asyncio.run(bounded(scenario(server)))
     assert run.runs == RAN_ONCE and run.history == [USER]
     (attempt,) = run.attempts
     assert attempt["error"] == "cancelled"

@@ -14,7 +14,6 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -37,21 +36,10 @@ from fsm.agent import (
 from fsm.api import parse_file
 from fsm.store import ConflictError, ConversationStore
 from fsm.store.aio import AsyncConversationStore
-from fsm.testing import EXAMPLES_DIR, ReplayServer, ReplayTurn, demo_script
+from fsm.testing import ReplayServer, ReplayTurn, demo_script
 from tests.helpers import CORPUS, require_corpus
-from tests.store.conftest import (  # noqa: F401  (fixtures: a fresh database per engine)
-    _postgres_at_head,
-    _sqlite_at_head,
-    db_url,
-    engine_name,
-)
+from tests.helpers.agent import CLIENTS, DEMO, DEMO_BYTES, FINAL, MODEL, USER, bounded, streamed
 
-DEMO = EXAMPLES_DIR / "parallel_add_multiply.sse"
-FINAL = EXAMPLES_DIR / "final_answer.sse"
-DEMO_BYTES = DEMO.read_bytes()
-USER = {"role": "user", "content": "What are 1234 + 5678 and 12 x 34?"}
-MODEL = "demo-model-1"
-CLIENTS = ["openai", "async-openai"]
 #: the end of the first tool-call event of the demo stream: a place to stall it
 FIRST_CALL_EVENT_END = DEMO_BYTES.index(b"\n\n", DEMO_BYTES.index(b"tool_calls")) + 2
 
@@ -128,23 +116,13 @@ def drive(
             run.history = await store.history(conversation)
             run.attempts = await store.attempts(conversation)
 
-    asyncio.run(_bounded(body()))
+    asyncio.run(bounded(body()))
     return run
 
 
-async def _bounded(coro: Any) -> Any:
-    async with asyncio.timeout(30):
-        return await coro
-
-
 @pytest.fixture
-def url(db_url: sa.URL) -> str:  # noqa: F811
+def url(db_url: sa.URL) -> str:
     return db_url.render_as_string(hide_password=False)
-
-
-def streamed(path: Path) -> dict[str, Any]:
-    """The assistant message fsm reads from a recorded stream: what history must hold."""
-    return parse_file(path).turn(0).to_message()
 
 
 # -- the demo conversation -----------------------------------------------------------------------
@@ -422,7 +400,7 @@ def test_cancelling_the_task_mid_stream_commits_nothing(record: bool, url: str) 
             return await store.history("conv"), await store.attempts("conv")
 
     with ReplayServer([ReplayTurn(DEMO, hold_at=FIRST_CALL_EVENT_END)]) as server:
-        history, attempts = asyncio.run(_bounded(scenario(server)))
+        history, attempts = asyncio.run(bounded(scenario(server)))
     assert history == [USER]
     assert not any(isinstance(e, ToolExecuted | TurnCommitted) for e in seen)
     if not record:

@@ -10,14 +10,12 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.helpers import corpus_files, require_corpus
+from tests.helpers import REPO, corpus_files, require_corpus
 
-REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "BENCHMARKS.md"
 LIBRARIES = ["fsm", "openai", "langchain", "litellm", "pydantic-ai", "openai-agents"]
 SYMBOLS = {"✓", "✗", "E", "n/a"}

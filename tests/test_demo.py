@@ -15,13 +15,6 @@ from click.testing import CliRunner
 from fsm.cli.main import cli
 from fsm.store import ConversationStore, audit
 from tests.helpers import REPO
-from tests.store.conftest import (  # noqa: F401  (fixtures: a fresh database per engine)
-    _postgres_at_head,
-    _sqlite_at_head,
-    db_url,
-    empty_url,
-    engine_name,
-)
 
 QUESTION = "What are 1234 + 5678 and 12 x 34?"
 ANSWER = "1234 + 5678 = 6912, and 12 \u00d7 34 = 408."
@@ -136,14 +129,14 @@ def test_demo_in_process(tmp_path: Path) -> None:
     assert_stored(url, other)
 
 
-def test_demo_on_each_engine(db_url: sa.URL) -> None:  # noqa: F811
+def test_demo_on_each_engine(db_url: sa.URL) -> None:
     url = db_url.render_as_string(hide_password=False)
     result = CliRunner().invoke(cli, ["demo", "--db", url, "--delay", "0"])
     assert result.exit_code == 0, result.output
     assert_stored(url, assert_output(result.output))
 
 
-def test_demo_on_an_empty_database(empty_url: sa.URL, engine_name: str) -> None:  # noqa: F811
+def test_demo_on_an_empty_database(empty_url: sa.URL, engine_name: str) -> None:
     """SQLite is created as needed; PostgreSQL must be upgraded first, and the error says how."""
     url = empty_url.render_as_string(hide_password=False)
     result = CliRunner().invoke(cli, ["demo", "--db", url, "--delay", "0"])

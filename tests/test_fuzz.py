@@ -21,7 +21,6 @@ import importlib
 import importlib.util
 import itertools
 import json
-import os
 import re
 import subprocess
 import sys
@@ -41,9 +40,7 @@ from fsm import (
     StreamParser,
     ToolCallState,
 )
-from tests.helpers import cut, strict_json
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO, cut, repo_env, strict_json
 
 FUZZ = settings(
     max_examples=150,
@@ -559,7 +556,7 @@ HAVE_ATHERIS = importlib.util.find_spec("atheris") is not None
 
 def run_harness(name: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """Run a harness in ``cwd`` (libFuzzer and the plain loop write crash files there)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = repo_env()
     return subprocess.run(
         [sys.executable, str(REPO / "fuzz" / name), *args],
         capture_output=True,

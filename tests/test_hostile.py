@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,14 +24,13 @@ from fsm import (
     StreamParser,
     ToolCallState,
 )
-from tests.helpers import strict_json
+from tests.helpers import child_json, strict_json
 
 try:
     from tests import hostile_catalog as catalog
 except ModuleNotFoundError:  # plain `pytest`: the repository root is not on sys.path
     import hostile_catalog as catalog  # type: ignore[import-not-found,no-redef]
 
-REPO = Path(__file__).resolve().parents[1]
 SPLIT_UP_TO = 200_000  # bytes: cases up to this size are also fed in 7-byte pieces
 
 
@@ -308,17 +303,7 @@ CHILD = textwrap.dedent(
 @cache
 def run_big(case_id: str) -> dict[str, Any]:
     case = catalog.BY_ID[case_id]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, case_id],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=case.max_seconds * 4 + 60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    out: dict[str, Any] = child_json(CHILD, case_id, timeout=case.max_seconds * 4 + 60)
     return out
 
 

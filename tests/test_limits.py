@@ -5,11 +5,7 @@ peak RSS at the default limits (in a subprocess, for the worst inputs of
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,9 +15,8 @@ from hypothesis import strategies as st
 from fsm import Limits, StreamParser, ToolCallUpdated
 from fsm.parser import MAX_INDEXED_BYTES, MAX_JSON_DEPTH
 from fsm.toolcall import FLUSH_EVERY
-from tests.helpers import bytewise, chunk, cut, sse, tc
+from tests.helpers import bytewise, child_json, chunk, cut, sse, tc
 
-REPO = Path(__file__).resolve().parents[1]
 SPLITS = settings(max_examples=20, deadline=None)
 
 
@@ -465,17 +460,7 @@ def test_peak_rss_at_the_default_limits(worst: str) -> None:
     from tests.worst_inputs import WORST
 
     case = WORST[worst]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, worst],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=case.max_seconds * 4 + 60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = child_json(CHILD, worst, timeout=case.max_seconds * 4 + 60)
     print(f"{worst}: {out['seconds']:.2f} s, peak RSS grew {out['growth_mb']:.1f} MB")
     assert tuple(out["end"]) == case.end
     assert out["growth_mb"] < case.max_rss_mb, out

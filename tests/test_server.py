@@ -19,7 +19,6 @@ import pytest
 from fsm.clients import iter_openai_events
 from fsm.sse import SSEFramer
 from fsm.testing import (
-    EXAMPLES_DIR,
     ReplayFailure,
     ReplayServer,
     ReplayTurn,
@@ -27,10 +26,8 @@ from fsm.testing import (
     split_events,
 )
 from tests.helpers import CORPUS, corpus_files, corpus_params, require_corpus
+from tests.helpers.agent import DEMO, DEMO_BYTES, FINAL
 
-DEMO = EXAMPLES_DIR / "parallel_add_multiply.sse"
-FINAL = EXAMPLES_DIR / "final_answer.sse"
-DEMO_BYTES = DEMO.read_bytes()
 USER = {"role": "user", "content": "What are 1234 + 5678 and 12 \u00d7 34?"}
 ADD_ID, MUL_ID = "call_add_7Qz2", "call_mul_9Xk4"
 ADD_ARGS, MUL_ARGS = '{"a": 1234, "b": 5678}', '{"a": 12, "b": 34}'

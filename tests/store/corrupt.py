@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from fsm.store import ConversationStore
-from tests.store.conftest import make_turn
+from tests.helpers.store import make_turn
 
 __all__ = ["CONVERSATION", "CORRUPTIONS", "Corruption", "for_engine", "seed"]
 

@@ -27,7 +27,7 @@ from fsm.store import (
 )
 from fsm.store.aio import AsyncConversationStore, async_url, sync_url
 from tests.helpers import CORPUS, corpus_expected, require_corpus
-from tests.store.conftest import assert_blocks_whole, assert_openai_accepts, make_turn
+from tests.helpers.store import assert_blocks_whole, assert_openai_accepts, make_turn
 
 T = TypeVar("T")
 

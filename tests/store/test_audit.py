@@ -1,6 +1,6 @@
 """Audit queries (``fsm.store.audit``) and the ``fsm audit`` / ``fsm history --mermaid`` commands
 on a small store with known answers, built through ``ConversationStore`` with the real parser on
-recorded provider streams (the corpus) and hand-built ones (``tests/helpers.py``)."""
+recorded provider streams (the corpus) and hand-built ones (``tests/helpers/``)."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ from fsm.store.engine import create_engine
 from fsm.store.migrate import upgrade
 from fsm.store.models import Base
 from tests.helpers import chunk, sse, tc
-from tests.store.conftest import make_turn
+from tests.helpers.store import make_turn
 from tests.store.corrupt import CORRUPTIONS, Corruption, seed
 
 # -- fixtures and helpers --------------------------------------------------------------------

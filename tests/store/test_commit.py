@@ -23,7 +23,7 @@ from fsm.store import (
     ResultsError,
     StoreBusyError,
 )
-from tests.store.conftest import make_turn
+from tests.helpers.store import make_turn
 
 TWO_CALLS = [("call_a", "add", '{"a": 2, "b": 3}'), ("call_m", "multiply", '{"a": 2, "b": 3}')]
 

@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from fsm.store import ConflictError, ConversationStore
-from tests.store.conftest import assert_blocks_whole, make_turn
+from tests.helpers.store import assert_blocks_whole, make_turn
 
 PROCESSES = 4
 TURNS = 10

@@ -17,76 +17,17 @@ import sqlalchemy as sa
 
 from fsm.store import ConversationStore
 from fsm.store.codec import encode_text
-from tests.store.conftest import make_turn
+from tests.helpers.store import (
+    Row,
+    assistant_row,
+    call_row,
+    dump,
+    make_turn,
+    result_row,
+    user_row,
+)
 
-Row = dict[str, Any]
 Step = tuple[str, Row] | str
-
-
-def user_row(conv: str, seq: int, *, prev_slots_left: int = 0) -> Row:
-    return {
-        "conversation_id": conv,
-        "seq": seq,
-        "role": "user",
-        "content": "raw",
-        "n_calls": 0,
-        "slots_left": 0,
-        "prev_seq": seq - 1 if seq else None,
-        "prev_slots_left": prev_slots_left if seq else None,
-        "tool_call_id": None,
-        "assistant_seq": None,
-        "call_position": None,
-        "block_end_seq": None,
-    }
-
-
-def assistant_row(conv: str, seq: int, n_calls: int) -> Row:
-    return {
-        **user_row(conv, seq),
-        "role": "assistant",
-        "content": None,
-        "n_calls": n_calls,
-        "slots_left": n_calls,
-        "block_end_seq": seq + n_calls if n_calls else None,
-    }
-
-
-def result_row(
-    conv: str, seq: int, assistant_seq: int, position: int, n_calls: int, call_id: str
-) -> Row:
-    return {
-        **user_row(conv, seq),
-        "role": "tool",
-        "content": "result",
-        "slots_left": n_calls - 1 - position,
-        "prev_slots_left": n_calls - position,
-        "tool_call_id": call_id,
-        "assistant_seq": assistant_seq,
-        "call_position": position,
-    }
-
-
-def call_row(
-    conv: str,
-    assistant_seq: int,
-    position: int,
-    n_calls: int,
-    call_id: str,
-    state: str = "finished",
-) -> Row:
-    return {
-        "conversation_id": conv,
-        "assistant_seq": assistant_seq,
-        "position": position,
-        "assistant_n_calls": n_calls,
-        "call_id": call_id,
-        "type": "function",
-        "name": "f",
-        "arguments": "{}",
-        "raw_arguments": None,
-        "repaired": False,
-        "state": state,
-    }
 
 
 def _insert(table: str, row: Row) -> sa.TextClause:
@@ -115,20 +56,6 @@ def seeded(store: ConversationStore) -> ConversationStore:
     store.append("d", [{"role": "user", "content": str(i)} for i in range(4)])
     store.commit_turn("d", make_turn([("d0", "f", "{}")], response_id="r-d"), ["rd"])
     return store
-
-
-def dump(store: ConversationStore) -> dict[str, list[Any]]:
-    with store.engine.connect() as conn:
-        return {
-            table: [
-                tuple(row) for row in conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY {key}"))
-            ]
-            for table, key in (
-                ("conversations", "id"),
-                ("messages", "conversation_id, seq"),
-                ("tool_calls", "conversation_id, assistant_seq, position"),
-            )
-        }
 
 
 @dataclass

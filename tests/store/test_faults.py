@@ -35,7 +35,7 @@ from sqlalchemy import event
 
 from bench import soak
 from fsm.store import ConversationStore, audit
-from tests.store.conftest import make_turn
+from tests.helpers.store import make_turn
 
 TABLES = ("conversations", "messages", "tool_calls", "attempts", "attempt_calls")
 CALLS = [

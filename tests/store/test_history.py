@@ -17,7 +17,7 @@ from fsm.api import parse_file
 from fsm.errors import IncompleteTurnError
 from fsm.store import ConversationStore
 from tests.helpers import CORPUS, corpus_expected, require_corpus
-from tests.store.conftest import assert_blocks_whole, assert_openai_accepts, make_turn
+from tests.helpers.store import assert_blocks_whole, assert_openai_accepts, make_turn
 
 
 def test_history_round_trips_every_complete_corpus_turn(store: ConversationStore) -> None:

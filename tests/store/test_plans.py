@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from fsm.store import audit as A
-from tests.store.conftest import _pg_schema_url, _postgres_server
+from tests.helpers.store import pg_schema_url, postgres_server
 
 REPO = Path(__file__).resolve().parents[2]
 CALLS = 30_000
@@ -54,7 +54,7 @@ def seeded(
         yield engine
         engine.dispose()
         return
-    url, drop = _pg_schema_url(_postgres_server())
+    url, drop = pg_schema_url(postgres_server())
     try:
         seed.seed(url, CALLS, attempt_rate=0.3)
         engine = A.open_readonly(url)

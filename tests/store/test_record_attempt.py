@@ -18,7 +18,7 @@ from fsm.parser import Anomaly, ParseResult, Turn
 from fsm.store import ConversationStore
 from fsm.store.aio import AsyncConversationStore
 from fsm.store.models import Attempt, AttemptCall
-from tests.store.conftest import make_turn
+from tests.helpers.store import make_turn
 
 HOSTILE_TEXTS = [
     "nul \x00 inside",

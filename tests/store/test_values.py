@@ -22,8 +22,7 @@ from fsm.store import (
 )
 from fsm.store.migrate import upgrade
 from fsm.store.store import MAX_KEY_BYTES
-from tests.store.conftest import make_turn
-from tests.store.test_contract import dump
+from tests.helpers.store import dump, make_turn
 
 
 @pytest.fixture

@@ -1,19 +1,15 @@
-"""Fixtures of the store tests: a fresh database at head on each engine.
+"""The store tests' helpers: a turn built by the real parser, checks that messages are whole
+blocks the openai SDK accepts, and PostgreSQL schemas to test in.
 
-SQLite always runs (a file in the test's tmp_path). PostgreSQL runs when
-``FSM_TEST_POSTGRES_URL`` is set (e.g. ``postgresql+psycopg://postgres@127.0.0.1:5432/test``);
-tests work in uniquely-named schemas (selected through ``search_path``, dropped afterwards) and
-start from empty tables, so they are independent. With ``FSM_REQUIRE_POSTGRES=1`` a missing or unreachable server is a
-failure instead of a skip.
+Kept apart from :mod:`tests.helpers` (which fuzz imports) so that importing the stream builders
+does not load SQLAlchemy, pydantic and the openai SDK.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -25,12 +21,11 @@ from fsm import parse
 from fsm.parser import Turn
 from fsm.store import ConversationStore
 from fsm.store.engine import normalize_url
-from fsm.store.migrate import upgrade
 
-ENGINES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+# -- PostgreSQL --------------------------------------------------------------------------------
 
 
-def _postgres_server() -> sa.URL:
+def postgres_server() -> sa.URL:
     """The PostgreSQL server to test against, or a skip / failure with the reason."""
     required = os.environ.get("FSM_REQUIRE_POSTGRES") == "1"
     raw = os.environ.get("FSM_TEST_POSTGRES_URL")
@@ -58,7 +53,7 @@ def _postgres_server() -> sa.URL:
     return url
 
 
-def _pg_schema_url(server: sa.URL) -> tuple[sa.URL, Callable[[], None]]:
+def pg_schema_url(server: sa.URL) -> tuple[sa.URL, Callable[[], None]]:
     """A new, empty schema on ``server``: its URL and a function that drops it."""
     schema = f"fsm_test_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(server, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
@@ -76,72 +71,7 @@ def _pg_schema_url(server: sa.URL) -> tuple[sa.URL, Callable[[], None]]:
     return server.update_query_dict({"options": options}), drop
 
 
-@pytest.fixture(params=ENGINES)
-def engine_name(request: pytest.FixtureRequest) -> str:
-    """Each test using a database runs once per engine."""
-    name: str = request.param
-    return name
-
-
-@pytest.fixture
-def empty_url(engine_name: str, tmp_path: Path) -> Iterator[sa.URL]:
-    """A URL of an empty database (no tables at all): a new file, or a new schema."""
-    if engine_name == "sqlite":
-        yield sa.make_url(f"sqlite:///{tmp_path / 'empty.db'}")
-        return
-    url, drop = _pg_schema_url(_postgres_server())
-    try:
-        yield url
-    finally:
-        drop()
-
-
-@pytest.fixture(scope="session")
-def _sqlite_at_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("template") / "head.db"
-    upgrade(f"sqlite:///{path}")
-    return path
-
-
-@pytest.fixture(scope="session")
-def _postgres_at_head() -> Iterator[sa.URL]:
-    url, drop = _pg_schema_url(_postgres_server())
-    upgrade(url)
-    try:
-        yield url
-    finally:
-        drop()
-
-
-@pytest.fixture
-def db_url(engine_name: str, request: pytest.FixtureRequest, tmp_path: Path) -> sa.URL:
-    """A URL of a fresh database at head, with no data.
-
-    SQLite: a copy of a database migrated once per session. PostgreSQL: one schema migrated
-    once per session, emptied before each test (``DELETE``), which is much faster than
-    migrating a new schema for every test; the migration tests use :func:`empty_url`.
-    """
-    if engine_name == "sqlite":
-        path = tmp_path / "store.db"
-        shutil.copyfile(request.getfixturevalue("_sqlite_at_head"), path)
-        return sa.make_url(f"sqlite:///{path}")
-    url: sa.URL = request.getfixturevalue("_postgres_at_head")
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.begin() as conn:
-            # every table hangs off conversations with ON DELETE CASCADE; much faster than
-            # TRUNCATE on tables this small
-            conn.execute(sa.text("DELETE FROM conversations"))
-    finally:
-        engine.dispose()
-    return url
-
-
-@pytest.fixture
-def store(db_url: sa.URL) -> Iterator[ConversationStore]:
-    """A store on a fresh database, on each engine."""
-    with ConversationStore(db_url) as opened:
-        yield opened
+# -- turns and messages ----------------------------------------------------------------------
 
 
 def make_turn(
@@ -204,3 +134,89 @@ def assert_blocks_whole(messages: list[dict[str, Any]]) -> None:
         assert [r["role"] for r in results] == ["tool"] * len(calls), f"split block at {i}"
         assert [r["tool_call_id"] for r in results] == [c["id"] for c in calls]
         i += 1 + len(calls)
+
+
+# -- raw rows (the history contract's tables) -------------------------------------------------
+
+Row = dict[str, Any]
+
+
+def user_row(conv: str, seq: int, *, prev_slots_left: int = 0) -> Row:
+    return {
+        "conversation_id": conv,
+        "seq": seq,
+        "role": "user",
+        "content": "raw",
+        "n_calls": 0,
+        "slots_left": 0,
+        "prev_seq": seq - 1 if seq else None,
+        "prev_slots_left": prev_slots_left if seq else None,
+        "tool_call_id": None,
+        "assistant_seq": None,
+        "call_position": None,
+        "block_end_seq": None,
+    }
+
+
+def assistant_row(conv: str, seq: int, n_calls: int) -> Row:
+    return {
+        **user_row(conv, seq),
+        "role": "assistant",
+        "content": None,
+        "n_calls": n_calls,
+        "slots_left": n_calls,
+        "block_end_seq": seq + n_calls if n_calls else None,
+    }
+
+
+def result_row(
+    conv: str, seq: int, assistant_seq: int, position: int, n_calls: int, call_id: str
+) -> Row:
+    return {
+        **user_row(conv, seq),
+        "role": "tool",
+        "content": "result",
+        "slots_left": n_calls - 1 - position,
+        "prev_slots_left": n_calls - position,
+        "tool_call_id": call_id,
+        "assistant_seq": assistant_seq,
+        "call_position": position,
+    }
+
+
+def call_row(
+    conv: str,
+    assistant_seq: int,
+    position: int,
+    n_calls: int,
+    call_id: str,
+    state: str = "finished",
+) -> Row:
+    return {
+        "conversation_id": conv,
+        "assistant_seq": assistant_seq,
+        "position": position,
+        "assistant_n_calls": n_calls,
+        "call_id": call_id,
+        "type": "function",
+        "name": "f",
+        "arguments": "{}",
+        "raw_arguments": None,
+        "repaired": False,
+        "state": state,
+    }
+
+
+def dump(store: ConversationStore) -> dict[str, list[Any]]:
+    """conversations, messages and tool_calls, every row in key order."""
+    with store.engine.connect() as conn:
+        return {
+            table: [
+                tuple(row) for row in conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY {key}"))
+            ]
+            for table, key in (
+                ("conversations", "id"),
+                ("messages", "conversation_id, seq"),
+                ("tool_calls", "conversation_id, assistant_seq, position"),
+            )
+        }

@@ -1,6 +1,7 @@
-"""The tests' one set of helpers, used by tests, bench and fuzz: where the recorded corpus is and
-how to reach it, builders for small hand-written streams in the shape providers send, cutting
-bytes into pieces, and the tests' own JSON oracle.
+"""The tests' one set of helpers (tests and the fuzz harnesses import them): where the recorded
+corpus is and how to reach it, builders for small hand-written streams in the shape providers
+send, cutting bytes into pieces, and the tests' own JSON oracle. The store tests' helpers (a turn
+built by the real parser, message checks, PostgreSQL schemas) are in :mod:`tests.helpers.store`.
 
 The corpus is read in place from ``../shared/corpus`` beside the checkout (never copied into the
 project). Without it the corpus tests skip with a reason; with ``FSM_REQUIRE_CORPUS=1`` (set by
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -19,8 +22,28 @@ import pytest
 
 # -- the recorded corpus -----------------------------------------------------------------------
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CORPUS = Path(os.environ.get("FSM_CORPUS_DIR", REPO.parent / "shared" / "corpus"))
+
+
+def repo_env() -> dict[str, str]:
+    """The environment for a child Python that imports this checkout (``fsm`` and ``tests``)."""
+    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def child_json(code: str, *args: str, timeout: float) -> Any:
+    """Run ``code`` in a fresh Python (``python -c code *args``, in the checkout, with
+    :func:`repo_env`); it must exit 0, and its last output line is JSON: return it parsed."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=repo_env(),
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def corpus_available() -> bool:
