@@ -202,19 +202,11 @@ def _slot_setter(cls: type[Event], name: str) -> Callable[[Event, Any], None]:
     return setter
 
 
+#: slot setters of ToolCallArgumentsDelta (for ToolCall.append, the one place building it)
 _ad_choice = _slot_setter(ToolCallArgumentsDelta, "choice")
 _ad_ordinal = _slot_setter(ToolCallArgumentsDelta, "ordinal")
 _ad_index = _slot_setter(ToolCallArgumentsDelta, "index")
 _ad_delta = _slot_setter(ToolCallArgumentsDelta, "delta")
-
-
-def _arguments_delta(choice: int, ordinal: int, index: int | None, delta: str) -> Event:
-    event: Event = _new(ToolCallArgumentsDelta)
-    _ad_choice(event, choice)
-    _ad_ordinal(event, ordinal)
-    _ad_index(event, index)
-    _ad_delta(event, delta)
-    return event
 
 
 def _text_factory(cls: type[Event]) -> Callable[[int, str], Event]:
@@ -230,11 +222,9 @@ def _text_factory(cls: type[Event]) -> Callable[[int, str], Event]:
     return make
 
 
-_content_delta = _text_factory(ContentDelta)
 #: slot setters of ContentDelta and ReasoningDelta, for the parser's inlined hot paths
 _cd_choice = _slot_setter(ContentDelta, "choice")
 _cd_text = _slot_setter(ContentDelta, "text")
 _rd_choice = _slot_setter(ReasoningDelta, "choice")
 _rd_text = _slot_setter(ReasoningDelta, "text")
-_reasoning_delta = _text_factory(ReasoningDelta)
 _refusal_delta = _text_factory(RefusalDelta)

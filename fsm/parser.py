@@ -453,9 +453,9 @@ class StreamParser:
                         for ti, entry in enumerate(tool_calls):
                             # The hottest case inline: a continuation {"index": i, "function":
                             # {"arguments": "..."}} of a call already accumulating, routed by
-                            # Turn.route's first rule (index, no id) and appended by
-                            # ToolCall.append after the same limit checks as _tool_delta's;
-                            # anything else goes to _tool_delta.
+                            # Turn.route's first rule (index, no id), within the limits
+                            # _arguments checks, appended by ToolCall.append (the one append);
+                            # anything else (a limit passed included) goes to _tool_delta.
                             if type(entry) is dict and len(entry) == 2:
                                 tindex = entry.get("index")
                                 fn = entry.get("function")
@@ -634,7 +634,7 @@ class StreamParser:
             if content:
                 if not self._text(turn, content, CONTENT):
                     return False
-                event: Event = _new_event(ContentDelta)  # _content_delta, inlined
+                event: Event = _new_event(ContentDelta)  # built through its slots (fsm.events)
                 _cd_choice(event, index)
                 _cd_text(event, content)
                 events.append(event)
@@ -651,7 +651,7 @@ class StreamParser:
             if reasoning:
                 if not self._text(turn, reasoning, REASONING):
                     return False
-                event = _new_event(ReasoningDelta)  # _reasoning_delta, inlined
+                event = _new_event(ReasoningDelta)  # built through its slots (fsm.events)
                 _rd_choice(event, index)
                 _rd_text(event, reasoning)
                 events.append(event)
@@ -729,11 +729,11 @@ class StreamParser:
             )  # fmt: skip
         if not arguments or call.over_limit is not None:
             return
-        nbytes = (
-            len(arguments)
-            if arguments.isascii()
-            else len(arguments.encode("utf-8", "surrogatepass"))
-        )
+        self._arguments(call, arguments, _utf8_len(arguments))
+
+    def _arguments(self, call: ToolCall, fragment: str, nbytes: int) -> None:
+        """Append an argument fragment of ``nbytes`` UTF-8 bytes within the call's and the
+        stream's limits (:meth:`ToolCall.append`); past the call's, it ends aborted."""
         if call.argument_bytes + nbytes > self._max_argument_bytes:
             self._over_limit(call)
             return
@@ -742,7 +742,7 @@ class StreamParser:
             self._stream_limit()
             return
         self._stream_bytes = stream
-        self._events.append(call.append(arguments, nbytes))
+        self._events.append(call.append(fragment, nbytes))
 
     # -- what ToolCall.merge needs (fsm.toolcall.HeaderSink) --
     @property
