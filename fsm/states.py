@@ -1,8 +1,11 @@
 """The tool-call state machine, declared as data.
 
-This module owns every state rule of a tool call (as h11's ``_state.py`` does for HTTP): the
-states, the transitions between them, and the single shared :mod:`transitions` machine that
-drives every call. Nothing else in ``fsm`` assigns a call's state.
+This module owns every state decision of the parser, as data (as h11's ``_state.py`` does for
+HTTP): a call's states, the transitions between them and the single shared :mod:`transitions`
+machine that drives every call; the failure states; the final event of each final state; the
+ending table (how the stream ended x the choice's last finish_reason -> trigger and reason,
+read by :meth:`fsm.turn.Turn.end` and the agent); and the stream's own states
+(:class:`StreamState`). Nothing else in ``fsm`` assigns a call's state or re-derives an ending.
 
 The machine is built once, with no models attached (``model=None``): a transition is fired for a
 call with ``MACHINE.events[trigger].trigger(call)``, which costs nothing per call (no
