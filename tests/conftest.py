@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from fsm.store import ConversationStore
 from fsm.store.migrate import upgrade
 from tests.helpers import CORPUS, require_corpus
-from tests.helpers.store import pg_schema_url, postgres_server
+from tests.helpers.store import empty_database, pg_schema_url, postgres_server
 
 
 @pytest.fixture
@@ -44,14 +44,7 @@ def engine_name(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def empty_url(engine_name: str, tmp_path: Path) -> Iterator[sa.URL]:
     """A URL of an empty database (no tables at all): a new file, or a new schema."""
-    if engine_name == "sqlite":
-        yield sa.make_url(f"sqlite:///{tmp_path / 'empty.db'}")
-        return
-    url, drop = pg_schema_url(postgres_server())
-    try:
-        yield url
-    finally:
-        drop()
+    yield from empty_database(engine_name, tmp_path / "empty.db")
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -220,3 +221,16 @@ def dump(store: ConversationStore) -> dict[str, list[Any]]:
                 ("tool_calls", "conversation_id, assistant_seq, position"),
             )
         }
+
+
+def empty_database(engine_name: str, path: Path) -> Iterator[sa.URL]:
+    """Yield the URL of an empty database (no tables at all): the SQLite file ``path``, or a new
+    PostgreSQL schema (dropped afterwards). For fixtures: ``yield from empty_database(...)``."""
+    if engine_name == "sqlite":
+        yield sa.make_url(f"sqlite:///{path}")
+        return
+    url, drop = pg_schema_url(postgres_server())
+    try:
+        yield url
+    finally:
+        drop()

@@ -21,8 +21,7 @@ from fsm.store.models import Base
 from tests.helpers.store import (
     assistant_row,
     call_row,
-    pg_schema_url,
-    postgres_server,
+    empty_database,
     result_row,
     user_row,
 )
@@ -199,14 +198,7 @@ def _checks_and_indexes(url: sa.URL) -> dict[str, object]:
 
 @pytest.fixture
 def second_empty_url(engine_name: str, tmp_path: Path) -> Iterator[sa.URL]:
-    if engine_name == "sqlite":
-        yield sa.make_url(f"sqlite:///{tmp_path / 'second.db'}")
-        return
-    url, drop = pg_schema_url(postgres_server())
-    try:
-        yield url
-    finally:
-        drop()
+    yield from empty_database(engine_name, tmp_path / "second.db")
 
 
 def test_migrations_and_models_build_the_same_checks_and_indexes(

@@ -134,6 +134,12 @@ def _failure_conditions(
     return conditions
 
 
+#: the calls of attempts and their attempts, as every query of this module reads them.
+_AC = _ATTEMPT_CALLS.alias("ac")
+_AT = _ATTEMPTS.alias("at")
+_FAILED_FROM = _AC.join(_AT, _AT.c.id == _AC.c.attempt_id)
+
+
 def failures(
     bind: Bind,
     *,
@@ -164,8 +170,7 @@ def failures(
         since=since,
         until=until,
     )
-    c_ = _ATTEMPT_CALLS.alias("ac")
-    a = _ATTEMPTS.alias("at")
+    c_, a = _AC, _AT
     with _connect(bind, snapshot=True) as conn:
         conditions = _failure_conditions(conn, c_, a, filters)
         raw = functools.partial(_raw, conn)
@@ -187,7 +192,7 @@ def failures(
                 raw(a.c.created_at),
                 raw(c_.c.arguments),
             )
-            .select_from(c_.join(a, a.c.id == c_.c.attempt_id))
+            .select_from(_FAILED_FROM)
             .order_by(c_.c.attempt_id, c_.c.position)
         )
         page = _PAGE if limit is None else limit
@@ -246,8 +251,7 @@ def failure_counts(
         since=since,
         until=until,
     )
-    c_ = _ATTEMPT_CALLS.alias("ac")
-    a = _ATTEMPTS.alias("at")
+    c_, a = _AC, _AT
     with _connect(bind) as conn:
         conditions = _failure_conditions(conn, c_, a, filters)
         calls = sa.func.count()
@@ -260,7 +264,7 @@ def failure_counts(
                 calls,
                 sa.func.count(sa.distinct(c_.c.attempt_id)),
             )
-            .select_from(c_.join(a, a.c.id == c_.c.attempt_id))
+            .select_from(_FAILED_FROM)
             .where(*conditions)
             .group_by(model_, state_, reason_)
         )
