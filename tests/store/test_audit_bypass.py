@@ -725,8 +725,9 @@ def test_the_check_command_lists_every_kind() -> None:
 def test_the_guard_functions_never_run_in_a_parallel_worker(own_url: sa.URL) -> None:
     """fsm_try_jsonb and fsm_json_valid catch errors in an exception block, a subtransaction,
     which a parallel worker cannot start ("cannot start subtransactions during a parallel
-    operation"): they are declared PARALLEL UNSAFE (RESTRICTED is not enough: the leader is in parallel mode too), so even with parallel plans forced on a
-    big table, the queries that use them run in the leader and never fail for the whole store."""
+    operation"): they are declared PARALLEL UNSAFE (RESTRICTED is not enough: the leader is in
+    parallel mode too), so even with parallel plans forced on a big table, the queries that use
+    them get no parallel plan and never fail for the whole store."""
     _commit_calls(own_url, HOSTILE_ARGUMENTS)
     engine = sa.create_engine(own_url, poolclass=sa.pool.NullPool)
     forced = (
