@@ -16,14 +16,40 @@ import click
 from fsm import __version__
 from fsm.errors import FsmError, RemoteProtocolError
 
-__all__ = ["EXIT_INCOMPLETE", "EXIT_UNUSABLE", "cli", "main"]
+__all__ = [
+    "EXIT_CORRUPT",
+    "EXIT_FULL",
+    "EXIT_INCOMPLETE",
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
+    "EXIT_OUTCOME_UNKNOWN",
+    "EXIT_STORE",
+    "EXIT_UNAVAILABLE",
+    "EXIT_UNUSABLE",
+    "cli",
+    "main",
+]
 
-#: exit status when the work was done but the result is incomplete / not clean
+# One exit status per outcome, the same for every command (the README's "Exit status" table):
+#: the work was done and the result is incomplete or not clean (a stream that did not complete,
+#: a turn recorded as a failed attempt, an audit check that found violations)
 EXIT_INCOMPLETE = 1
-#: exit status for unusable input (a protocol error) or a usage error
+#: a usage error or unusable input (a bad option or URL, input that is not a stream)
 EXIT_UNUSABLE = 2
-#: exit status for an unexpected internal error
+#: the store refused the request (not found, conflict, schema not at head, value rejected)
+EXIT_STORE = 3
+#: the database could not be reached or stayed busy: nothing was written, retry later
+EXIT_UNAVAILABLE = 4
+#: the connection was lost while COMMIT was in flight: retry with the same idempotency key
+EXIT_OUTCOME_UNKNOWN = 5
+#: the disk or the database is full: nothing was written
+EXIT_FULL = 6
+#: the database file itself is corrupt (the engine's own integrity check failed)
+EXIT_CORRUPT = 7
+#: an unexpected internal error (a bug: please report it)
 EXIT_INTERNAL = 70
+#: interrupted (Ctrl-C), as shells report SIGINT
+EXIT_INTERRUPTED = 130
 
 
 def exit_code_for(error: BaseException) -> int:

@@ -24,6 +24,13 @@ from __future__ import annotations
 
 from fsm.store.engine import create_engine, default_url
 from fsm.store.errors import (
+    CommitOutcomeUnknownError,
+    DatabaseCorruptError,
+    DatabaseFileError,
+    DatabaseUrlError,
+    DriverMissingError,
+    StorageFullError,
+    StoreUnavailableError,
     ConflictError,
     ConversationExistsError,
     ConversationNotFoundError,
@@ -47,6 +54,13 @@ from fsm.store.models import Base
 from fsm.store.store import CommittedTurn, ConversationStore, Results
 
 __all__ = [
+    "CommitOutcomeUnknownError",
+    "DatabaseCorruptError",
+    "DatabaseFileError",
+    "DatabaseUrlError",
+    "DriverMissingError",
+    "StorageFullError",
+    "StoreUnavailableError",
     "Base",
     "CommittedTurn",
     "ConflictError",

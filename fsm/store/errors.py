@@ -30,8 +30,15 @@ __all__ = [
     "ResultsError",
     "RetryableStoreError",
     "SchemaNotAtHeadError",
+    "CommitOutcomeUnknownError",
+    "DatabaseCorruptError",
+    "DatabaseFileError",
+    "DatabaseUrlError",
+    "DriverMissingError",
+    "StorageFullError",
     "StoreBusyError",
     "StoreError",
+    "StoreUnavailableError",
     "UnsupportedValueError",
     "ValueRejectedError",
 ]
@@ -71,6 +78,53 @@ class ConflictError(RetryableStoreError):
 
 class StoreBusyError(RetryableStoreError):
     """The database stayed locked by another writer past the busy timeout (SQLite)."""
+
+
+class StoreUnavailableError(RetryableStoreError):
+    """The database could not be reached or stopped answering: the connection was refused or
+    reset, the server shut down, or an operation passed its deadline.
+
+    The fault came before COMMIT was sent, so nothing of the call was written; retrying later
+    is safe. The driver's error is chained as ``__cause__``.
+    """
+
+
+class CommitOutcomeUnknownError(StoreUnavailableError):
+    """The connection was lost while COMMIT was in flight: the write may or may not be stored.
+
+    Retry the same call with the same idempotency key (a turn's ``response_id`` or
+    ``idempotency_key``): the store then commits it exactly once, or returns the stored turn.
+    """
+
+
+class StorageFullError(StoreError):
+    """The database has no room left (SQLite: the disk or the file size limit is full;
+    PostgreSQL: ``disk_full``/``out_of_memory``-class errors). Nothing of the call was written;
+    free space, then retry."""
+
+
+class DatabaseUrlError(StoreError, ValueError):
+    """A database URL cannot be used: it does not parse, or names an engine fsm does not store
+    to. The message shows what a valid URL looks like."""
+
+
+class DriverMissingError(StoreError, ImportError):
+    """The database driver the URL needs is not installed (the message names the package)."""
+
+
+class DatabaseFileError(StoreError):
+    """A SQLite database file cannot be used: it is not a database, or it (or its folder) is
+    read-only. ``path`` names the file."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        self.path = path
+        super().__init__(message)
+
+
+class DatabaseCorruptError(StoreError):
+    """The database engine reports its own storage corrupt (SQLite ``SQLITE_CORRUPT`` /
+    ``quick_check``, PostgreSQL ``data_corrupted``/``index_corrupted``). Restore from a backup;
+    ``fsm audit check --db URL`` lists what the engine found."""
 
 
 class ConversationNotFoundError(StoreError, LookupError):
