@@ -211,7 +211,8 @@ def calls(
 @click.option(
     "--counts",
     is_flag=True,
-    help="Count failed calls (and attempts) by model, state and reason instead of listing them.",
+    help="Count failed calls and attempts by model, state and reason instead of listing them "
+    "(attempts without a failed call have state empty and calls 0).",
 )
 @paging_options
 @output_options
@@ -219,10 +220,14 @@ def calls(
 def failures(
     url: str | None, filters: dict[str, Any], counts: bool, page: Page, output: OutputFormat
 ) -> None:
-    """List the truncated and aborted calls of recorded attempts, with reasons and anomalies.
+    """List the failed turns of recorded attempts: each truncated or aborted call, with its
+    reason and the attempt's anomalies, and each attempt without such a call as one row whose
+    call columns are empty (a provider's error event, a text turn cut by length, a stream cut
+    before any call; its reason is the attempt's).
 
     An attempt is a turn that could not go to history (cut by max_tokens, a dropped stream, a
-    content filter, a server error, invalid JSON). Rows come oldest attempt first.
+    content filter, a server error, invalid JSON). Rows come oldest attempt first. --tool,
+    --state and --reason select calls: with any of them, only failed calls are listed.
 
     \b
     Examples:

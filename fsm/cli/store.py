@@ -226,7 +226,8 @@ def _preview(value: Any, limit: int = 120) -> str:
     "--last",
     type=click.IntRange(min=0),
     default=None,
-    help="Only the last N messages (never starting inside a tool block).",
+    help="Only the last N messages, or more to keep a tool block whole (a window that would "
+    "start inside one starts at its assistant message).",
 )
 @click.option(
     "--include-reasoning", is_flag=True, help="Add reasoning_content to assistant messages."

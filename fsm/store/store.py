@@ -298,9 +298,12 @@ class ConversationStore:
         """The conversation as an OpenAI ``messages`` list, ready to send.
 
         Tool call ids and arguments are byte-exact; each assistant message with tool calls is
-        followed by its results in call order. ``last=N`` returns at most the last ``N``
-        messages, starting at a message boundary: a window that would start inside a tool block
-        starts after it instead, so a block is never split. ``include_reasoning`` adds
+        followed by its results in call order. ``last=N`` returns the smallest window of at
+        least ``N`` messages (all of them when there are fewer) that does not split a tool
+        block: the last ``N`` messages, or, when the first of those is a tool result, the window
+        that starts at its assistant message instead (so a conversation that ends in a block
+        of more than ``N`` messages gives that whole block, never ``[]``); ``last=0`` gives
+        ``[]``. ``include_reasoning`` adds
         ``reasoning_content`` to assistant messages that have reasoning (some providers want it
         back). Two queries (messages, then tool calls) in one snapshot, whatever the length of
         the conversation.
@@ -785,21 +788,24 @@ def _read(
     if last is not None:
         if last == 0:
             return []
+        # the smallest window of at least ``last`` messages that does not split a tool block:
+        # the last ``last`` messages, started at their block's assistant message when the
+        # first of them is a tool result
         first = (
             sa.select(sa.func.max(m.seq) - (last - 1))
             .where(m.conversation_id == conversation_id)
             .scalar_subquery()
         )
-        query = query.where(m.seq >= first)
+        owner = (
+            sa.select(m.assistant_seq)
+            .where(m.conversation_id == conversation_id, m.seq == first)
+            .scalar_subquery()
+        )
+        query = query.where(m.seq >= sa.func.coalesce(owner, first))
     try:
         rows = conn.execute(query).all()
     except (ValueError, TypeError) as exc:  # JSON that is not JSON
         raise _Corrupt(f"a stored message cannot be read back: {_first_line(exc)}") from None
-    start = 0
-    if last is not None:
-        # a window starts at a message boundary: drop results whose assistant is outside
-        while start < len(rows) and rows[start][1] == "tool":
-            start += 1
     messages: list[dict[str, Any]] = []
     calls_of: dict[int, list[dict[str, Any]]] = {}
     #: for each assistant message with calls: its n_calls and its results' tool_call_ids
@@ -818,7 +824,7 @@ def _read(
         n_calls,
         assistant_seq,
         call_position,
-    ) in rows[start:] if start else rows:
+    ) in rows:
         if not _is_int(seq):
             raise _Corrupt(f"a message has seq {_show(seq)}, not an integer")
         if expected is None:

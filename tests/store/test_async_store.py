@@ -78,7 +78,8 @@ def test_commit_turn_and_history(url: str, sync_store: ConversationStore) -> Non
             assert history == [USER, *committed.messages]
             assert history[1] == turn.to_message()
             assert await store.next_seq(conv) == 4
-            assert await store.history(conv, last=2) == []  # would split the block: none
+            # 2 would split the block: the whole block instead (issue 12)
+            assert await store.history(conv, last=2) == committed.messages
             assert await store.history(conv, last=3) == committed.messages
             final = make_turn([], content="5 and 6.", finish_reason="stop", response_id="r2")
             await store.commit_turn(conv, final)

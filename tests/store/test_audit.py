@@ -8,6 +8,8 @@ import csv
 import io
 import json
 import os
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from fsm.cli.main import cli
 from fsm.cli.output import OutputFormat, emit, mermaid_sequence, mermaid_text
 from fsm.store import ConversationStore, SchemaNotAtHeadError
 from fsm.store import audit as A
-from tests.helpers import CORPUS, chunk, require_corpus, sse, tc
+from tests.helpers import CORPUS, chunk, repo_env, require_corpus, sse, tc
 
 PARALLEL = "openai/openai-gpt-4o_parallel_two_calls.sse"  # add + multiply, gpt-4o, usage 156
 GPT5 = "openai/openai-gpt-5_single_tool_call.sse"  # weather
@@ -273,6 +275,93 @@ def test_failures_with_reasons_anomalies_and_counts(engine: Any) -> None:
     assert A.failure_counts(engine, name="nothing") == []
     with pytest.raises(A.InvalidFilterError, match="failed calls are"):
         list(A.failures(engine, state="finished"))
+
+
+GROQ_FAILED = "groq/groq-gpt-oss-120b_tool_use_failed_error_event.sse"
+
+
+def record_callless(store: ConversationStore, conversation: str) -> None:
+    """Three attempts without a tool call (issue 12): Groq's tool_use_failed error event, a text
+    turn cut by length, a stream cut (eof) before any call."""
+    store.create_conversation(conversation, exist_ok=True)
+    store.record_attempt(conversation, corpus(GROQ_FAILED))
+    store.record_attempt(
+        conversation, parse(sse(chunk(content="Hello wor"), chunk(finish="length")))
+    )
+    store.record_attempt(conversation, parse(sse(chunk(content="Hel"), done=False)))
+
+
+def test_failures_include_attempts_without_calls(url: str) -> None:
+    with ConversationStore(url) as store:
+        record_callless(store, "c4")
+    engine = A.open_readonly(url)
+    try:
+        rows = list(A.failures(engine))
+        groq = corpus(GROQ_FAILED)
+        assert [(r.conversation_id, r.name, r.state, r.reason) for r in rows] == [
+            ("c1", "weather", "aborted", "eof"),
+            ("c2", "get_weather", "truncated", "length"),
+            ("c4", None, None, groq.end_reason),  # the provider's error message
+            ("c4", None, None, "length"),
+            ("c4", None, None, "eof"),
+        ]
+        assert [(r.position, r.call_id, r.arguments) for r in rows[2:]] == [(None, None, None)] * 3
+        assert [r.model for r in rows[2:]] == ["openai/gpt-oss-120b", "test-model", "test-model"]
+        assert [r.end_how for r in rows[2:]] == ["error", "done", "eof"]
+        assert len({r.attempt_id for r in rows}) == 5
+        # keyset pages and offsets walk the merged rows in key order
+        keys = [r.key for r in rows]
+        assert keys == sorted(keys)
+        for i in range(len(rows)):
+            assert [r.key for r in A.failures(engine, after=rows[i].key)] == keys[i + 1 :]
+            assert [r.key for r in A.failures(engine, limit=2, offset=i)] == keys[i : i + 2]
+        assert [r.key for r in A.failures(engine, limit=None)] == keys
+        # the attempt filters apply to them; a call filter (tool, state, reason) selects calls
+        assert len(list(A.failures(engine, conversation="c4"))) == 3
+        assert [r.reason for r in A.failures(engine, model="test-model")] == [
+            "length",
+            "length",
+            "eof",
+        ]
+        assert list(A.failures(engine, conversation="c4", reason="length")) == []
+        assert list(A.failures(engine, conversation="c4", state="aborted")) == []
+        counts = A.failure_counts(engine, conversation="c4")
+        assert sum(c.attempts for c in counts) == 3 and all(c.calls == 0 for c in counts)
+        assert sorted((c.model, c.state, c.reason, c.attempts) for c in counts) == sorted(
+            [
+                ("openai/gpt-oss-120b", None, groq.end_reason, 1),
+                ("test-model", None, "length", 1),
+                ("test-model", None, "eof", 1),
+            ]
+        )
+        everything = A.failure_counts(engine)
+        assert sum(c.attempts for c in everything) == 5
+        assert [c.calls for c in everything] == [1, 1, 0, 0, 0]
+    finally:
+        engine.dispose()
+
+
+def test_failures_counts_command_counts_every_attempt(url: str) -> None:
+    """The reported case, as a user runs it: 3 attempts recorded, ``--counts`` shows 3."""
+    with ConversationStore(url) as store:
+        record_callless(store, "c4")
+    result = subprocess.run(
+        [sys.executable, "-m", "fsm", "audit", "failures", "--db", url, "--counts", "--csv",
+         "--conversation", "c4"],
+        capture_output=True, text=True, env=repo_env(), timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert sum(int(r["attempts"]) for r in rows) == 3
+    assert {(r["model"], r["state"], r["calls"]) for r in rows} == {
+        ("openai/gpt-oss-120b", "", "0"),
+        ("test-model", "", "0"),
+    }
+    listed = run("audit", "failures", "--db", url, "--conversation", "c4", "--json")
+    assert [(r["state"], r["reason"]) for r in json.loads(listed.stdout)][1:] == [
+        (None, "length"),
+        (None, "eof"),
+    ]
 
 
 def test_stats(engine: Any) -> None:

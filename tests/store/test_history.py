@@ -123,14 +123,15 @@ def test_windows_never_split_a_tool_block(
     assert len(full) == 18
     for n in range(len(full) + 3):
         window = store.history(conv, last=n)
-        assert len(window) <= n
+        assert len(window) >= min(n, len(full))
         assert window == full[len(full) - len(window) :]
         assert_blocks_whole(window)
-        # the window is the largest whole-block suffix of at most n messages
+        # the window is the smallest whole-block suffix of at least n messages (issue 12)
         start = len(full) - min(n, len(full))
-        while start < len(full) and full[start]["role"] == "tool":
-            start += 1
+        while 0 < start < len(full) and full[start]["role"] == "tool":
+            start -= 1
         assert len(window) == len(full) - start
+        assert n == 0 or window
 
 
 @settings(
@@ -147,9 +148,46 @@ def test_windows_on_random_conversations(
     full = store.history(conv)
     n = data.draw(st.integers(min_value=0, max_value=len(full) + 1))
     window = store.history(conv, last=n)
-    assert window == full[len(full) - len(window) :] and len(window) <= n
+    assert window == full[len(full) - len(window) :] and len(window) >= min(n, len(full))
     assert_blocks_whole(window)
     assert not window or window[0]["role"] != "tool"
+    assert bool(window) == (n > 0)
+    if len(window) > n > 0:  # grown only to reach the assistant message of a split block
+        assert full[len(full) - n]["role"] == "tool"
+        assert all(m["role"] == "tool" for m in window[1 : len(window) - n + 1])
+
+
+def test_a_window_inside_a_final_tool_block_is_the_whole_block(store: ConversationStore) -> None:
+    """The reported case (issue 12): a conversation that ends in a block of an assistant
+    message with 4 calls and their 4 results; ``last=2`` used to give ``[]``."""
+    conv = _build(store, [0, 4])
+    full = store.history(conv)
+    assert [m["role"] for m in full] == ["user", "assistant", "tool", "tool", "tool", "tool"]
+    for n in (1, 2, 3, 4, 5):
+        assert store.history(conv, last=n) == full[1:], n
+    assert store.history(conv, last=6) == full
+    assert store.history(conv, last=60) == full
+    assert store.history(conv, last=0) == []
+
+
+def test_async_windows_are_the_same(db_url: Any) -> None:
+    import asyncio
+
+    from fsm.store.aio import AsyncConversationStore
+
+    with ConversationStore(db_url) as sync:
+        conv = _build(sync, [0, 3, 0, 1, 2, 0, 4])
+        full = sync.history(conv)
+        want = {n: sync.history(conv, last=n) for n in range(len(full) + 2)}
+
+    async def windows() -> dict[int, list[dict[str, Any]]]:
+        async with AsyncConversationStore(db_url) as store:
+            return {n: await store.history(conv, last=n) for n in want}
+
+    got = asyncio.run(windows())
+    assert got == want
+    assert got[2] == full[-5:]  # the last 2 are results of the 4-call block: the whole block
+    assert got[1] == full[-5:]
 
 
 def test_last_must_be_a_non_negative_int(store: ConversationStore) -> None:
@@ -191,5 +229,5 @@ def test_ten_thousand_messages_in_one_query(store: ConversationStore) -> None:
     assert len(history) == 10_000
     assert sum(len(m.get("tool_calls", [])) for m in history) == 99 * blocks
     assert_blocks_whole(history)
-    assert window == history[-len(window) :] and 0 < len(window) <= 1100
+    assert window == history[-len(window) :] and 1100 <= len(window) <= 1100 + 99
     assert any(m.get("tool_calls") for m in window)

@@ -1,10 +1,18 @@
-""":func:`failures` lists the truncated and aborted calls of attempts with reasons and
-anomalies; :func:`failure_counts` groups them by model, state and reason.
+""":func:`failures` lists the failed turns of recorded attempts: each truncated or aborted call,
+with reasons and anomalies, and each attempt that has no such call (a provider's error event
+before any call, a text turn cut by ``length``, a stream cut or cancelled before any call, a turn
+whose commit failed after its tools ran) as one row of its own; :func:`failure_counts` groups
+both by model, state and reason.
+
+Every recorded attempt therefore appears at least once (when no call filter is given): an attempt
+is a turn that could not go to history, whether or not it had a call that broke.
 """
 
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -37,21 +45,26 @@ from fsm.store.errors import InvalidFilterError
 # -- failures ----------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FailureRow(_Row):
-    """A truncated or aborted call of a recorded attempt, with why its turn failed.
+    """A truncated or aborted call of a recorded attempt, with why its turn failed, or an attempt
+    that has no such call.
 
     ``seq`` is where the turn would have gone (the attempt's ``at_seq``); ``reason`` is the
     call's (``length``, ``eof``, ``content_filter``, ``invalid_json``, an error message, ...);
     ``end_how`` / ``end_reason`` say how the stream ended; ``anomalies`` are the kinds of the
     parser's anomalies recorded with the attempt; ``arguments`` is the (cut) text received.
+
+    An attempt without a truncated or aborted call (no call at all, or finished calls only) is
+    one row whose call fields (``position``, ``call_id``, ``name``, ``state``, ``arguments``)
+    are ``None`` and whose ``reason`` is the attempt's (:func:`attempt_reason`).
     """
 
     attempt_id: int
     conversation_id: str
     seq: int
-    position: int
-    call_id: str
-    name: str
-    state: str
+    position: int | None
+    call_id: str | None
+    name: str | None
+    state: str | None
     reason: str | None
     model: str | None
     finish_reason: str | None
@@ -59,20 +72,24 @@ class FailureRow(_Row):
     end_reason: str | None
     anomalies: list[str]
     created_at: datetime | None
-    arguments: str
+    arguments: str | None
 
     @property
     def key(self) -> tuple[int, int]:
-        """``(attempt_id, position)``: pass it as ``after=`` for the next page."""
-        return (self.attempt_id, self.position)
+        """``(attempt_id, position)`` (position ``-1`` for a row of an attempt without a failed
+        call): pass it as ``after=`` for the next page."""
+        return (self.attempt_id, -1 if self.position is None else self.position)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FailureCount(_Row):
-    """How many failed calls (and distinct attempts) share a model, a state and a reason."""
+    """How many failed calls (and distinct attempts) share a model, a state and a reason.
+
+    Attempts without a truncated or aborted call are counted with ``state`` ``None``, ``calls``
+    0 and the attempt's reason (:func:`attempt_reason`)."""
 
     model: str | None
-    state: str
+    state: str | None
     reason: str | None
     calls: int
     attempts: int
@@ -134,6 +151,66 @@ def _failure_conditions(
     return conditions
 
 
+#: finish reasons of a turn that ended as it should (nothing to say about it).
+_NORMAL_FINISH = frozenset({"stop", "tool_calls", "function_call"})
+
+
+def attempt_reason(
+    finish_reason: str | None, end_how: str | None, end_reason: str | None, error: str | None
+) -> str | None:
+    """Why an attempt failed, from what it recorded, in the words of a call's ``reason``: the
+    error of a commit that failed after the tools ran; else how the stream ended when that was
+    not ``done`` (its reason: a provider's error message, an abort reason; else ``eof``,
+    ``aborted``, ...); else an unusual ``finish_reason`` (``length``, ``content_filter``);
+    else ``None``."""
+    if error:
+        return error
+    if end_how and end_how != "done":
+        return end_reason or end_how
+    if finish_reason and finish_reason not in _NORMAL_FINISH:
+        return finish_reason
+    return None
+
+
+def _no_failed_call(conn: Connection, a: sa.FromClause) -> sa.ColumnElement[bool]:
+    """The attempt ``a`` has no truncated or aborted call."""
+    c_ = _ATTEMPT_CALLS.alias("nf")
+    if conn.dialect.name == "sqlite":  # by the primary key, not the state index
+        state_ok = (sa.type_coerce(c_.c.state, sa.String) + "").in_(_FAILED_STATES)
+        return ~sa.exists().where(c_.c.attempt_id == a.c.id, state_ok)
+    state_ok = c_.c.state.in_([ToolCallState(s) for s in _FAILED_STATES])
+    # OFFSET 0 keeps PostgreSQL from turning this into an anti join that reads every call of
+    # every attempt: it stays a lookup by the primary key per attempt the other filters found
+    probe = sa.select(sa.literal(1)).select_from(c_).where(c_.c.attempt_id == a.c.id, state_ok)
+    return ~probe.offset(0).exists()
+
+
+def _attempt_conditions(
+    conn: Connection, a: sa.FromClause, f: Filters
+) -> list[sa.ColumnElement[bool]]:
+    conditions = [_no_failed_call(conn, a)]
+    if f.conversation is not None:
+        conditions.append(a.c.conversation_id == f.conversation)
+    if f.model is not None:
+        conditions.append(a.c.model == f.model)
+    conditions += _time_filters(conn, a.c.created_at, f.since, f.until)
+    return conditions
+
+
+def _calls_filtered(f: Filters) -> bool:
+    """Whether a filter selects calls (tool, state, reason): then only failed calls match."""
+    return f.name is not None or f.state is not None or f.reason is not None
+
+
+def _anomaly_kinds(value: object) -> list[str]:
+    anomalies = _json_value(value)
+    return [
+        _text(a.get("kind"))
+        for a in (anomalies if isinstance(anomalies, list) else [])
+        if isinstance(a, dict)
+    ]
+
+
 #: the calls of attempts and their attempts, as every query of this module reads them.
 _AC = _ATTEMPT_CALLS.alias("ac")
 _AT = _ATTEMPTS.alias("at")
@@ -154,10 +231,13 @@ def failures(
     offset: int = 0,
     after: tuple[int, int] | None = None,
 ) -> Iterator[FailureRow]:
-    """The truncated and aborted calls of recorded attempts, oldest attempt first.
+    """The failed turns of recorded attempts, oldest attempt first: each truncated or aborted
+    call, and each attempt without one as a row of its own (call fields ``None``; see
+    :class:`FailureRow`).
 
     Filters as in :func:`tool_calls`, plus ``state`` (``truncated`` or ``aborted``) and
-    ``reason`` (the call's). Pages: ``limit`` / ``offset``, or ``after=row.key``.
+    ``reason`` (the call's). ``name``, ``state`` and ``reason`` select calls: with any of them,
+    only failed calls are listed. Pages: ``limit`` / ``offset``, or ``after=row.key``.
     """
     if (limit is not None and limit < 0) or offset < 0:
         raise InvalidFilterError("limit and offset must not be negative")
@@ -170,64 +250,123 @@ def failures(
         since=since,
         until=until,
     )
-    c_, a = _AC, _AT
     with _connect(bind, snapshot=True) as conn:
-        conditions = _failure_conditions(conn, c_, a, filters)
-        raw = functools.partial(_raw, conn)
-        query = (
-            sa.select(
-                a.c.id,
-                raw(a.c.conversation_id),
-                a.c.at_seq,
-                c_.c.position,
-                raw(c_.c.call_id),
-                raw(c_.c.name),
-                raw(c_.c.state),
-                raw(c_.c.reason),
-                raw(a.c.model),
-                raw(a.c.finish_reason),
-                raw(a.c.end_how),
-                raw(a.c.end_reason),
-                raw(a.c.anomalies),
-                raw(a.c.created_at),
-                raw(c_.c.arguments),
-            )
-            .select_from(_FAILED_FROM)
-            .order_by(c_.c.attempt_id, c_.c.position)
+        page = _PAGE if limit is None else min(_PAGE, limit + offset) or 1
+        streams = [_failed_calls(conn, filters, page, after)]
+        if not _calls_filtered(filters):
+            streams.append(_failed_attempts(conn, filters, page, after))
+        merged = heapq.merge(*streams, key=lambda row: row.key)
+        stop = None if limit is None else offset + limit
+        yield from itertools.islice(merged, offset, stop)
+
+
+def _failed_calls(
+    conn: Connection, filters: Filters, page: int, after: tuple[int, int] | None
+) -> Iterator[FailureRow]:
+    """The failed calls, in key order, read ``page`` rows at a time."""
+    c_, a = _AC, _AT
+    conditions = _failure_conditions(conn, c_, a, filters)
+    raw = functools.partial(_raw, conn)
+    query = (
+        sa.select(
+            a.c.id,
+            raw(a.c.conversation_id),
+            a.c.at_seq,
+            c_.c.position,
+            raw(c_.c.call_id),
+            raw(c_.c.name),
+            raw(c_.c.state),
+            raw(c_.c.reason),
+            raw(a.c.model),
+            raw(a.c.finish_reason),
+            raw(a.c.end_how),
+            raw(a.c.end_reason),
+            raw(a.c.anomalies),
+            raw(a.c.created_at),
+            raw(c_.c.arguments),
         )
-        page = _PAGE if limit is None else limit
-        skip = offset
-        while page:
-            bounded = [*conditions]
-            if after is not None:
-                bounded.append(sa.tuple_(c_.c.attempt_id, c_.c.position) > sa.tuple_(*after))
-            rows = conn.execute(query.where(*bounded).limit(page).offset(skip)).all()
-            for row in rows:
-                anomalies = _json_value(row[12])
-                yield FailureRow(
-                    attempt_id=row[0],
-                    conversation_id=_text(row[1]),
-                    seq=row[2],
-                    position=row[3],
-                    call_id=_text(row[4]),
-                    name=_text(row[5]),
-                    state=_text(row[6]),
-                    reason=_opt_text(row[7]),
-                    model=_opt_text(row[8]),
-                    finish_reason=_opt_text(row[9]),
-                    end_how=_opt_text(row[10]),
-                    end_reason=_opt_text(row[11]),
-                    anomalies=[
-                        _text(a.get("kind"))
-                        for a in (anomalies if isinstance(anomalies, list) else [])
-                        if isinstance(a, dict)
-                    ],
-                    created_at=_as_utc(row[13]),
-                    arguments=_text(row[14]),
-                )
-            if limit is not None or len(rows) < page:
-                return
-            after, skip = (rows[-1][0], rows[-1][3]), 0
+        .select_from(_FAILED_FROM)
+        .order_by(c_.c.attempt_id, c_.c.position)
+    )
+    while True:
+        bounded = [*conditions]
+        if after is not None:
+            bounded.append(sa.tuple_(c_.c.attempt_id, c_.c.position) > sa.tuple_(*after))
+        rows = conn.execute(query.where(*bounded).limit(page)).all()
+        for row in rows:
+            yield FailureRow(
+                attempt_id=row[0],
+                conversation_id=_text(row[1]),
+                seq=row[2],
+                position=row[3],
+                call_id=_text(row[4]),
+                name=_text(row[5]),
+                state=_text(row[6]),
+                reason=_opt_text(row[7]),
+                model=_opt_text(row[8]),
+                finish_reason=_opt_text(row[9]),
+                end_how=_opt_text(row[10]),
+                end_reason=_opt_text(row[11]),
+                anomalies=_anomaly_kinds(row[12]),
+                created_at=_as_utc(row[13]),
+                arguments=_text(row[14]),
+            )
+        if len(rows) < page:
+            return
+        after = (rows[-1][0], rows[-1][3])
+
+
+def _failed_attempts(
+    conn: Connection, filters: Filters, page: int, after: tuple[int, int] | None
+) -> Iterator[FailureRow]:
+    """The attempts without a failed call, in id order, read ``page`` rows at a time."""
+    a = _AT
+    conditions = _attempt_conditions(conn, a, filters)
+    raw = functools.partial(_raw, conn)
+    query = (
+        sa.select(
+            a.c.id,
+            raw(a.c.conversation_id),
+            a.c.at_seq,
+            raw(a.c.model),
+            raw(a.c.finish_reason),
+            raw(a.c.end_how),
+            raw(a.c.end_reason),
+            raw(a.c.error),
+            raw(a.c.anomalies),
+            raw(a.c.created_at),
+        )
+        .select_from(a)
+        .order_by(a.c.id)
+    )
+    last = None if after is None else after[0]  # its own row (position -1) is at or before it
+    while True:
+        bounded = [*conditions]
+        if last is not None:
+            bounded.append(a.c.id > last)
+        rows = conn.execute(query.where(*bounded).limit(page)).all()
+        for row in rows:
+            finish, end_how, end_reason = (_opt_text(v) for v in row[4:7])
+            yield FailureRow(
+                attempt_id=row[0],
+                conversation_id=_text(row[1]),
+                seq=row[2],
+                position=None,
+                call_id=None,
+                name=None,
+                state=None,
+                reason=attempt_reason(finish, end_how, end_reason, _opt_text(row[7])),
+                model=_opt_text(row[3]),
+                finish_reason=finish,
+                end_how=end_how,
+                end_reason=end_reason,
+                anomalies=_anomaly_kinds(row[8]),
+                created_at=_as_utc(row[9]),
+                arguments=None,
+            )
+        if len(rows) < page:
+            return
+        last = rows[-1][0]
 
 
 def failure_counts(
@@ -241,7 +380,10 @@ def failure_counts(
     since: datetime | date | str | None = None,
     until: datetime | date | str | None = None,
 ) -> list[FailureCount]:
-    """Failed calls of attempts grouped by model, state and reason, the largest group first."""
+    """Failed calls of attempts grouped by model, state and reason, the largest group first;
+    then the attempts without a failed call (``calls`` 0, ``state`` ``None``), grouped by model
+    and the attempt's reason (:func:`attempt_reason`), unless a call filter (``name``,
+    ``state``, ``reason``) is given."""
     filters = _failed_filters(
         conversation=conversation,
         model=model,
@@ -269,11 +411,30 @@ def failure_counts(
             .group_by(model_, state_, reason_)
         )
         rows = conn.execute(query).all()
+        bare: dict[tuple[str | None, str | None], int] = {}
+        if not _calls_filtered(filters):
+            a = _AT
+            columns = [_raw(conn, c) for c in (a.c.model, a.c.finish_reason, a.c.end_how)]
+            columns += [_raw(conn, c) for c in (a.c.end_reason, a.c.error)]
+            grouped = (
+                sa.select(*columns, sa.func.count())
+                .select_from(a)
+                .where(*_attempt_conditions(conn, a, filters))
+                .group_by(*columns)
+            )
+            for row in conn.execute(grouped).all():
+                finish, how, why, error = (_opt_text(v) for v in row[1:5])
+                group = (_opt_text(row[0]), attempt_reason(finish, how, why, error))
+                bare[group] = bare.get(group, 0) + int(row[5])
     out = [
         FailureCount(
             model=_opt_text(m), state=_text(s), reason=_opt_text(r), calls=int(n), attempts=int(k)
         )
         for m, s, r, n, k in rows
     ]
-    out.sort(key=lambda c: (-c.calls, c.model or "", c.state, c.reason or ""))
+    out += [
+        FailureCount(model=m, state=None, reason=r, calls=0, attempts=n)
+        for (m, r), n in bare.items()
+    ]
+    out.sort(key=lambda c: (-c.calls, -c.attempts, c.model or "", c.state or "", c.reason or ""))
     return out
