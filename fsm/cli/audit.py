@@ -192,6 +192,7 @@ def calls(
     from fsm.store import audit as audit_api
 
     arg_filters = [_arg_filter(a) for a in args]
+    page = page.for_output(output)
     paging = page.query(key_size=5)  # a CallKey: conversation, seq, rank, attempt, position
     with _store(url) as engine:
         rows = audit_api.tool_calls(
@@ -245,6 +246,7 @@ def failures(
                 columns=columns_of(audit_api.FailureCount),
             )
             return
+        page = page.for_output(output)
         paging = page.query(key_size=2)  # a failure's key: attempt, position
         rows = audit_api.failures(engine, **filters, **paging)
         _show_page(rows, audit_api.FailureRow, output, page)
@@ -280,6 +282,8 @@ def stats(url: str | None, filters: dict[str, Any], by: str | None, output: Outp
 
     if by is None and output.kind in ("nl", "csv", "tsv"):
         raise click.UsageError(f"--{output.kind} prints one table: choose it with --by")
+    if by is None and output.columns is not None:
+        raise click.UsageError("--columns picks the columns of one table: choose it with --by")
     with _store(url) as engine:
         result = audit_api.stats(engine, **filters)
     sections: dict[str, tuple[str, list[dict[str, Any]], tuple[str, ...]]] = {
@@ -385,7 +389,7 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
                     yield violation.as_dict()
 
             try:
-                emit(dicts(), output, columns=columns_of(audit_api.Violation))
+                emit(dicts(), output, columns=columns_of(audit_api.Violation), empty_table=False)
             finally:
                 if bar and bar[0] is not None:
                     bar[0].__exit__(None, None, None)

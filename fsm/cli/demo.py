@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fsm.cli.options import db_option
+from fsm.cli.output import safe_text
 
 if TYPE_CHECKING:
     from fsm.agent import AgentEvent
@@ -151,7 +152,7 @@ class _Output:
         if not self._in_text:
             click.echo("  assistant: ", nl=False)
             self._in_text = True
-        click.echo(self._safe(chunk), nl=False)
+        click.echo(self._safe(safe_text(chunk, newlines=True)), nl=False)
 
     def end_text(self) -> None:
         if self._in_text:
@@ -159,8 +160,9 @@ class _Output:
             self._in_text = False
 
     def line(self, text: str) -> None:
+        """One line (or a few): any control character left in it is shown escaped."""
         self.end_text()
-        click.echo(self._safe(text))
+        click.echo(self._safe(safe_text(text, newlines=True)))
 
 
 @dataclass
@@ -183,16 +185,20 @@ class _Progress:
                 out.text(text)
             case ToolCallOpened(ordinal=ordinal, name=name, id=call_id):
                 self.names[ordinal] = name
-                out.line(f"  {out.arrow} {name or '(name pending)'}  {call_id}")
+                shown = safe_text(name) if name else "(name pending)"
+                out.line(f"  {out.arrow} {shown}  {safe_text(call_id)}")
             case ToolCallUpdated(ordinal=ordinal, name=name) if name != self.names.get(ordinal):
                 self.names[ordinal] = name
-                out.line(f"  {out.arrow} {name}")
+                out.line(f"  {out.arrow} {safe_text(name)}")
             case TurnEnded(choice=0, finish_reason=finish, complete=complete):
                 state = "complete" if complete else "NOT complete"
-                out.line(f"  turn {state} (finish_reason {finish})")
+                why = f"finish_reason {safe_text(finish)}" if finish else "no finish_reason"
+                out.line(f"  turn {state} ({why})")
             case ToolExecuted(name=name, arguments=arguments, content=content, error=error):
                 mark = "!" if error else out.check
-                out.line(f"  {mark} {name}({arguments}) = {content}")
+                out.line(
+                    f"  {mark} {safe_text(name)}({safe_text(arguments)}) = {_text_of(content)}"
+                )
             case TurnCommitted(turn=turn):
                 last = turn.seq + len(turn.messages) - 1
                 where = f"seq {turn.seq}" if last == turn.seq else f"seq {turn.seq}-{last}"
@@ -202,23 +208,44 @@ class _Progress:
                     + (f" and {results} tool results, in one transaction" if results else "")
                 )
             case AttemptRecorded(attempt_ids=ids, reason=reason):
-                out.line(f"  incomplete ({reason}): recorded as attempt {ids}, nothing committed")
+                shown = ", ".join(f"#{i}" for i in ids)
+                label = (
+                    f"attempt {shown} (store-wide id)"
+                    if len(ids) == 1
+                    else (f"attempts {shown} (store-wide ids)")
+                )
+                out.line(
+                    f"  incomplete ({safe_text(str(reason))}): recorded as {label}, "
+                    "nothing committed"
+                )
             case _:
                 pass
+
+
+def _text_of(value: Any) -> str:
+    """A content (text, or content parts as JSON) on one line, terminal-safe."""
+    from fsm.cli.output import to_json
+
+    if value is None:
+        return ""
+    return safe_text(value if isinstance(value, str) else to_json(value))
 
 
 def _print_history(out: _Output, messages: list[dict[str, Any]]) -> None:
     out.line(f"History ({len(messages)} messages, as the next request would send it):")
     for seq, message in enumerate(messages):
         role = message["role"]
-        head = f"  {seq:>3}  {role:<9}"
+        head = f"  {seq:>3}  {role:<9}  "
         if role == "tool":
-            out.line(f"{head}  {message['tool_call_id']}  {out.arrow} {message['content']}")
+            call_id = safe_text(str(message["tool_call_id"]))
+            out.line(f"{head}{call_id}  {out.arrow} {_text_of(message['content'])}")
             continue
-        out.line(f"{head}  {message.get('content') or ''}".rstrip())
+        out.line(f"{head}{_text_of(message.get('content'))}".rstrip())
         for call in message.get("tool_calls", []):
             function = call["function"]
-            out.line(f"{'':16}  {call['id']}  {function['name']}({function['arguments']})")
+            call_id, name = safe_text(str(call["id"])), safe_text(str(function["name"]))
+            arguments = safe_text(str(function["arguments"]))
+            out.line(f"{'':{len(head)}}{call_id}  {name}({arguments})")
 
 
 # -- audit summary -------------------------------------------------------------------------------
@@ -230,7 +257,8 @@ def _print_audit(out: _Output, store: ConversationStore, conversation: str) -> b
     stats = audit.stats(store.engine, conversation=conversation)
     violations = list(audit.check(store.engine))
     out.line("Audit (fsm.store.audit):")
-    per_tool = ", ".join(f"{t.name} {t.calls}" for t in stats.tools if t.calls) or "none"
+    per_tool = ", ".join(f"{safe_text(t.name)} {t.calls}" for t in stats.tools if t.calls)
+    per_tool = per_tool or "none"
     out.line(f"  calls/tool    {per_tool}")
     states: dict[str, int] = {}
     if stats.totals is not None and stats.totals.calls:
@@ -242,15 +270,17 @@ def _print_audit(out: _Output, store: ConversationStore, conversation: str) -> b
     out.line("  call states   " + (", ".join(f"{k} {n}" for k, n in states.items()) or "none"))
     for model in stats.models:
         out.line(
-            f"  model         {model.model}: {model.turns} turns, {model.incomplete} incomplete; "
-            f"tokens {model.prompt_tokens} in, {model.completion_tokens} out"
+            f"  model         {safe_text(model.model or '(none)')}: {model.turns} turns, "
+            f"{model.incomplete} incomplete; tokens {model.prompt_tokens} in, "
+            f"{model.completion_tokens} out"
         )
     mine = [v for v in violations if v.conversation_id == conversation]
     elsewhere = len(violations) - len(mine)
     if mine:
         out.line(f"  integrity     FAILED: {len(mine)} violations in this conversation")
         for violation in mine[:10]:
-            out.line(f"    seq {violation.seq}: {violation.kind}: {violation.detail}")
+            seq = "-" if violation.seq is None else violation.seq
+            out.line(f"    seq {seq}: {violation.kind}: {safe_text(violation.detail)}")
     else:
         out.line(
             "  integrity     ok: the contract re-checked over the whole store, no violation"

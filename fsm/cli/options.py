@@ -6,9 +6,12 @@
   ``--conversation``, ``--model``, ``--since``, ``--until``), handed to the command as one
   ``filters`` mapping of the keywords the :mod:`fsm.store.audit` functions take;
 * :func:`paging_options`: ``--limit``, ``--offset``, ``--after``, handed over as one
-  :class:`Page`;
+  :class:`Page`: a table shows 100 rows unless ``--limit`` says otherwise, the machine formats
+  every row (streamed); whenever a listing stops at its limit with rows left, stderr says how
+  to get the next page, in every format (:meth:`Page.for_output`, :meth:`Page.more`);
 * :func:`output_options`: ``--table``, ``--json``, ``--nl``, ``--csv``, ``--tsv``,
-  ``--no-headers``, ``--max-width``, handed over as one :class:`~fsm.cli.output.OutputFormat`;
+  ``--no-headers``, ``--max-width``, ``--columns``, handed over as one
+  :class:`~fsm.cli.output.OutputFormat`;
   :func:`json_document_option` is the ``--json`` of a command that prints one document;
 * :func:`count_option`: an option that takes a whole number ``N``.
 
@@ -40,6 +43,7 @@ from fsm.states import ToolCallState
 __all__ = [
     "FAILED_STATES",
     "STATES",
+    "TABLE_LIMIT",
     "TIME_HELP",
     "GeneratedHelpCommand",
     "Page",
@@ -152,11 +156,21 @@ def filter_options(
 @dataclass(frozen=True, slots=True)
 class Page:
     """Which rows a listing shows: ``limit`` (0: all of them), ``offset``, and the cursor
-    ``after`` (the key of the last row shown, as :meth:`cursor` wrote it)."""
+    ``after`` (the key of the last row shown, as :meth:`cursor` wrote it); ``limit_given``
+    says whether ``--limit`` was given (else :meth:`for_output` picks the format's default)."""
 
     limit: int = 100
     offset: int = 0
     after: str | None = None
+    limit_given: bool = True
+
+    def for_output(self, output: OutputFormat) -> Page:
+        """This page for ``output``: without ``--limit``, a table shows :data:`TABLE_LIMIT`
+        rows and a machine format (JSON, JSON lines, CSV, TSV) every row, streamed a page at a
+        time, so that a script never gets a silently cut listing."""
+        if self.limit_given or output.is_table:
+            return self
+        return Page(0, self.offset, self.after)
 
     def query(self, key_size: int) -> dict[str, Any]:
         """The paging keywords of the :mod:`fsm.store.audit` listings (``limit``, ``offset``,
@@ -184,24 +198,35 @@ class Page:
         return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
     def more(self, output: OutputFormat, shown: int, last_key: Any) -> None:
-        """On a full page shown as a table, say on stderr how to get the next one."""
-        if output.is_table and self.limit and shown == self.limit and last_key is not None:
+        """On a full page, in every format, say on stderr how to get the next one (stdout
+        stays exactly the rows)."""
+        if self.limit and shown == self.limit and last_key is not None:
             click.echo(f"more rows may follow: add --after {self.cursor(last_key)}", err=True)
 
 
+#: the rows a table shows when ``--limit`` is not given.
+TABLE_LIMIT = 100
+
+
 def paging_options(function: F) -> F:
-    """``--limit``, ``--offset``, ``--after``; the command receives them as ``page: Page``."""
+    """``--limit``, ``--offset``, ``--after``; the command receives them as ``page: Page``
+    (pass it through :meth:`Page.for_output`)."""
 
     def build(kwargs: dict[str, Any]) -> tuple[str, Any]:
-        return "page", Page(kwargs.pop("limit"), kwargs.pop("offset"), kwargs.pop("after"))
+        source = click.get_current_context().get_parameter_source("limit")
+        given = source is not None and source is not click.core.ParameterSource.DEFAULT
+        page = Page(kwargs.pop("limit"), kwargs.pop("offset"), kwargs.pop("after"), given)
+        return "page", page
 
     return _apply(
         _gather(function, build),
         [
             count_option(
                 "--limit",
-                default=100,
-                help="At most N rows (0: all of them, read a page at a time).",
+                default=TABLE_LIMIT,
+                help="At most N rows (0: all of them, read a page at a time). Without it a "
+                "table shows 100 rows and --json, --nl, --csv, --tsv every row; a listing "
+                "that stops at its limit says on stderr how to continue.",
             ),
             click.option(
                 "--offset", type=click.IntRange(min=0), default=0, metavar="N", help="Skip N rows."
@@ -238,6 +263,7 @@ def output_options(function: F) -> F:
             kind=chosen[0] if chosen else "table",
             headers=not kwargs.pop("no_headers"),
             max_width=kwargs.pop("max_width"),
+            columns=_columns(kwargs.pop("columns")),
         )
 
     return _apply(
@@ -251,10 +277,30 @@ def output_options(function: F) -> F:
             count_option(
                 "--max-width",
                 default=60,
-                help="Cut table cells to N characters (0: never). Other formats are never cut.",
+                help="Cut table cells to N characters, and fit the table to the terminal "
+                "($COLUMNS, else the terminal's width) by cutting its widest columns (0: never "
+                "cut). Other formats are never cut.",
+            ),
+            click.option(
+                "--columns",
+                metavar="A,B,...",
+                help="Only these columns, in this order (any format); an unknown name lists "
+                "the valid ones.",
             ),
         ],
     )
+
+
+def _columns(text: str | None) -> tuple[str, ...] | None:
+    """``--columns a,b,c`` as names (spaces around them ignored)."""
+    if text is None:
+        return None
+    names = tuple(name.strip() for name in text.split(","))
+    if not all(names):
+        raise click.BadParameter(
+            f"{text!r} is not a comma-separated list of column names", param_hint="--columns"
+        )
+    return names
 
 
 def json_document_option(help: str) -> Decorator[Any]:

@@ -1,37 +1,56 @@
-"""How every listing command prints rows (in the style of sqlite-utils).
+"""How every listing command prints rows (in the style of sqlite-utils), and how any human
+output shows text it did not write.
 
 One writer for every command that prints rows, in the format the shared output flags choose
 (:func:`fsm.cli.options.output_options`):
 
 * the default (or ``--table``): an aligned table for people, numbers right-aligned, long cells
-  cut to ``--max-width`` characters (0: never), control characters shown escaped (``\\n``,
-  ``\\x1b``) so that a value can neither break the layout nor drive the terminal;
+  cut to ``--max-width`` characters with an ellipsis, and the whole table fitted to the width of
+  the terminal (``$COLUMNS``, else the terminal's; not when stdout is no terminal and
+  ``COLUMNS`` is unset) by cutting its widest text columns; ``--max-width 0`` cuts nothing.
+  Control characters are shown escaped (:func:`safe_text`) so that a value can neither break
+  the layout nor drive the terminal. An empty result still prints the header;
 * ``--json``: one JSON array (one object per line inside it), ``--nl``: one JSON object per line
-  (JSON lines), ``--csv`` / ``--tsv``: a header row then one row per line (``--no-headers``
-  leaves the header out). Values are exact: nothing is cut or escaped beyond the format's own
-  rules; times are ISO 8601 in UTC (``2026-11-30T14:05:09Z``); lists and objects are JSON
-  inside CSV cells; ``null`` is an empty CSV cell. A lone surrogate (an id or a text stored as a
-  provider sent it, ``"\\ud83d"``), which no UTF-8 output can carry, is written as the JSON
-  escape ``\\ud83d`` in JSON (the same string, exactly) and as that text in CSV and TSV cells.
+  (JSON lines), ``--csv``: a header row then one row per line (``--no-headers`` leaves the header
+  out), CSV quoting; ``--tsv``: the same rows tab-separated, never quoted: a tab, a line break, a
+  carriage return and a backslash inside a value are written ``\\t``, ``\\n``, ``\\r``,
+  ``\\\\`` (the convention of PostgreSQL's ``COPY`` and of ``cut``-friendly tools), so every row is
+  one line. Values are exact: nothing is cut or escaped beyond the format's own rules; times are
+  ISO 8601 in UTC with microseconds, the same on every engine
+  (``2026-11-30T14:05:09.000000+00:00``); lists and objects are JSON inside CSV cells; ``null``
+  is an empty CSV cell. A lone surrogate (an id or a text stored as a provider sent it,
+  ``"\\ud83d"``), which no UTF-8 output can carry, is written as the JSON escape ``\\ud83d`` in
+  JSON (the same string, exactly) and as that text in CSV and TSV cells.
 
-The table is the default whether or not stdout is a terminal: what a person sees is what a
-pipe gets, and a script asks for a machine format explicitly (``--json``, ``--nl``, ``--csv``),
-so its output never changes with where it runs. Machine formats stream row by row; the table
-reads all rows first to size its columns.
+``--columns a,b,c`` picks and orders the columns of any format (names from the row type's
+fields; an unknown name is a usage error that lists the valid ones).
+
+The table is the default whether or not stdout is a terminal, and a script asks for a machine
+format explicitly (``--json``, ``--nl``, ``--csv``, ``--tsv``). Machine formats stream row by
+row (bounded memory); the table reads all rows first to size its columns.
+
+:func:`safe_text` is the one function every human output (tables, ``fsm history``, ``fsm
+parse``, ``fsm ingest``, ``fsm demo``) passes provider-controlled text through: C0 and C1
+controls, ESC, DEL, bidirectional overrides and other invisible format characters are shown as
+escapes; machine formats (JSON, CSV, TSV) are never escaped this way.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import re
+import shutil
 import sys
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import IO, Any
+
+import click
 
 __all__ = [
     "FORMATS",
@@ -42,6 +61,8 @@ __all__ = [
     "json_default",
     "mermaid_sequence",
     "mermaid_text",
+    "safe_text",
+    "terminal_width",
     "to_json",
 ]
 
@@ -56,11 +77,43 @@ class OutputFormat:
     kind: str = "table"
     headers: bool = True
     max_width: int = 60
+    #: the columns asked for (``--columns``), in order; ``None``: every column.
+    columns: tuple[str, ...] | None = None
+    #: the width a table must fit in (``None``: :func:`terminal_width`; 0: no limit).
+    width: int | None = None
 
     @property
     def is_table(self) -> bool:
         """Whether the rows are for people (a table) rather than for scripts."""
         return self.kind == "table"
+
+    def pick(self, available: Sequence[str]) -> list[str]:
+        """The columns to print out of ``available``: those asked for, in their order, or all
+        of them; an unknown name is a :class:`click.UsageError` that lists the valid ones."""
+        if self.columns is None:
+            return list(available)
+        unknown = [c for c in self.columns if c not in available]
+        if unknown:
+            raise click.UsageError(
+                f"unknown column{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for "
+                f"--columns: choose from {', '.join(available)}"
+            )
+        return list(dict.fromkeys(self.columns))
+
+
+def terminal_width() -> int:
+    """The width a table must fit: ``$COLUMNS`` when set (a positive integer), else the
+    terminal's when stdout is one, else 0 (no limit: a table written to a file or a pipe is cut
+    only by ``--max-width``)."""
+    text = os.environ.get("COLUMNS", "").strip()
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    try:
+        if sys.stdout.isatty():
+            return shutil.get_terminal_size().columns
+    except (AttributeError, ValueError, OSError):
+        pass
+    return 0
 
 
 def columns_of(row_type: type) -> tuple[str, ...]:
@@ -71,14 +124,17 @@ def columns_of(row_type: type) -> tuple[str, ...]:
 
 # -- values ------------------------------------------------------------------------------------
 def _time(value: datetime | date) -> str:
+    """A time as ISO 8601 in UTC with microseconds (naive means UTC): the same text for the
+    same instant on every engine (SQLite stores whole seconds, PostgreSQL microseconds)."""
     if isinstance(value, datetime):
-        text = value.isoformat()
-        return text[:-6] + "Z" if text.endswith("+00:00") else text
+        utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return utc.isoformat(timespec="microseconds")
     return value.isoformat()
 
 
 def json_default(value: Any) -> Any:
-    """``json.dumps`` ``default=``: times as ISO 8601 (UTC as ``Z``), decimals as numbers."""
+    """``json.dumps`` ``default=``: times as ISO 8601 in UTC with microseconds, decimals as
+    numbers."""
     if isinstance(value, datetime | date):
         return _time(value)
     if isinstance(value, Decimal):
@@ -89,7 +145,7 @@ def json_default(value: Any) -> Any:
 
 
 def to_json(value: Any) -> str:
-    """``value`` as compact JSON text (times in ISO 8601, UTC as ``Z``)."""
+    """``value`` as compact JSON text (times in ISO 8601 in UTC)."""
     text = json.dumps(value, ensure_ascii=False, default=json_default, separators=(",", ":"))
     return escape_surrogates(text)
 
@@ -121,21 +177,43 @@ def _cell_text(value: Any) -> str:
 
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+#: invisible characters that are harmless and needed (emoji sequences, some scripts' joining)
+_HARMLESS = frozenset("\u200c\u200d")
+#: the Unicode categories shown escaped: controls (C0, C1, DEL), format characters (the
+#: bidirectional overrides and isolates, zero-width and invisible ones), surrogates,
+#: unassigned code points, and the line and paragraph separators
+_UNSAFE = frozenset({"Cc", "Cf", "Cs", "Cn", "Zl", "Zp"})
 
 
-def _visible(text: str) -> str:
-    """Control and format characters escaped, so a cell stays on its line and inert."""
-    if text.isprintable():
+def _unsafe(ch: str) -> bool:
+    return unicodedata.category(ch) in _UNSAFE and ch not in _HARMLESS
+
+
+def safe_text(text: str, *, newlines: bool = False) -> str:
+    """``text`` as a terminal may show it: every control character (C0 and C1, ESC, DEL), every
+    invisible format character (bidirectional overrides and isolates, zero-width spaces, the
+    BOM), lone surrogates, unassigned code points and the line separators U+2028/U+2029 are
+    written as escapes (``\\n``, ``\\t``, ``\\r``, ``\\x1b``, ``\\u202e``), so a value can
+    neither drive the terminal, nor reorder or hide what is shown, nor break the layout.
+    ``newlines`` keeps line breaks (``\\n``) as they are, for text shown as it streams.
+
+    For human output only: JSON, CSV and TSV print values exactly."""
+    if text.isascii() and text.isprintable():
         return text
     out = []
     for ch in text:
-        if ch in _ESCAPES:
-            out.append(_ESCAPES[ch])
-        elif ch.isprintable() or ch == " ":
+        if ch == "\n" and newlines:
             out.append(ch)
-        else:
+        elif ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif _unsafe(ch):
             code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+            if code < 0x100:
+                out.append(f"\\x{code:02x}")
+            else:
+                out.append(f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
     return "".join(out)
 
 
@@ -154,6 +232,7 @@ def _width(text: str) -> int:
 
 
 def _cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` terminal columns, the last one an ellipsis (0: never cut)."""
     if not limit or _width(text) <= limit:
         return text
     out, used = [], 0
@@ -166,9 +245,24 @@ def _cut(text: str, limit: int) -> str:
     return "".join(out) + "…"
 
 
+def _tsv_cell(value: Any) -> str:
+    """A TSV cell: the exact text with tab, line breaks and backslash escaped."""
+    text = _cell_text(value)
+    if not any(ch in text for ch in "\t\n\r\\"):
+        return text
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
 def _table_cell(value: Any, limit: int) -> str:
-    text = f"{value:.6g}" if isinstance(value, float) else _cell_text(value)
-    return _cut(_visible(text), limit)
+    """A value as a table shows it: a float to 6 digits, a list of texts as ``a, b`` (empty:
+    nothing), anything else as its exact text; terminal-safe and cut to ``limit``."""
+    if isinstance(value, float):
+        text = f"{value:.6g}"
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        text = ", ".join(value)
+    else:
+        text = _cell_text(value)
+    return _cut(safe_text(text), limit)
 
 
 # -- writing -----------------------------------------------------------------------------------
@@ -178,18 +272,24 @@ def emit(
     *,
     columns: Sequence[str] | None = None,
     file: IO[str] | None = None,
+    empty_table: bool = True,
 ) -> int:
-    """Print ``rows`` (mappings; ``columns`` fixes which and in what order, else the first
-    row's keys) in ``output``'s format; return how many rows were printed."""
+    """Print ``rows`` (mappings; ``columns`` names every column a row has, in order, else the
+    first row's keys) in ``output``'s format, with the columns ``output`` picks (``--columns``);
+    return how many rows were printed. A table of no rows is its header, unless
+    ``empty_table`` is false (then nothing: a report that is silent when all is well)."""
     out = file if file is not None else sys.stdout
     kind = output.kind
+    header: list[str] | None = output.pick(columns) if columns is not None else None
     if kind == "table":
-        return _table(rows, output, columns, out)
+        return _table(rows, output, header if empty_table else None, out, header)
     count = 0
     if kind in ("json", "nl"):
         first = True
         for row in rows:
-            record = {c: row.get(c) for c in columns} if columns else dict(row)
+            if header is None:
+                header = output.pick(list(row))
+            record = {c: row.get(c) for c in header}
             text = escape_surrogates(json.dumps(record, ensure_ascii=False, default=json_default))
             if kind == "nl":
                 out.write(text + "\n")
@@ -200,13 +300,23 @@ def emit(
         if kind == "json":
             out.write("[]\n" if first else "]\n")
         return count
-    writer = csv.writer(out, dialect="excel" if kind == "csv" else "excel-tab", lineterminator="\n")
-    header: Sequence[str] | None = columns
+    if kind == "tsv":
+        if header is not None and output.headers:
+            out.write("\t".join(header) + "\n")
+        for row in rows:
+            if header is None:
+                header = output.pick(list(row))
+                if output.headers:
+                    out.write("\t".join(header) + "\n")
+            out.write("\t".join(_tsv_cell(row.get(c)) for c in header) + "\n")
+            count += 1
+        return count
+    writer = csv.writer(out, dialect="excel", lineterminator="\n")
     if header is not None and output.headers:
         writer.writerow(header)
     for row in rows:
         if header is None:
-            header = list(row)
+            header = output.pick(list(row))
             if output.headers:
                 writer.writerow(header)
         writer.writerow([_cell_text(row.get(c)) for c in header])
@@ -214,16 +324,47 @@ def emit(
     return count
 
 
+#: the narrowest a text column is cut to when a table is fitted to the terminal.
+_MIN_COLUMN = 8
+
+
+def _fit(widths: list[int], floors: list[int], total: int) -> list[int]:
+    """Column widths that fit ``total`` columns (two spaces between columns) by narrowing the
+    widest columns first, none below its floor; as close as the floors allow."""
+    fitted = list(widths)
+    excess = sum(fitted) + 2 * (len(fitted) - 1) - total
+    while excess > 0:
+        shrinkable = [i for i, w in enumerate(fitted) if w > floors[i]]
+        if not shrinkable:
+            break
+        widest = max(fitted[i] for i in shrinkable)
+        at_widest = [i for i in shrinkable if fitted[i] == widest]
+        others = [fitted[i] for i in shrinkable if fitted[i] < widest]
+        target = max([*others, *(floors[i] for i in at_widest)])
+        # take each widest column down towards the next width, one column at a time
+        step = min(widest - target, -(-excess // len(at_widest))) or 1
+        for i in at_widest:
+            cut = min(step, fitted[i] - floors[i], excess)
+            fitted[i] -= cut
+            excess -= cut
+            if excess <= 0:
+                break
+    return fitted
+
+
 def _table(
     rows: Iterable[Mapping[str, Any]],
     output: OutputFormat,
     columns: Sequence[str] | None,
     out: IO[str],
+    picked: Sequence[str] | None = None,
 ) -> int:
     materialized = list(rows)
-    if not materialized:  # nothing to show: no table at all (JSON says [] and CSV has a header)
-        return 0
-    header = list(columns) if columns is not None else list(materialized[0])
+    if columns is None:
+        if not materialized:  # no row, and no header wanted or known: nothing to show
+            return 0
+        columns = picked if picked is not None else output.pick(list(materialized[0]))
+    header = list(columns)
     limit = output.max_width
     cells = [[_table_cell(row.get(c), limit) for c in header] for row in materialized]
     numeric = [
@@ -235,9 +376,20 @@ def _table(
         )
         for c in header
     ]
-    widths = [_width(h) if output.headers else 0 for h in header]
+    titles = [safe_text(h) for h in header]
+    widths = [_width(h) if output.headers else 0 for h in titles]
     for line in cells:
         widths = [max(w, _width(cell)) for w, cell in zip(widths, line, strict=True)]
+    room = output.width if output.width is not None else terminal_width()
+    if limit and room:
+        floors = [
+            w if right else min(w, _MIN_COLUMN) for w, right in zip(widths, numeric, strict=True)
+        ]
+        fitted = _fit(widths, floors, room)
+        if fitted != widths:
+            widths = fitted
+            titles = [_cut(t, w) for t, w in zip(titles, widths, strict=True)]
+            cells = [[_cut(c, w) for c, w in zip(line, widths, strict=True)] for line in cells]
 
     def render(line: Sequence[str]) -> str:
         parts = []
@@ -247,7 +399,7 @@ def _table(
         return "  ".join(parts).rstrip()
 
     if output.headers:
-        out.write(render(header) + "\n")
+        out.write(render(titles) + "\n")
         out.write("  ".join("-" * w for w in widths) + "\n")
     for line in cells:
         out.write(render(line) + "\n")

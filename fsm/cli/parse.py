@@ -10,6 +10,7 @@ import click
 import orjson
 
 from fsm.api import parse_text
+from fsm.cli.output import safe_text
 from fsm.parser import ParseResult, Turn
 
 __all__ = ["parse_command", "render_result"]
@@ -20,20 +21,23 @@ _EXIT_UNUSABLE = 2
 
 
 def _short(text: str, limit: int = _PREVIEW) -> str:
+    """Provider text on one line, terminal-safe (:func:`~fsm.cli.output.safe_text`), cut."""
+    text = safe_text(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _render_turn(turn: Turn) -> list[str]:
     status = "complete" if turn.complete else "INCOMPLETE"
-    why = f"; {turn.incomplete_reason}" if turn.incomplete_reason else ""
-    lines = [f"choice {turn.index}: {status} (finish_reason {turn.finish_reason or '-'}{why})"]
+    why = f"; {_short(turn.incomplete_reason)}" if turn.incomplete_reason else ""
+    finish = _short(turn.finish_reason) if turn.finish_reason else "-"
+    lines = [f"choice {turn.index}: {status} (finish_reason {finish}{why})"]
     for label, text in (
         ("reasoning", turn.reasoning),
         ("content", turn.content),
         ("refusal", turn.refusal),
     ):
         if text is not None:
-            lines.append(f"  {label}: {_short(text)!r}")
+            lines.append(f"  {label}: {_short(text)}")
     calls = turn.tool_calls
     if not calls:
         lines.append("  no tool calls")
@@ -43,19 +47,19 @@ def _render_turn(turn: Turn) -> list[str]:
             state += " (repaired)"
         index = "-" if call.index is None else str(call.index)
         lines.append(
-            f"  #{call.position} [index {index}] {call.name or '<no name>'}  "
-            f"id {call.id!r}  {state}"
+            f"  #{call.position} [index {index}] {_short(call.name) or '(no name)'}  "
+            f"id {_short(call.id) or '(none)'}  {_short(state)}"
         )
-        lines.append(f"      arguments: {_short(call.arguments)}")
+        lines.append(f"      arguments: {_short(call.arguments) or '(empty)'}")
     return lines
 
 
 def render_result(result: ParseResult) -> str:
     """A readable summary of a parse result, for people."""
     head = [
-        f"response {result.response_id or '-'} · model {result.model or '-'} · "
+        f"response {_short(result.response_id or '-')} · model {_short(result.model or '-')} · "
         f"ended: {result.end_how or 'not yet'}"
-        + (f" ({result.end_reason})" if result.end_reason else "")
+        + (f" ({_short(result.end_reason)})" if result.end_reason else "")
     ]
     for turn in result.turns:
         head.extend(_render_turn(turn))
@@ -63,9 +67,11 @@ def render_result(result: ParseResult) -> str:
         head.append("no choices in the stream")
     if result.anomalies:
         head.append(f"anomalies ({len(result.anomalies)}):")
-        head.extend(f"  {a.kind}: {a.detail}" for a in result.anomalies)
+        head.extend(f"  {a.kind}: {safe_text(a.detail)}" for a in result.anomalies)
     if result.usage:
-        usage = ", ".join(f"{k} {v}" for k, v in result.usage.items() if isinstance(v, int))
+        usage = ", ".join(
+            f"{safe_text(str(k))} {v}" for k, v in result.usage.items() if isinstance(v, int)
+        )
         head.append(f"usage: {usage}")
     verdict = "COMPLETE: safe to commit" if result.complete else "INCOMPLETE: do not execute"
     head.append(verdict)

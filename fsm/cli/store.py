@@ -155,7 +155,7 @@ def ingest(
     if choice is None and len(parsed.turns) > 1:
         raise click.UsageError(
             f"the stream has {len(parsed.turns)} choices "
-            f"({[t.index for t in parsed.turns]}): pick one with --choice"
+            f"({', '.join(str(t.index) for t in parsed.turns)}): pick one with --choice"
         )
     turn: Turn | None
     if choice is not None:
@@ -176,8 +176,7 @@ def ingest(
             )
             click.echo(
                 f"the turn is not complete ({_why(parsed, turn)}): nothing added to history; "
-                f"recorded as attempt {', '.join(map(str, ids))} of conversation "
-                f"{conversation_id!r}",
+                f"recorded as {_attempt_ids(ids)} of conversation {conversation_id!r}",
                 err=True,
             )
             sys.exit(1)
@@ -201,21 +200,63 @@ def ingest(
         )
 
 
+def _attempt_ids(ids: list[int]) -> str:
+    """Attempt ids as people should read them: numbered across the whole store, not per
+    conversation (``attempt #12 (store-wide id)``)."""
+    shown = ", ".join(f"#{i}" for i in ids)
+    if len(ids) == 1:
+        return f"attempt {shown} (store-wide id)"
+    return f"attempts {shown} (store-wide ids)"
+
+
 def _why(parsed: Any, turn: Any) -> str:
+    """Why a turn is not complete, in words (provider text shown terminal-safe)."""
+    from fsm.cli.output import safe_text
+
     if turn is None:
-        return f"no choice in the stream; it ended {parsed.end_how or 'early'}"
+        how = parsed.end_how or "early"
+        reason = f" ({parsed.end_reason})" if parsed.end_reason else ""
+        return safe_text(f"no choice in the stream; it ended {how}{reason}")
     bad = [
         f"{call.name or 'a call without name'} {call.state.value}"
         + (f" ({call.reason})" if call.reason else "")
         for call in turn.unfinished_calls
     ]
-    return ", ".join(bad) or f"finish_reason {turn.finish_reason}, stream ended {turn.end_reason}"
+    if bad:
+        return safe_text(", ".join(bad))
+    finish = f"finish_reason {turn.finish_reason}" if turn.finish_reason else "no finish_reason"
+    ended = f"stream ended {turn.end_reason}" if turn.end_reason else "stream not ended"
+    why = f"; {turn.incomplete_reason}" if turn.incomplete_reason else ""
+    return safe_text(f"{finish}, {ended}{why}")
 
 
 def _preview(value: Any, limit: int = 120) -> str:
+    """A message text (or content parts, as JSON) on one line, terminal-safe, cut to ``limit``."""
+    from fsm.cli.output import safe_text
+
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = text.replace("\n", "\\n")
+    text = safe_text(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _not_found(error: Any, url: str | None) -> Any:
+    """The store's not-found error, worded for the command line (same type and exit status)."""
+    from fsm.store.engine import display_url, normalize_url
+    from fsm.store.errors import ConversationNotFoundError
+
+    where = display_url(normalize_url(url))
+
+    class NotFound(ConversationNotFoundError):
+        def __init__(self) -> None:
+            self.conversation_id = error.conversation_id
+            Exception.__init__(
+                self,
+                f"no conversation {error.conversation_id!r} in {where}; list them with: "
+                f"fsm conversations --db '{where}'",
+            )
+
+    NotFound.__name__ = NotFound.__qualname__ = "ConversationNotFoundError"
+    return NotFound()
 
 
 @click.command(name="history")
@@ -254,12 +295,18 @@ def history(
       fsm history --db sqlite:///chat.db c1 --mermaid > c1.mmd
     """
     from fsm.store import ConversationStore
+    from fsm.store.errors import ConversationNotFoundError
 
     if as_json and mermaid:
         raise click.UsageError("choose --json or --mermaid, not both")
     with ConversationStore(url) as store:
-        messages = store.history(conversation_id, last=last, include_reasoning=include_reasoning)
-        first = store.next_seq(conversation_id) - len(messages)
+        try:
+            messages = store.history(
+                conversation_id, last=last, include_reasoning=include_reasoning
+            )
+            first = store.next_seq(conversation_id) - len(messages)
+        except ConversationNotFoundError as exc:
+            raise _not_found(exc, url) from None
     if mermaid:
         from fsm.cli.output import mermaid_sequence
 
@@ -268,21 +315,37 @@ def history(
     if as_json:
         click.echo(json.dumps(messages, ensure_ascii=False, indent=2))
         return
+    _print_messages(messages, first)
+
+
+#: where a message's text starts in ``fsm history``: after the seq (5) and the role (9).
+_TEXT_COLUMN = 5 + 2 + 9 + 2
+
+
+def _print_messages(messages: list[dict[str, Any]], first: int) -> None:
+    """The messages as text for people: one line per message (seq, role, its text), a line
+    per tool call under its assistant message (indented to the text's column), each result
+    with the id of the call it answers. Provider text is shown terminal-safe."""
+    from fsm.cli.output import safe_text
+
     for offset, message in enumerate(messages):
-        role = message["role"]
-        head = f"{first + offset:>5}  {role:<9}"
-        if role == "tool":
-            click.echo(f"{head}  [{message['tool_call_id']!r}] {_preview(message['content'])}")
+        role = safe_text(str(message["role"]))
+        head = f"{first + offset:>5}  {role:<9}  "
+        if message["role"] == "tool":
+            call_id = safe_text(str(message.get("tool_call_id", "")))
+            click.echo(f"{head}{_preview(message['content'])}  (result of {call_id})")
             continue
         if message.get("content") is not None:
-            click.echo(f"{head}  {_preview(message['content'])}")
+            click.echo(f"{head}{_preview(message['content'])}".rstrip())
         elif message.get("refusal") is not None:
-            click.echo(f"{head}  (refusal) {_preview(message['refusal'])}")
+            click.echo(f"{head}(refusal) {_preview(message['refusal'])}")
+        elif message.get("tool_calls"):
+            click.echo(f"{head}(no text)")
         else:
-            click.echo(head)
+            click.echo(f"{head}(empty)")
         for call in message.get("tool_calls", []):
             function = call["function"]
-            click.echo(
-                f"{'':>16}-> {function['name']}({_preview(function['arguments'], 80)})  "
-                f"id {call['id']!r}"
-            )
+            name = safe_text(str(function["name"]))
+            arguments = _preview(function["arguments"], 80)
+            call_id = safe_text(str(call["id"]))
+            click.echo(f"{'':{_TEXT_COLUMN}}-> {name}({arguments})  id {call_id}")

@@ -466,7 +466,9 @@ def test_calls_as_table_json_lines_and_csv(url: str) -> None:
     assert set(lines[1]) == {"-", " "} and len(lines) == 4
     as_json = json.loads(run("audit", "calls", "--db", url, "--json").stdout)
     assert [(r["conversation_id"], r["seq"], r["position"], r["name"]) for r in as_json] == ALL
-    assert as_json[0]["created_at"] == "2026-11-01T10:00:00Z" and as_json[0]["result"] == "5"
+    # the same precision on every engine (issue 12)
+    assert as_json[0]["created_at"] == "2026-11-01T10:00:00.000000+00:00"
+    assert as_json[0]["result"] == "5"
     lines_out = run("audit", "calls", "--db", url, "--nl", "--state", "truncated").stdout
     [record] = [json.loads(line) for line in lines_out.splitlines()]
     assert (record["reason"], record["arguments"]) == ("length", '{"city": "Par')
