@@ -99,11 +99,12 @@ def cli() -> None:
 
 def _register() -> None:
     from fsm.cli.audit import audit
+    from fsm.cli.conversations import conversations
     from fsm.cli.demo import demo
     from fsm.cli.parse import parse_command
     from fsm.cli.store import db, history, ingest
 
-    for command in (parse_command, db, ingest, history, audit, demo):
+    for command in (parse_command, db, ingest, history, conversations, audit, demo):
         cli.add_command(command)
 
 

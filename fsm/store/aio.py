@@ -55,7 +55,14 @@ from fsm.store.engine import (
 )
 from fsm.store.errors import ConversationExistsError
 from fsm.store.migrate import ensure_at_head
-from fsm.store.store import READ_SNAPSHOT, CommittedTurn, Results, StoreCore
+from fsm.store.store import (
+    READ_SNAPSHOT,
+    CommittedTurn,
+    ConversationInfo,
+    Results,
+    StoreCore,
+    check_listing,
+)
 
 __all__ = ["AsyncConversationStore", "async_url", "create_async_engine", "sync_url"]
 
@@ -184,6 +191,17 @@ class AsyncConversationStore:
         with self._core.translate():
             async with self._writer.begin() as conn:
                 return await conn.run_sync(self._core.delete_conversation, conversation_id)
+
+    async def list_conversations(
+        self, *, limit: int | None = 100, after: str | None = None
+    ) -> list[ConversationInfo]:
+        """The conversations in id order, with their counts and last activity (see
+        :meth:`ConversationStore.list_conversations
+        <fsm.store.ConversationStore.list_conversations>`)."""
+        check_listing(limit, after)
+        await self.open()
+        async with self._reader() as conn:
+            return await conn.run_sync(self._core.list_conversations, limit, after)
 
     async def next_seq(self, conversation_id: str) -> int:
         """The seq the next message of the conversation will get (its number of messages)."""

@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -59,7 +60,14 @@ from fsm.store.plans import (
 )
 from fsm.toolcall import is_json
 
-__all__ = ["MAX_KEY_BYTES", "CommittedTurn", "ConversationStore", "Results", "StoreCore"]
+__all__ = [
+    "MAX_KEY_BYTES",
+    "CommittedTurn",
+    "ConversationInfo",
+    "ConversationStore",
+    "Results",
+    "StoreCore",
+]
 
 #: The isolation level of PostgreSQL read transactions: one snapshot for every statement.
 READ_SNAPSHOT = "REPEATABLE READ"
@@ -84,6 +92,51 @@ class CommittedTurn:
     def next_seq(self) -> int:
         """The seq right after this turn's last result."""
         return self.seq + len(self.messages)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConversationInfo:
+    """One conversation as :meth:`ConversationStore.list_conversations` lists it.
+
+    ``messages`` is its number of history messages (its next seq), ``turns`` how many of them
+    are assistant messages, ``attempts`` how many failed turns were recorded for it;
+    ``last_activity`` is the time of its newest message or attempt (its ``created_at`` when it
+    has neither). Times are aware UTC datetimes on every engine.
+    """
+
+    id: str
+    created_at: datetime | None
+    messages: int
+    turns: int
+    attempts: int
+    last_activity: datetime | None
+    metadata: dict[str, Any] | None
+
+    @property
+    def key(self) -> str:
+        """The id: pass it as ``after=`` for the next page."""
+        return self.id
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as a dict, in field order."""
+        return {
+            "id": self.id,
+            "created_at": self.created_at,
+            "messages": self.messages,
+            "turns": self.turns,
+            "attempts": self.attempts,
+            "last_activity": self.last_activity,
+            "metadata": self.metadata,
+        }
+
+
+def check_listing(limit: int | None, after: str | None) -> None:
+    """``list_conversations`` takes ``limit`` ``None`` or a non-negative int, ``after`` ``None``
+    or a string."""
+    if limit is not None and (type(limit) is not int or limit < 0):
+        raise ValueError(f"limit must be None or a non-negative integer, not {limit!r}")
+    if after is not None and not isinstance(after, str):
+        raise TypeError(f"after must be a conversation id (a str), not {type(after).__name__}")
 
 
 class ConversationStore:
@@ -172,6 +225,20 @@ class ConversationStore:
                     return str(row["id"])
                 raise ConversationExistsError(row["id"]) from exc
         return str(row["id"])
+
+    def list_conversations(
+        self, *, limit: int | None = 100, after: str | None = None
+    ) -> list[ConversationInfo]:
+        """The conversations in id order, with their counts and last activity.
+
+        At most ``limit`` of them (``None``: all); ``after`` continues after that id (pass the
+        last row's ``key``, or ``id``): keyset pages, stable while conversations are added.
+        One query, whatever the number of conversations: each row's counts are read through
+        the primary keys and the attempts' conversation index.
+        """
+        check_listing(limit, after)
+        with self._reader() as conn:
+            return self._core.list_conversations(conn, limit, after)
 
     def delete_conversation(self, conversation_id: str) -> bool:
         """Delete a conversation with all its messages, calls and attempts.
@@ -461,6 +528,51 @@ class StoreCore:
         ).rowcount
         return bool(deleted)
 
+    def list_conversations(
+        self, conn: Connection, limit: int | None, after: str | None
+    ) -> list[ConversationInfo]:
+        """A page of conversations (see :meth:`ConversationStore.list_conversations`)."""
+        if limit == 0:
+            return []
+        c, m, a = Conversation, Message, Attempt
+        last_seq = sa.select(sa.func.max(m.seq)).where(m.conversation_id == c.id)
+        turns = sa.select(sa.func.count()).where(
+            m.conversation_id == c.id, sa.type_coerce(m.role, sa.String) == "assistant"
+        )
+        attempts = sa.select(sa.func.count()).where(a.conversation_id == c.id)
+        last_message = sa.select(sa.func.max(m.created_at)).where(m.conversation_id == c.id)
+        last_attempt = sa.select(sa.func.max(a.created_at)).where(a.conversation_id == c.id)
+        query = sa.select(
+            c.id,
+            c.created_at,
+            c.meta,
+            last_seq.scalar_subquery(),
+            turns.scalar_subquery(),
+            attempts.scalar_subquery(),
+            last_message.scalar_subquery(),
+            last_attempt.scalar_subquery(),
+        ).order_by(c.id)
+        if after is not None:
+            query = query.where(c.id > after)
+        if limit is not None:
+            query = query.limit(limit)
+        out = []
+        for cid, created, meta, seq, n_turns, n_attempts, at_m, at_a in conn.execute(query):
+            created_at = _utc(created)
+            times = [t for t in (_utc(at_m), _utc(at_a)) if t is not None]
+            out.append(
+                ConversationInfo(
+                    id=cid,
+                    created_at=created_at,
+                    messages=0 if seq is None else int(seq) + 1,
+                    turns=int(n_turns),
+                    attempts=int(n_attempts),
+                    last_activity=max(times) if times else created_at,
+                    metadata=meta if isinstance(meta, dict) else None,
+                )
+            )
+        return out
+
     def next_seq(self, conn: Connection, conversation_id: str) -> int:
         """The conversation's next seq (``ConversationNotFoundError`` if it does not exist)."""
         _require(conn, conversation_id)
@@ -680,6 +792,18 @@ def _read_attempts(conn: Connection, conversation_id: str) -> list[dict[str, Any
 
 
 # -- helpers -----------------------------------------------------------------------------------
+def _utc(value: Any) -> datetime | None:
+    """A stored time as an aware UTC datetime (SQLite gives naive UTC, or text from ``max``)."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if not isinstance(value, datetime):
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 def _require(conn: Connection, conversation_id: str, *, lock: bool = False) -> None:
     """Raise ConversationNotFoundError unless the conversation exists; ``lock`` takes its
     row lock (``SELECT ... FOR UPDATE``) for the rest of the transaction."""
