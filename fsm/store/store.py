@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -119,15 +119,7 @@ class ConversationInfo:
 
     def as_dict(self) -> dict[str, Any]:
         """The row as a dict, in field order."""
-        return {
-            "id": self.id,
-            "created_at": self.created_at,
-            "messages": self.messages,
-            "turns": self.turns,
-            "attempts": self.attempts,
-            "last_activity": self.last_activity,
-            "metadata": self.metadata,
-        }
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def check_listing(limit: int | None, after: str | None) -> None:

@@ -341,6 +341,30 @@ def test_failures_include_attempts_without_calls(url: str) -> None:
         engine.dispose()
 
 
+def test_failures_read_attempts_in_windows(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attempts without a failed call are read a window of ids at a time: tiny windows give the
+    same rows, pages and cursors as one big window."""
+    from fsm.store.audit import failed
+
+    with ConversationStore(url) as store:
+        record_callless(store, "c4")
+        record_callless(store, "c5")
+    engine = A.open_readonly(url)
+    try:
+        whole = [r.key for r in A.failures(engine, limit=None)]
+        assert len(whole) == 8
+        monkeypatch.setattr(failed, "_WINDOW", 1)
+        monkeypatch.setattr(failed, "_MAX_WINDOW", 2)
+        assert [r.key for r in A.failures(engine, limit=None)] == whole
+        for i in range(len(whole)):
+            assert [r.key for r in A.failures(engine, limit=3, after=whole[i])] == whole[
+                i + 1 : i + 4
+            ]
+            assert [r.key for r in A.failures(engine, limit=3, offset=i)] == whole[i : i + 3]
+    finally:
+        engine.dispose()
+
+
 def test_failures_counts_command_counts_every_attempt(url: str) -> None:
     """The reported case, as a user runs it: 3 attempts recorded, ``--counts`` shows 3."""
     with ConversationStore(url) as store:

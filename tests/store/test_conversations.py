@@ -93,6 +93,13 @@ EXPECTED = [
 ]
 
 
+def test_the_command_columns_are_the_row_fields() -> None:
+    from fsm.cli.conversations import COLUMNS
+    from fsm.cli.output import columns_of
+
+    assert columns_of(ConversationInfo) == COLUMNS == tuple(EXPECTED[0].as_dict())
+
+
 def test_list_conversations(url: str) -> None:
     with ConversationStore(url) as store:
         assert store.list_conversations() == EXPECTED

@@ -16,6 +16,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -252,12 +253,13 @@ def failures(
     )
     with _connect(bind, snapshot=True) as conn:
         page = _PAGE if limit is None else min(_PAGE, limit + offset) or 1
-        streams = [_failed_calls(conn, filters, page, after)]
+        streams: list[Iterator[FailureRow | _Reached]] = [_failed_calls(conn, filters, page, after)]
         if not _calls_filtered(filters):
             streams.append(_failed_attempts(conn, filters, page, after))
         merged = heapq.merge(*streams, key=lambda row: row.key)
+        rows = (row for row in merged if isinstance(row, FailureRow))
         stop = None if limit is None else offset + limit
-        yield from itertools.islice(merged, offset, stop)
+        yield from itertools.islice(rows, offset, stop)
 
 
 def _failed_calls(
@@ -318,8 +320,9 @@ def _failed_calls(
 
 def _failed_attempts(
     conn: Connection, filters: Filters, page: int, after: tuple[int, int] | None
-) -> Iterator[FailureRow]:
-    """The attempts without a failed call, in id order, read ``page`` rows at a time."""
+) -> Iterator[FailureRow | _Reached]:
+    """The attempts without a failed call, in id order, read ``page`` rows at a time, with a
+    :class:`_Reached` mark after each window of ids."""
     a = _AT
     conditions = _attempt_conditions(conn, a, filters)
     raw = functools.partial(_raw, conn)
@@ -339,11 +342,49 @@ def _failed_attempts(
         .select_from(a)
         .order_by(a.c.id)
     )
-    last = None if after is None else after[0]  # its own row (position -1) is at or before it
+    bounds = conn.execute(sa.select(sa.func.min(a.c.id), sa.func.max(a.c.id))).one()
+    if bounds[0] is None:
+        return
+    # its own row (position -1) is at or before the cursor
+    low = bounds[0] - 1 if after is None else max(after[0], bounds[0] - 1)
+    window = _WINDOW
+    while low < bounds[1]:
+        # a window of ids at a time (growing), so that a page ends as soon as the failed calls
+        # fill it even when no attempt lacks a failed call: no query reads all the attempts
+        high = low + window
+        yield from _attempt_rows(conn, query, conditions, low, high, page)
+        yield _Reached(high)
+        low, window = high, min(window * 2, _MAX_WINDOW)
+
+
+class _Reached:
+    """A mark in :func:`_failed_attempts`' stream: no more of its rows up to attempt ``id``
+    (it sorts after every row of that attempt; :func:`failures` drops it)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, attempt_id: int) -> None:
+        self.key = (attempt_id, _AFTER_ALL)
+
+
+#: attempt ids read per window by :func:`_failed_attempts` (the first, the largest), and a
+#: position after every call.
+_WINDOW, _MAX_WINDOW = 1_000, 64_000
+_AFTER_ALL = 2**62
+
+
+def _attempt_rows(
+    conn: Connection,
+    query: sa.Select[Any],
+    conditions: list[sa.ColumnElement[bool]],
+    low: int,
+    high: int,
+    page: int,
+) -> Iterator[FailureRow]:
+    """The rows of :func:`_failed_attempts` with ``low < id <= high``, ``page`` at a time."""
+    a = _AT
     while True:
-        bounded = [*conditions]
-        if last is not None:
-            bounded.append(a.c.id > last)
+        bounded = [*conditions, a.c.id > low, a.c.id <= high]
         rows = conn.execute(query.where(*bounded).limit(page)).all()
         for row in rows:
             finish, end_how, end_reason = (_opt_text(v) for v in row[4:7])
@@ -366,7 +407,7 @@ def _failed_attempts(
             )
         if len(rows) < page:
             return
-        last = rows[-1][0]
+        low = rows[-1][0]
 
 
 def failure_counts(
