@@ -338,3 +338,12 @@ def test_parse_text_has_no_python_reprs(tmp_path: Any) -> None:
         "      arguments: (empty)",
         "COMPLETE: safe to commit",
     ]
+
+
+def test_stats_columns_need_one_table(hostile: str) -> None:
+    both = run("audit", "stats", "--db", hostile, "--columns", "name")
+    assert both.exit_code == 2
+    assert "--columns picks the columns of one table: choose it with --by" in both.stderr
+    tools = run("audit", "stats", "--db", hostile, "--by", "tool", "--csv", "--columns", "name")
+    assert tools.exit_code == 0, tools.stderr
+    assert sorted(tools.stdout.splitlines()) == sorted(["name", ESC_NAME, "lookup"])
