@@ -240,23 +240,16 @@ def _preview(value: Any, limit: int = 120) -> str:
 
 
 def _not_found(error: Any, url: str | None) -> Any:
-    """The store's not-found error, worded for the command line (same type and exit status)."""
+    """The store's not-found error (the same object: its type and exit status), worded for the
+    command line: where it looked, and the command that lists what is there."""
     from fsm.store.engine import display_url, normalize_url
-    from fsm.store.errors import ConversationNotFoundError
 
     where = display_url(normalize_url(url))
-
-    class NotFound(ConversationNotFoundError):
-        def __init__(self) -> None:
-            self.conversation_id = error.conversation_id
-            Exception.__init__(
-                self,
-                f"no conversation {error.conversation_id!r} in {where}; list them with: "
-                f"fsm conversations --db '{where}'",
-            )
-
-    NotFound.__name__ = NotFound.__qualname__ = "ConversationNotFoundError"
-    return NotFound()
+    error.args = (
+        f"no conversation {error.conversation_id!r} in {where}; list them with: "
+        f"fsm conversations --db '{where}'",
+    )
+    return error
 
 
 @click.command(name="history")
