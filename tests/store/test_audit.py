@@ -668,3 +668,21 @@ def test_audit_imports_no_sqlalchemy_at_cli_start() -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize(
+    ("recorded", "reason"),
+    [
+        (("stop", "done", None, "the commit failed"), "the commit failed"),
+        ((None, "error", "tool_use_failed: bad args", None), "tool_use_failed: bad args"),
+        ((None, "eof", None, None), "eof"),
+        ((None, "aborted", "cancelled by the caller", None), "cancelled by the caller"),
+        (("length", "done", None, None), "length"),
+        (("content_filter", "done", None, None), "content_filter"),
+        (("stop", "done", None, None), None),
+        (("tool_calls", "done", None, None), None),
+        ((None, None, None, None), None),
+    ],
+)
+def test_attempt_reason(recorded: tuple[Any, Any, Any, Any], reason: str | None) -> None:
+    assert A.attempt_reason(*recorded) == reason

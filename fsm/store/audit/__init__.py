@@ -20,8 +20,11 @@ that the database itself refuses writes.
   state), filtered by tool, state, conversation, model, time and argument content, a page at a
   time, in key order (conversation, seq, then attempts before the committed turn at the same
   seq, position). Pages continue with ``after=row.key`` (keyset) or ``offset``.
-* :func:`failures` lists the truncated and aborted calls of attempts with reasons and anomalies;
-  :func:`failure_counts` groups them by model, state and reason.
+* :func:`failures` lists the failed turns of recorded attempts: each truncated or aborted call
+  with its reason and anomalies, and each attempt without one (a provider's error event, a text
+  turn cut by ``length``, a stream cut before any call) as a row of its own, with the attempt's
+  reason (:func:`attempt_reason`); :func:`failure_counts` groups them by model, state and
+  reason.
 * :func:`stats` counts calls per tool, per model and per day, tokens from the assistant messages'
   usage, and the share of incomplete turns per model.
 * :func:`check` re-verifies the whole history contract of ``spec/store.md`` and every rule the
@@ -48,7 +51,13 @@ The audit's errors (:class:`AuditError`, :class:`DatabaseNotFoundError`,
 from __future__ import annotations
 
 from fsm.store.audit.calls import CallKey, CallRow, tool_calls
-from fsm.store.audit.failed import FailureCount, FailureRow, failure_counts, failures
+from fsm.store.audit.failed import (
+    FailureCount,
+    FailureRow,
+    attempt_reason,
+    failure_counts,
+    failures,
+)
 from fsm.store.audit.filters import ArgFilter, parse_json_path
 from fsm.store.audit.integrity import VIOLATION_KINDS, Violation, check
 from fsm.store.audit.read import Bind, open_readonly
@@ -72,6 +81,7 @@ __all__ = [
     "Stats",
     "ToolStat",
     "Violation",
+    "attempt_reason",
     "check",
     "failure_counts",
     "failures",
