@@ -238,6 +238,10 @@ def failures(
     """
     from fsm.store import audit as audit_api
 
+    if counts and (page.limit_given or page.offset or page.after is not None):
+        raise click.UsageError(
+            "--counts prints every group: --limit, --offset and --after page the listing only"
+        )
     with _store(url) as engine:
         if counts:
             emit(

@@ -347,3 +347,13 @@ def test_stats_columns_need_one_table(hostile: str) -> None:
     tools = run("audit", "stats", "--db", hostile, "--by", "tool", "--csv", "--columns", "name")
     assert tools.exit_code == 0, tools.stderr
     assert sorted(tools.stdout.splitlines()) == sorted(["name", ESC_NAME, "lookup"])
+
+
+def test_failure_counts_are_never_paged(hostile: str) -> None:
+    for extra in (["--limit", "1"], ["--offset", "1"], ["--after", "x"]):
+        shown = run("audit", "failures", "--db", hostile, "--counts", *extra)
+        assert shown.exit_code == 2, extra
+        assert "Error: --counts prints every group: --limit, --offset and --after page the " in (
+            shown.stderr
+        )
+    assert run("audit", "failures", "--db", hostile, "--counts").exit_code == 0
