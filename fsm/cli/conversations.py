@@ -8,6 +8,7 @@ otherwise).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,10 +46,6 @@ def conversations(url: str | None, page: Page, output: OutputFormat) -> None:
     from fsm.cli.audit import _store
     from fsm.store.store import StoreCore, check_listing
 
-    if page.offset:
-        raise click.UsageError(
-            "fsm conversations pages with --after CURSOR or --limit, not --offset"
-        )
     page = page.for_output(output)
     key = page.query(key_size=1)["after"]
     after: str | None = None if key is None else key[0]
@@ -61,7 +58,8 @@ def conversations(url: str | None, page: Page, output: OutputFormat) -> None:
         core = StoreCore(engine.url, postgres=engine.dialect.name == "postgresql")
 
         def rows() -> Iterator[dict[str, Any]]:
-            cursor, left = after, page.limit or None
+            cursor = after
+            left = page.offset + page.limit if page.limit else None
             while left is None or left > 0:
                 batch = _BATCH if left is None else min(_BATCH, left)
                 check_listing(batch, cursor)
@@ -76,5 +74,5 @@ def conversations(url: str | None, page: Page, output: OutputFormat) -> None:
                 if left is not None:
                     left -= len(found)
 
-        shown = emit(rows(), output, columns=COLUMNS)
+        shown = emit(itertools.islice(rows(), page.offset, None), output, columns=COLUMNS)
     page.more(output, shown, None if last[0] is None else [last[0]])

@@ -186,8 +186,10 @@ def test_conversations_command_pages(url: str) -> None:
     assert len(json.loads(json_page.stdout)) == 1 and "--after" in json_page.stderr
     bad = run("conversations", "--db", url, "--after", "nonsense")
     assert bad.exit_code == 2 and "is not a cursor of this command" in bad.stderr
-    offset = run("conversations", "--db", url, "--offset", "1")
-    assert offset.exit_code == 2 and "not --offset" in offset.stderr
+    offset = run("conversations", "--db", url, "--offset", "1", "--limit", "1", "--columns", "id")
+    assert offset.stdout.splitlines() == ["id", "--", "b"] and "--after" in offset.stderr
+    rest = run("conversations", "--db", url, "--offset", "1", "--csv", "--columns", "id")
+    assert rest.stdout.splitlines() == ["id", "b", "c"] and rest.stderr == ""
     unknown = run("conversations", "--db", url, "--columns", "id,size")
     assert unknown.exit_code == 2
     assert "unknown column size for --columns: choose from id, created_at, messages" in (
