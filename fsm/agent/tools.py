@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fsm.toolcall import ToolCall
+from fsm.types import FunctionDefinition, ToolDefinition
 
 __all__ = ["Tool", "arun_tool", "function_tool", "run_tool"]
 
@@ -28,14 +29,14 @@ _JSON_TYPES: dict[Any, str] = {
 }
 
 
-def function_tool(function: Tool, name: str | None = None) -> dict[str, Any]:
+def function_tool(function: Tool, name: str | None = None) -> ToolDefinition:
     """The Chat Completions ``tools`` entry of a Python function.
 
     Parameters become the JSON schema's properties (``str``, ``int``, ``float``, ``bool``,
     ``list`` and ``dict`` annotations map to their JSON types; others accept anything), those
     without a default are required; the docstring's first paragraph is the description.
     """
-    tool_name = name or getattr(function, "__name__", "tool")
+    tool_name = str(name or getattr(function, "__name__", "tool"))
     try:
         hints = typing.get_type_hints(function)
     except Exception:  # unresolvable annotations: accept anything
@@ -50,7 +51,7 @@ def function_tool(function: Tool, name: str | None = None) -> dict[str, Any]:
         properties[parameter.name] = {"type": kind} if kind else {}
         if parameter.default is parameter.empty:
             required.append(parameter.name)
-    spec: dict[str, Any] = {
+    spec: FunctionDefinition = {
         "name": tool_name,
         "parameters": {"type": "object", "properties": properties, "required": required},
     }

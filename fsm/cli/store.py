@@ -257,7 +257,9 @@ def history(
     if as_json and mermaid:
         raise click.UsageError("choose --json or --mermaid, not both")
     with ConversationStore(url) as store:
-        messages = store.history(conversation_id, last=last, include_reasoning=include_reasoning)
+        messages: list[Any] = store.history(
+            conversation_id, last=last, include_reasoning=include_reasoning
+        )
         first = store.next_seq(conversation_id) - len(messages)
     if mermaid:
         from fsm.cli.output import mermaid_sequence
