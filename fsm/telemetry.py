@@ -2,12 +2,21 @@
 
 **Logging.** fsm logs through the standard :mod:`logging` module, under the ``fsm`` logger (which
 has a :class:`logging.NullHandler`, so nothing is printed unless the application configures
-logging): ``fsm.parser`` (an anomaly of the stream, at ``DEBUG``), ``fsm.store`` (a turn committed
-or written in a caller's transaction, an attempt recorded, messages appended, at ``INFO``; a
-conflict with another writer at ``WARNING``), ``fsm.store.migrate`` (a migration run, ``INFO``),
-``fsm.agent`` (a request sent and a tool run at ``DEBUG``, a turn that failed at ``WARNING``).
-Records carry ids, counts and seqs, never message content, tool arguments or results; the
-fields are also attributes of the record (``record.fsm``, a dict), for structured handlers.
+logging):
+
+* ``fsm.store``: a turn committed (or written in a caller's transaction), an attempt recorded,
+  messages appended (``INFO``); a write that failed (``INFO``), a conflict with another writer
+  or a busy database (``WARNING``). These records also carry their fields as ``record.fsm`` (a
+  dict: ``conversation_id``, ``seq``, ``messages``, ``created``, ``response_id``,
+  ``attempt_ids``, ``expected_seq``, ``actual_seq``, ...), for structured handlers;
+* ``fsm.store.migrate``: a migration run (``INFO``);
+* ``fsm.agent``: a request sent and a tool run (``DEBUG``), a response's anomaly counts
+  (``INFO``), a turn that failed (``WARNING``, with its reason), one that could not even be
+  recorded (``ERROR``);
+* ``fsm.parser``: each anomaly with its detail (``DEBUG``).
+
+Records at ``INFO`` and above carry ids, counts, seqs and reasons, never message content, tool
+arguments or results.
 
 **Tracing (OpenTelemetry).** With ``opentelemetry-api`` installed (``pip install 'fsm[otel]'``),
 the agent loop and the store emit spans through the global tracer provider, following the
@@ -52,10 +61,18 @@ __all__ = ["OTEL", "chat_span", "log", "store_write", "tool_span"]
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: Whether ``opentelemetry-api`` is installed (looked up without importing it).
-OTEL: Final = importlib.util.find_spec("opentelemetry") is not None and (
-    importlib.util.find_spec("opentelemetry.trace") is not None
-)
+
+def _installed(name: str) -> bool:
+    """Whether the module ``name`` can be imported (looked up; a top-level name is not
+    imported to find out)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a broken install, a finder that refuses
+        return False
+
+
+#: Whether ``opentelemetry-api`` is installed.
+OTEL: Final = _installed("opentelemetry") and _installed("opentelemetry.trace")
 
 #: The API fsm's spans describe (every client fsm drives speaks OpenAI Chat Completions).
 PROVIDER: Final = "openai"

@@ -11,6 +11,7 @@ from fsm.agent.step import AgentLoop, Record, abort, build_request, no_stream, s
 from fsm.agent.tools import Tool, run_tool
 from fsm.clients import iter_openai_events
 from fsm.parser import StreamParser
+from fsm.telemetry import chat_span
 
 if TYPE_CHECKING:
     from openai import OpenAI
@@ -147,6 +148,7 @@ def run_agent_loop(
     return loop.out_of_turns()
 
 
+@chat_span
 def _stream(
     client: OpenAI,
     request: dict[str, Any],

@@ -9,6 +9,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fsm.telemetry import tool_span
 from fsm.toolcall import ToolCall
 from fsm.types import FunctionDefinition, ToolDefinition
 
@@ -61,6 +62,7 @@ def function_tool(function: Tool, name: str | None = None) -> ToolDefinition:
     return {"type": "function", "function": spec}
 
 
+@tool_span
 def run_tool(tools: Mapping[str, Tool], call: ToolCall) -> tuple[str, bool]:
     """Run ``call`` with its tool: the result to send back, and whether it is an error result
     (an unknown tool, arguments that are not a JSON object, an exception)."""
@@ -74,6 +76,7 @@ def run_tool(tools: Mapping[str, Tool], call: ToolCall) -> tuple[str, bool]:
     return _as_content(value), False
 
 
+@tool_span
 async def arun_tool(tools: Mapping[str, Tool], call: ToolCall) -> tuple[str, bool]:
     """:func:`run_tool`, awaiting what the tool returns when it is awaitable."""
     run = _bind(tools, call)
