@@ -22,6 +22,10 @@ arguments or results.
 the agent loop and the store emit spans through the global tracer provider, following the
 OpenTelemetry semantic conventions for generative AI:
 
+* ``invoke_agent`` (kind ``INTERNAL``): a whole run of the agent loop, the parent of the spans
+  below: ``gen_ai.operation.name`` ``invoke_agent``, ``gen_ai.provider.name``,
+  ``gen_ai.conversation.id``, ``gen_ai.request.model``, and ``fsm.status`` / ``fsm.turns`` (how
+  it ended, the turns committed);
 * ``chat {model}`` (kind ``CLIENT``): one model turn, from the request to the end of its stream:
   ``gen_ai.operation.name`` ``chat``, ``gen_ai.provider.name`` and ``gen_ai.system`` ``openai``
   (the API spoken), ``gen_ai.request.model``, ``gen_ai.response.id``, ``gen_ai.response.model``,
@@ -56,7 +60,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final, ParamSpec, TypeVar
 
-__all__ = ["OTEL", "chat_span", "log", "store_write", "tool_span"]
+__all__ = ["OTEL", "agent_span", "chat_span", "log", "store_write", "tool_span"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -104,6 +108,61 @@ def _error(span: Any, error_type: str, description: str | None = None) -> None:
 
     span.set_attribute("error.type", error_type)
     span.set_status(Status(StatusCode.ERROR, description))
+
+
+# -- invoke_agent ------------------------------------------------------------------------------
+def agent_span(function: Callable[P, R]) -> Callable[P, R]:
+    """Decorate an agent loop (``(client, store, conversation, tools, *, model, ...)``, sync or
+    async): an ``invoke_agent`` span around the whole run, the parent of its ``chat``,
+    ``execute_tool`` and store spans."""
+    if not OTEL:
+        return function
+    if inspect.iscoroutinefunction(function):
+
+        @functools.wraps(function)
+        async def arun(*args: Any, **kwargs: Any) -> Any:
+            with _start_agent(args, kwargs) as span:
+                result = await function(*args, **kwargs)
+                _end_agent(span, result)
+                return result
+
+        return arun  # type: ignore[return-value]
+
+    @functools.wraps(function)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with _start_agent(args, kwargs) as span:
+            result = function(*args, **kwargs)
+            _end_agent(span, result)
+            return result
+
+    return run
+
+
+def _start_agent(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    from opentelemetry.trace import SpanKind
+
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.provider.name": PROVIDER,
+        "gen_ai.system": PROVIDER,
+    }
+    conversation = kwargs.get("conversation", args[2] if len(args) > 2 else None)
+    if isinstance(conversation, str):
+        attributes["gen_ai.conversation.id"] = conversation
+    model = kwargs.get("model")
+    if isinstance(model, str):
+        attributes["gen_ai.request.model"] = model
+    return _get_tracer().start_as_current_span(
+        "invoke_agent", kind=SpanKind.INTERNAL, attributes=attributes
+    )
+
+
+def _end_agent(span: Any, result: object) -> None:
+    status, turns = getattr(result, "status", None), getattr(result, "turns", None)
+    if isinstance(status, str):
+        span.set_attribute("fsm.status", status)
+    if isinstance(turns, list):
+        span.set_attribute("fsm.turns", len(turns))
 
 
 # -- chat {model} ------------------------------------------------------------------------------

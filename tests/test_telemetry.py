@@ -128,13 +128,26 @@ def test_demo_run_spans_follow_the_genai_conventions(
         "commit_turn",
         f"chat {MODEL}",
         "commit_turn",
+        "invoke_agent",
         "host request",
     ]
     host = next(s for s in exported if s.name == "host request")
-    # every fsm span is a child of the host's span: the context propagates (threads, tasks)
-    assert all(s.parent is not None and s.parent.span_id == host.context.span_id
-               for s in exported if s is not host)  # fmt: skip
+    agent = next(s for s in exported if s.name == "invoke_agent")
+    # the run is a child of the host's span, every other fsm span a child of the run: the
+    # context propagates (threads, tasks)
+    assert agent.parent is not None and agent.parent.span_id == host.context.span_id
+    assert all(s.parent is not None and s.parent.span_id == agent.context.span_id
+               for s in exported if s not in (host, agent))  # fmt: skip
     assert len({s.context.trace_id for s in exported}) == 1
+    assert dict(agent.attributes or {}) == {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.provider.name": "openai",
+        "gen_ai.system": "openai",
+        "gen_ai.conversation.id": "conv",
+        "gen_ai.request.model": MODEL,
+        "fsm.status": "completed",
+        "fsm.turns": 2,
+    }
 
     chats = [s for s in exported if s.name.startswith("chat ")]
     first = parse_file(DEMO)
@@ -203,8 +216,10 @@ def test_a_cut_turn_is_an_error_chat_span_and_a_recorded_attempt(
         "append",
         f"chat {MODEL}",
         "record_attempt",
+        "invoke_agent",
         "host request",
     ]
+    assert exported[3].status.status_code == trace.StatusCode.ERROR  # TurnFailedError escaped
     chat = exported[1]
     assert chat.status.status_code == trace.StatusCode.ERROR
     attrs = dict(chat.attributes or {})

@@ -22,7 +22,7 @@ from fsm.agent.step import (
 from fsm.agent.tools import Tool, arun_tool
 from fsm.clients import aiter_openai_events
 from fsm.parser import StreamParser
-from fsm.telemetry import chat_span
+from fsm.telemetry import agent_span, chat_span
 from fsm.toolcall import ToolCall
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ class AsyncStoreLike(Protocol):
     ) -> Sequence[Mapping[str, Any]]: ...
 
 
+@agent_span
 async def arun_agent_loop(
     client: AsyncOpenAI,
     store: AsyncStoreLike,

@@ -11,7 +11,7 @@ from fsm.agent.step import AgentLoop, Record, abort, build_request, no_stream, s
 from fsm.agent.tools import Tool, run_tool
 from fsm.clients import iter_openai_events
 from fsm.parser import StreamParser
-from fsm.telemetry import chat_span
+from fsm.telemetry import agent_span, chat_span
 
 if TYPE_CHECKING:
     from openai import OpenAI
@@ -64,6 +64,7 @@ class StoreLike(Protocol):
     ) -> Sequence[Mapping[str, Any]]: ...
 
 
+@agent_span
 def run_agent_loop(
     client: OpenAI,
     store: StoreLike,
