@@ -436,6 +436,9 @@ class BoundStore:
             store.bind(conn).commit_turn(cid, turn, results)
         # committed together; an exception in the block rolls back both
 
+    With an ORM session, bind its connection: ``store.bind(session.connection())`` (the
+    session's commit then commits the turn too).
+
     What differs from the store's own methods:
 
     * **The caller's commit decides.** Nothing is committed here; the returned values (a

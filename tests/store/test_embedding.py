@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.ext.asyncio import create_async_engine as sa_create_async_engine
+from sqlalchemy.orm import Session
 
 from fsm.store import (
     BoundStore,
@@ -103,6 +104,22 @@ def test_rollback_removes_the_host_row_and_the_turn(host_engine: sa.Engine) -> N
     assert store.next_seq(cid) == 0
     with pytest.raises(LookupError):
         store.next_seq("c2")
+
+
+def test_an_orm_session_commits_its_rows_and_the_turn_together(host_engine: sa.Engine) -> None:
+    store = ConversationStore(engine=host_engine)
+    cid = store.create_conversation("c1")
+    with Session(host_engine) as session, session.begin():
+        session.execute(orders.insert().values(id=7, status="paid"))
+        store.bind(session.connection()).commit_turn(cid, make_turn(), ["r"])
+    assert _orders(host_engine) == [(7, "paid")]
+    assert len(store.history(cid)) == 2
+    with pytest.raises(Boom), Session(host_engine) as session, session.begin():
+        session.execute(orders.insert().values(id=8, status="paid"))
+        store.bind(session.connection()).append(cid, [USER])
+        raise Boom
+    assert _orders(host_engine) == [(7, "paid")]
+    assert len(store.history(cid)) == 2
 
 
 def test_a_failed_fsm_write_leaves_the_callers_transaction_usable(
