@@ -13,6 +13,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -36,6 +37,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 )
 
 EXPORTER = InMemorySpanExporter()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -348,7 +350,9 @@ with ConversationStore("sqlite:///{tmp_path / "q.db"}", auto_upgrade=True) as st
     except ConflictError:
         pass
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
     assert out.stderr == "" and out.stdout == ""
 
 
@@ -368,5 +372,5 @@ assert not hasattr(fsm.agent.loop._stream, "__wrapped__")
 assert not [m for m in sys.modules if m.startswith("opentelemetry")]
 print("ok")
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "ok", out.stderr
