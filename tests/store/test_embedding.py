@@ -202,6 +202,13 @@ def test_configure_engine_sets_sqlite_pragmas_once(engine_name: str, db_url: sa.
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar_one() == "wal"
             conn.execute(sa.text("SAVEPOINT s1"))
             conn.execute(sa.text("RELEASE s1"))
+        seen: list[str] = []
+        sa.event.listen(engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+        with engine.connect() as conn, conn.begin():
+            conn.execute(sa.text("SELECT 1"))
+        with engine.connect().execution_options(fsm_write=True) as conn, conn.begin():
+            conn.execute(sa.text("SELECT 1"))
+        assert [s for s in seen if s.startswith("BEGIN")] == ["BEGIN", "BEGIN IMMEDIATE"]
     finally:
         engine.dispose()
 
