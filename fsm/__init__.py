@@ -6,6 +6,8 @@ nor the command-line library; the store lives in :mod:`fsm.store`.
 
 from __future__ import annotations
 
+import logging
+
 from fsm.api import aparse, parse
 from fsm.errors import (
     FsmError,
@@ -35,6 +37,8 @@ from fsm.states import ToolCallState
 from fsm.toolcall import ToolCall
 
 __version__ = "0.1.0"
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())  # no output unless configured
 
 __all__ = [
     "Anomaly",

@@ -15,6 +15,7 @@ the project README documents every choice made where the spec is silent.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ _WINDOW: Final = 64 * 1024
 
 _new_event: Final = object.__new__
 _ACCUMULATING: Final = ToolCallState.ACCUMULATING
+
+_log = logging.getLogger(__name__)
 
 #: anomalies of one kind kept with their details (and reported as events); more are only counted.
 MAX_ANOMALIES_PER_KIND: Final = 100
@@ -367,6 +370,7 @@ class StreamParser:
         if count > MAX_ANOMALIES_PER_KIND:
             return
         anomaly = Anomaly(kind, detail, choice, self._event_number)
+        _log.debug("anomaly %s (choice %s, event %d): %s", kind, choice, self._event_number, detail)
         self._anomalies.append(anomaly)
         self._events.append(AnomalyDetected(kind=kind, detail=detail, choice=choice))
 

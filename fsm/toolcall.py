@@ -18,6 +18,7 @@ from fsm.events import (
 )
 from fsm.jsonutil import DEFAULT_MAX_JSON_DEPTH, JsonSyntax, is_json, loads_strict, repair_json
 from fsm.states import FINAL_EVENTS, FINAL_STATES, ToolCallState, fire
+from fsm.types import FunctionToolCall
 
 __all__ = [
     "DEFAULT_MAX_JSON_DEPTH",
@@ -144,11 +145,12 @@ class ToolCall:
         """Whether the call is in a final state."""
         return self.state in FINAL_STATES
 
-    def to_dict(self) -> dict[str, Any]:
-        """The call as the OpenAI ``tool_calls[]`` entry of an assistant message."""
+    def to_dict(self) -> FunctionToolCall:
+        """The call as the OpenAI ``tool_calls[]`` entry of an assistant message (typed as the
+        SDK's function tool call; ``type`` is the provider's, ``"function"`` in practice)."""
         return {
             "id": self.id,
-            "type": self.type,
+            "type": self.type,  # type: ignore[typeddict-item]
             "function": {"name": self.name, "arguments": self.arguments},
         }
 

@@ -24,6 +24,7 @@ from fsm.states import (
     ending,
 )
 from fsm.toolcall import FLUSH_EVERY, ToolCall, pair_surrogates
+from fsm.types import AssistantMessage
 
 __all__ = ["CONTENT", "REASONING", "REFUSAL", "Anomaly", "ParseResult", "Turn"]
 
@@ -292,7 +293,7 @@ class Turn:
         self.complete = self.incomplete_reason is None
         return events
 
-    def to_message(self, *, include_reasoning: bool = False) -> dict[str, Any]:
+    def to_message(self, *, include_reasoning: bool = False) -> AssistantMessage:
         """The OpenAI assistant message for this turn, ready to send back.
 
         Only for a complete turn: any other raises :class:`~fsm.errors.IncompleteTurnError`, so an
@@ -323,7 +324,7 @@ class Turn:
                 choice=self.index,
                 states=states,
             )
-        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        message: AssistantMessage = {"role": "assistant", "content": self.content}
         if self.refusal is not None:
             message["refusal"] = self.refusal
         if include_reasoning and self.reasoning is not None:

@@ -22,6 +22,7 @@ from fsm.agent.step import (
 from fsm.agent.tools import Tool, arun_tool
 from fsm.clients import aiter_openai_events
 from fsm.parser import StreamParser
+from fsm.telemetry import agent_span, chat_span
 from fsm.toolcall import ToolCall
 
 if TYPE_CHECKING:
@@ -74,9 +75,10 @@ class AsyncStoreLike(Protocol):
 
     async def history(
         self, conversation_id: str, *, last: int | None = ..., include_reasoning: bool = ...
-    ) -> list[dict[str, Any]]: ...
+    ) -> Sequence[Mapping[str, Any]]: ...
 
 
+@agent_span
 async def arun_agent_loop(
     client: AsyncOpenAI,
     store: AsyncStoreLike,
@@ -150,6 +152,7 @@ async def arun_agent_loop(
     return loop.out_of_turns()
 
 
+@chat_span
 async def _astream(
     client: AsyncOpenAI, request: dict[str, Any], parser: StreamParser, emit: _Emit
 ) -> Exception | None:

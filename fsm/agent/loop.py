@@ -11,6 +11,7 @@ from fsm.agent.step import AgentLoop, Record, abort, build_request, no_stream, s
 from fsm.agent.tools import Tool, run_tool
 from fsm.clients import iter_openai_events
 from fsm.parser import StreamParser
+from fsm.telemetry import agent_span, chat_span
 
 if TYPE_CHECKING:
     from openai import OpenAI
@@ -60,9 +61,10 @@ class StoreLike(Protocol):
 
     def history(
         self, conversation_id: str, *, last: int | None = ..., include_reasoning: bool = ...
-    ) -> list[dict[str, Any]]: ...
+    ) -> Sequence[Mapping[str, Any]]: ...
 
 
+@agent_span
 def run_agent_loop(
     client: OpenAI,
     store: StoreLike,
@@ -147,6 +149,7 @@ def run_agent_loop(
     return loop.out_of_turns()
 
 
+@chat_span
 def _stream(
     client: OpenAI,
     request: dict[str, Any],

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -50,6 +51,8 @@ from fsm.toolcall import ToolCall
 
 if TYPE_CHECKING:
     from fsm.store.store import CommittedTurn
+
+_log = logging.getLogger("fsm.agent")
 
 __all__ = [
     "AgentLoop",
@@ -87,6 +90,7 @@ class AgentLoop:
     def send(self, history: Sequence[Mapping[str, Any]]) -> tuple[StreamParser, RequestSent]:
         """A request goes out with ``history``: a parser for its answer, and the event."""
         self._expected_seq = len(history)
+        _log.debug("request %d of %s: %d messages", self.step, self.conversation, len(history))
         return StreamParser(), RequestSent(self.step, len(history))
 
     def interrupted(self, parser: StreamParser, exc: BaseException) -> Record:
@@ -105,6 +109,8 @@ class AgentLoop:
         attempt, nothing in history, and raise :class:`~fsm.agent.TurnFailedError`.
         """
         turn = None if failure is not None else _choice_0(result)
+        if result.anomaly_counts:  # counts by kind only (details: the fsm.parser DEBUG records)
+            _log.info("request %d: anomalies %s", self.step, result.anomaly_counts)
         if turn is None or not turn.complete:
             return Record("incomplete", self, why_incomplete(result), result, result, failure)
         return Commit(self, result, turn, self._expected_seq)
@@ -141,6 +147,7 @@ class Commit:
 
     def executed(self, position: int, call: ToolCall, content: str, error: bool) -> ToolExecuted:
         """The event of a tool that ran for call ``position``."""
+        _log.debug("tool %s ran for call %r (error result: %s)", call.name, call.id, error)
         return ToolExecuted(
             self.loop.step, position, call.id, call.name, call.arguments, content, error
         )
@@ -214,6 +221,13 @@ class Record:
 
     def recorded(self, ids: Sequence[int]) -> tuple[AttemptRecorded, BaseException]:
         """``record_attempt`` gave ``ids``: the event to emit, then the exception to raise."""
+        _log.warning(
+            "turn %d of %s failed (%s): %s",
+            self.loop.step,
+            self.loop.conversation,
+            self.kind,
+            self.reason[:300],
+        )
         event = AttemptRecorded(self.loop.step, list(ids), self.reason)
         if self._reraise:
             assert self.cause is not None
@@ -230,6 +244,12 @@ class Record:
     def not_recorded(self, record_error: Exception) -> BaseException:
         """``record_attempt`` raised ``record_error``: the exception to raise (no event). A
         re-raised exception gets a note saying so (with the tool results, if any)."""
+        _log.error(
+            "turn %d of %s failed and was not recorded: %s",
+            self.loop.step,
+            self.loop.conversation,
+            one_line(record_error),
+        )
         if self._reraise:
             assert self.cause is not None
             note_not_recorded(self.cause, record_error, self.results)

@@ -9,7 +9,9 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fsm.telemetry import tool_span
 from fsm.toolcall import ToolCall
+from fsm.types import FunctionDefinition, ToolDefinition
 
 __all__ = ["Tool", "arun_tool", "function_tool", "run_tool"]
 
@@ -28,14 +30,14 @@ _JSON_TYPES: dict[Any, str] = {
 }
 
 
-def function_tool(function: Tool, name: str | None = None) -> dict[str, Any]:
+def function_tool(function: Tool, name: str | None = None) -> ToolDefinition:
     """The Chat Completions ``tools`` entry of a Python function.
 
     Parameters become the JSON schema's properties (``str``, ``int``, ``float``, ``bool``,
     ``list`` and ``dict`` annotations map to their JSON types; others accept anything), those
     without a default are required; the docstring's first paragraph is the description.
     """
-    tool_name = name or getattr(function, "__name__", "tool")
+    tool_name = str(name or getattr(function, "__name__", "tool"))
     try:
         hints = typing.get_type_hints(function)
     except Exception:  # unresolvable annotations: accept anything
@@ -50,7 +52,7 @@ def function_tool(function: Tool, name: str | None = None) -> dict[str, Any]:
         properties[parameter.name] = {"type": kind} if kind else {}
         if parameter.default is parameter.empty:
             required.append(parameter.name)
-    spec: dict[str, Any] = {
+    spec: FunctionDefinition = {
         "name": tool_name,
         "parameters": {"type": "object", "properties": properties, "required": required},
     }
@@ -60,6 +62,7 @@ def function_tool(function: Tool, name: str | None = None) -> dict[str, Any]:
     return {"type": "function", "function": spec}
 
 
+@tool_span
 def run_tool(tools: Mapping[str, Tool], call: ToolCall) -> tuple[str, bool]:
     """Run ``call`` with its tool: the result to send back, and whether it is an error result
     (an unknown tool, arguments that are not a JSON object, an exception)."""
@@ -73,6 +76,7 @@ def run_tool(tools: Mapping[str, Tool], call: ToolCall) -> tuple[str, bool]:
     return _as_content(value), False
 
 
+@tool_span
 async def arun_tool(tools: Mapping[str, Tool], call: ToolCall) -> tuple[str, bool]:
     """:func:`run_tool`, awaiting what the tool returns when it is awaitable."""
     run = _bind(tools, call)

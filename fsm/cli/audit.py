@@ -1,10 +1,9 @@
 """``fsm audit calls|failures|stats|check``: read-only queries over the store.
 
 Thin wrappers over :mod:`fsm.store.audit`: each command opens the store read-only (a SQLite
-file through a ``mode=ro`` URI, never created; PostgreSQL sessions with
-``default_transaction_read_only``), runs one function and prints its rows with the shared output
-options of :mod:`fsm.cli.output` (a table by default; ``--json``, ``--nl``, ``--csv``, ``--tsv``
-for scripts). Errors are typed and print as one line (the ``fsm`` group handles them).
+file through a ``mode=ro`` URI, never created; PostgreSQL transactions ``READ ONLY``), runs one
+function and prints its rows with the shared output options of :mod:`fsm.cli.output` (a table by
+default; ``--json``, ``--nl``, ``--csv``, ``--tsv`` for scripts). Errors are typed and print as one line (the ``fsm`` group handles them).
 """
 
 from __future__ import annotations

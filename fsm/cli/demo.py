@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -231,7 +232,7 @@ def _text_of(value: Any) -> str:
     return safe_text(value if isinstance(value, str) else to_json(value))
 
 
-def _print_history(out: _Output, messages: list[dict[str, Any]]) -> None:
+def _print_history(out: _Output, messages: Sequence[Mapping[str, Any]]) -> None:
     out.line(f"History ({len(messages)} messages, as the next request would send it):")
     for seq, message in enumerate(messages):
         role = message["role"]

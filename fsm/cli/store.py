@@ -294,7 +294,7 @@ def history(
         raise click.UsageError("choose --json or --mermaid, not both")
     with ConversationStore(url) as store:
         try:
-            messages = store.history(
+            messages: list[Any] = store.history(
                 conversation_id, last=last, include_reasoning=include_reasoning
             )
             first = store.next_seq(conversation_id) - len(messages)

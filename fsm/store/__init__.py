@@ -18,23 +18,31 @@
 The database enforces the contract itself (see :mod:`fsm.store.models`); this package also
 holds the engine factory (:mod:`fsm.store.engine`) and the migration helpers
 (:mod:`fsm.store.migrate`).
+
+Inside a host application: ``ConversationStore(engine=host_engine)`` borrows the host's engine
+(set it up with :func:`configure_engine` first), and ``store.bind(conn)`` writes inside the
+host's own transaction (:class:`BoundStore`).
 """
 
 from __future__ import annotations
 
-from fsm.store.engine import create_engine, default_url
+from fsm.store.engine import (
+    WRITE,
+    EngineNotConfiguredError,
+    configure_engine,
+    create_engine,
+    default_url,
+)
 from fsm.store.errors import (
     CommitOutcomeUnknownError,
-    DatabaseCorruptError,
-    DatabaseFileError,
-    DatabaseUrlError,
-    DriverMissingError,
-    StorageFullError,
-    StoreUnavailableError,
     ConflictError,
     ConversationExistsError,
     ConversationNotFoundError,
     CorruptStoreError,
+    DatabaseCorruptError,
+    DatabaseFileError,
+    DatabaseUrlError,
+    DriverMissingError,
     IdempotencyMismatchError,
     InvalidConversationIdError,
     InvalidIdempotencyKeyError,
@@ -44,30 +52,33 @@ from fsm.store.errors import (
     ResultsError,
     RetryableStoreError,
     SchemaNotAtHeadError,
+    StorageFullError,
     StoreBusyError,
     StoreError,
+    StoreUnavailableError,
     UnsupportedValueError,
     ValueRejectedError,
 )
 from fsm.store.migrate import current_revision, head_revision, upgrade
 from fsm.store.models import Base
-from fsm.store.store import CommittedTurn, ConversationStore, Results
+from fsm.store.store import BoundStore, CommittedTurn, ConversationStore, Results
 
 __all__ = [
-    "CommitOutcomeUnknownError",
-    "DatabaseCorruptError",
-    "DatabaseFileError",
-    "DatabaseUrlError",
-    "DriverMissingError",
-    "StorageFullError",
-    "StoreUnavailableError",
+    "WRITE",
     "Base",
+    "BoundStore",
+    "CommitOutcomeUnknownError",
     "CommittedTurn",
     "ConflictError",
     "ConversationExistsError",
     "ConversationNotFoundError",
     "ConversationStore",
     "CorruptStoreError",
+    "DatabaseCorruptError",
+    "DatabaseFileError",
+    "DatabaseUrlError",
+    "DriverMissingError",
+    "EngineNotConfiguredError",
     "IdempotencyMismatchError",
     "InvalidConversationIdError",
     "InvalidIdempotencyKeyError",
@@ -78,10 +89,13 @@ __all__ = [
     "ResultsError",
     "RetryableStoreError",
     "SchemaNotAtHeadError",
+    "StorageFullError",
     "StoreBusyError",
     "StoreError",
+    "StoreUnavailableError",
     "UnsupportedValueError",
     "ValueRejectedError",
+    "configure_engine",
     "create_engine",
     "current_revision",
     "default_url",

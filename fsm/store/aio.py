@@ -33,14 +33,16 @@ The schema check (and the embedded default's auto-upgrade) happens on first use,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import pool
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fsm.parser import Anomaly, ParseResult, Turn
@@ -51,20 +53,30 @@ from fsm.store.engine import (
     create_async_engine,
     create_engine,
     display_url,
+    require_configured,
     sync_url,
 )
 from fsm.store.errors import ConversationExistsError
 from fsm.store.migrate import ensure_at_head
 from fsm.store.store import (
     READ_SNAPSHOT,
+    BoundStore,
     CommittedTurn,
     ConversationInfo,
     Results,
     StoreCore,
     check_listing,
 )
+from fsm.telemetry import store_write
+from fsm.types import Message
 
-__all__ = ["AsyncConversationStore", "async_url", "create_async_engine", "sync_url"]
+__all__ = [
+    "AsyncBoundStore",
+    "AsyncConversationStore",
+    "async_url",
+    "create_async_engine",
+    "sync_url",
+]
 
 
 class AsyncConversationStore:
@@ -85,6 +97,11 @@ class AsyncConversationStore:
         busy_timeout: SQLite only: seconds a write waits for another writer before raising
             :class:`~fsm.store.errors.StoreBusyError` (the wait happens in aiosqlite's thread,
             never blocking the event loop).
+        engine: instead of ``url``, a host application's own
+            :class:`~sqlalchemy.ext.asyncio.AsyncEngine`, borrowed as with the sync store's
+            ``engine=`` (:meth:`close` leaves it open; on SQLite it must have been set up by
+            :func:`~fsm.store.configure_engine`); :meth:`bind` writes inside the host's own
+            transactions.
 
     Use it with ``async with`` (which checks the schema at once), or call :meth:`close` when
     done. Cancelling a task in the middle of a write rolls that write back: nothing is half
@@ -95,15 +112,30 @@ class AsyncConversationStore:
         self,
         url: str | URL | None = None,
         *,
+        engine: AsyncEngine | None = None,
         auto_upgrade: bool | None = None,
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
     ) -> None:
-        self._url = sync_url(url)
-        self._engine = create_async_engine(self._url, busy_timeout=busy_timeout)
+        if engine is not None:
+            if url is not None:
+                raise TypeError("AsyncConversationStore takes a url or an engine, not both")
+            if not isinstance(engine, AsyncEngine):
+                raise TypeError(
+                    f"engine must be a sqlalchemy AsyncEngine, not {type(engine).__name__} (an "
+                    "Engine goes to fsm.store.ConversationStore)"
+                )
+            self._url = sync_url(engine.url)
+            self._engine = engine
+        else:
+            self._url = sync_url(url)
+            self._engine = create_async_engine(self._url, busy_timeout=busy_timeout)
+        self._owns_engine = engine is None
         self._writer = self._engine.execution_options(**{WRITE: True})
         dialect = self._engine.dialect.name
         self._core = StoreCore(self._url, postgres=dialect == "postgresql")
-        self._auto_upgrade = self._core.auto_upgrade(url is not None, dialect, auto_upgrade)
+        self._auto_upgrade = self._core.auto_upgrade(
+            url is not None or engine is not None, dialect, auto_upgrade
+        )
         self._busy_timeout = busy_timeout
         self._ready = False
         self._ready_lock = asyncio.Lock()
@@ -129,9 +161,21 @@ class AsyncConversationStore:
             return self
         async with self._ready_lock:
             if not self._ready:
-                await asyncio.to_thread(self._check_schema)
+                if self._owns_engine:
+                    await asyncio.to_thread(self._check_schema)
+                else:
+                    async with self._engine.connect() as conn:
+                        await conn.run_sync(self._check_borrowed)
                 self._ready = True
         return self
+
+    def _check_borrowed(self, conn: Connection) -> None:
+        """The schema check of a borrowed engine, on one of its own connections (the host's
+        connection settings, whatever they are); an upgrade goes through its URL."""
+        require_configured(conn)
+        ensure_at_head(
+            cast(Engine, _OneConnection(conn, self._url)), auto_upgrade=self._auto_upgrade
+        )
 
     def _check_schema(self) -> None:
         engine = create_engine(self._url, busy_timeout=self._busy_timeout, poolclass=pool.NullPool)
@@ -140,9 +184,42 @@ class AsyncConversationStore:
         finally:
             engine.dispose()
 
+    @property
+    def owns_engine(self) -> bool:
+        """Whether the store made its engine (and :meth:`close` disposes of it)."""
+        return self._owns_engine
+
+    @property
+    def dialect(self) -> str:
+        """The database's dialect: ``sqlite`` or ``postgresql``."""
+        return str(self._engine.dialect.name)
+
+    #: Whether the store writes inside a caller's transaction (never: see :meth:`bind`).
+    caller_transaction = False
+
     async def close(self) -> None:
-        """Release the store's connections."""
-        await self._engine.dispose()
+        """Release the store's connections (a borrowed engine is left as it is)."""
+        if self._owns_engine:
+            await self._engine.dispose()
+
+    async def bind(self, connection: AsyncConnection) -> AsyncBoundStore:
+        """The store working inside ``connection``'s transaction (the caller's unit of work),
+        with the semantics of :meth:`ConversationStore.bind <fsm.store.ConversationStore.bind>`
+        and :class:`~fsm.store.store.BoundStore`: the caller's commit or rollback decides, each
+        write runs in a savepoint, conflicts raise instead of being retried. Checks the schema
+        first, as the store's first operation does."""
+        if not isinstance(connection, AsyncConnection):
+            raise TypeError(
+                f"bind() takes a sqlalchemy AsyncConnection, not {type(connection).__name__}"
+            )
+        if connection.dialect.name != self._engine.dialect.name:
+            raise TypeError(
+                f"bind() got a {connection.dialect.name} connection for a "
+                f"{self._engine.dialect.name} store"
+            )
+        await self.open()
+        sync_conn = await connection.run_sync(_configured)
+        return AsyncBoundStore(self._core, connection, BoundStore(self._core, sync_conn))
 
     async def __aenter__(self) -> AsyncConversationStore:
         try:
@@ -211,6 +288,7 @@ class AsyncConversationStore:
             return await conn.run_sync(self._core.next_seq, conversation_id)
 
     # -- writes ------------------------------------------------------------------------------
+    @store_write("append")
     async def append(
         self,
         conversation_id: str,
@@ -226,6 +304,7 @@ class AsyncConversationStore:
             async with self._writer.begin() as conn:
                 return await conn.run_sync(self._core.append, conversation_id, rows, expected_seq)
 
+    @store_write("commit_turn")
     async def commit_turn(
         self,
         conversation_id: str,
@@ -247,6 +326,7 @@ class AsyncConversationStore:
                     self._core.commit_turn, conversation_id, plan, expected_seq, idempotency_key
                 )
 
+    @store_write("record_attempt")
     async def record_attempt(
         self,
         conversation_id: str,
@@ -273,7 +353,7 @@ class AsyncConversationStore:
         *,
         last: int | None = None,
         include_reasoning: bool = False,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Message]:
         """The conversation as an OpenAI ``messages`` list, ready to send (see
         :meth:`ConversationStore.history <fsm.store.ConversationStore.history>`)."""
         self._core.check_conversation_id(conversation_id)
@@ -299,3 +379,178 @@ class AsyncConversationStore:
                 conn = await conn.execution_options(isolation_level=READ_SNAPSHOT)
             async with conn.begin():
                 yield conn
+
+
+class AsyncBoundStore:
+    """An async store's view inside a caller's
+    :class:`~sqlalchemy.ext.asyncio.AsyncConnection` (:meth:`AsyncConversationStore.bind`): the
+    methods of :class:`~fsm.store.store.BoundStore`, awaited, each run on the caller's
+    connection through :meth:`~sqlalchemy.ext.asyncio.AsyncConnection.run_sync`.
+
+    .. code-block:: python
+
+        async with engine.begin() as conn:        # the host's AsyncEngine and transaction
+            await conn.execute(orders.insert().values(id=7, status="paid"))
+            bound = await store.bind(conn)
+            await bound.commit_turn(cid, turn, results)
+    """
+
+    caller_transaction = True
+
+    def __init__(self, core: StoreCore, connection: AsyncConnection, sync: BoundStore) -> None:
+        self._core = core
+        self._conn = connection
+        self._sync = sync
+
+    @property
+    def connection(self) -> AsyncConnection:
+        """The caller's connection."""
+        return self._conn
+
+    @property
+    def dialect(self) -> str:
+        """The database's dialect: ``sqlite`` or ``postgresql``."""
+        return str(self._conn.dialect.name)
+
+    def __repr__(self) -> str:
+        return f"AsyncBoundStore({self._core.url!r})"
+
+    async def create_conversation(
+        self,
+        conversation_id: str | None = None,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        exist_ok: bool = False,
+    ) -> str:
+        """:meth:`AsyncConversationStore.create_conversation`, in the caller's transaction."""
+        bound = self._sync
+        result: str = await self._conn.run_sync(
+            lambda _conn: bound.create_conversation(
+                conversation_id, metadata=metadata, exist_ok=exist_ok
+            )
+        )
+        return result
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        """:meth:`AsyncConversationStore.delete_conversation`, in the caller's transaction."""
+        bound = self._sync
+        result: bool = await self._conn.run_sync(
+            lambda _conn: bound.delete_conversation(conversation_id)
+        )
+        return result
+
+    async def next_seq(self, conversation_id: str) -> int:
+        """:meth:`AsyncConversationStore.next_seq`, in the caller's transaction."""
+        bound = self._sync
+        result: int = await self._conn.run_sync(lambda _conn: bound.next_seq(conversation_id))
+        return result
+
+    @store_write("append")
+    async def append(
+        self,
+        conversation_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        expected_seq: int | None = None,
+    ) -> int:
+        """:meth:`AsyncConversationStore.append`, in the caller's transaction."""
+        bound = self._sync
+        result: int = await self._conn.run_sync(
+            lambda _conn: _undecorated(bound.append)(
+                conversation_id, messages, expected_seq=expected_seq
+            )
+        )
+        return result
+
+    @store_write("commit_turn")
+    async def commit_turn(
+        self,
+        conversation_id: str,
+        turn: Turn | ParseResult,
+        results: Results | None = None,
+        *,
+        expected_seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> CommittedTurn:
+        """:meth:`AsyncConversationStore.commit_turn`, in the caller's transaction."""
+        bound = self._sync
+        result: CommittedTurn = await self._conn.run_sync(
+            lambda _conn: _undecorated(bound.commit_turn)(
+                conversation_id,
+                turn,
+                results,
+                expected_seq=expected_seq,
+                idempotency_key=idempotency_key,
+            )
+        )
+        return result
+
+    @store_write("record_attempt")
+    async def record_attempt(
+        self,
+        conversation_id: str,
+        attempt: Turn | ParseResult,
+        *,
+        results: Results | None = None,
+        error: str | None = None,
+        anomalies: Sequence[Anomaly] = (),
+    ) -> list[int]:
+        """:meth:`AsyncConversationStore.record_attempt`, in the caller's transaction."""
+        bound = self._sync
+        result: list[int] = await self._conn.run_sync(
+            lambda _conn: _undecorated(bound.record_attempt)(
+                conversation_id, attempt, results=results, error=error, anomalies=anomalies
+            )
+        )
+        return result
+
+    async def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = None,
+        include_reasoning: bool = False,
+    ) -> list[Message]:
+        """:meth:`AsyncConversationStore.history`, in the caller's transaction."""
+        bound = self._sync
+        result: list[Message] = await self._conn.run_sync(
+            lambda _conn: bound.history(
+                conversation_id, last=last, include_reasoning=include_reasoning
+            )
+        )
+        return result
+
+    async def attempts(self, conversation_id: str) -> list[dict[str, Any]]:
+        """:meth:`AsyncConversationStore.attempts`, in the caller's transaction."""
+        bound = self._sync
+        result: list[dict[str, Any]] = await self._conn.run_sync(
+            lambda _conn: bound.attempts(conversation_id)
+        )
+        return result
+
+
+def _configured(conn: Connection) -> Connection:
+    """``conn`` (the sync side of an async connection), checked to be set up for fsm."""
+    require_configured(conn)
+    return conn
+
+
+def _undecorated(method: Any) -> Any:
+    """A bound method without its logging/tracing decorator (the async caller has its own)."""
+    inner = getattr(method, "__wrapped__", None)
+    if inner is None:
+        return method
+    return functools.partial(inner, method.__self__)
+
+
+class _OneConnection:
+    """What :func:`~fsm.store.migrate.ensure_at_head` uses of an engine (``connect()`` and
+    ``url``), served by one existing connection."""
+
+    def __init__(self, conn: Connection, url: URL) -> None:
+        self._conn = conn
+        self.url = url
+
+    @contextlib.contextmanager
+    def connect(self) -> Iterator[Connection]:
+        yield self._conn

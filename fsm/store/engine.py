@@ -28,33 +28,46 @@ accept) and no ``NaN`` / ``Infinity`` (which neither accepts): a value that is n
 raises ``ValueError`` instead of being stored invalid.
 
 PostgreSQL goes through psycopg 3 (``postgresql+psycopg://``; plain ``postgresql://`` URLs are
-mapped to it), with ``plan_cache_mode = force_custom_plan`` for every session (see
-:data:`_POSTGRES_SETTINGS`). Each kind's settings are one ``_Profile``; :func:`_build` and
-:func:`_configure` are the only places an engine is made and set up.
+mapped to it). Nothing is set per session: a setting made when a connection opens does not
+survive a transaction-pooling proxy (PgBouncer's ``pool_mode = transaction`` hands each
+transaction whatever server connection is free), so what fsm needs is set inside its own
+transactions (``SET LOCAL``, ``SET TRANSACTION``; see :data:`_POSTGRES_SETTINGS`). Each kind's
+settings are one ``_Profile``; :func:`_build` and :func:`_configure` are the only places an engine
+is made and set up.
+
+A host application's own engine is set up for fsm by :func:`configure_engine` (SQLite: the same
+pragmas and transaction handling as fsm's engines; PostgreSQL: nothing to do), which
+``ConversationStore(engine=...)`` requires on SQLite.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event, pool
 from sqlalchemy.engine import URL, Connection, Engine
 
-from fsm.store.errors import AuditError, DatabaseNotFoundError
+from fsm.store.errors import AuditError, DatabaseNotFoundError, StoreError
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+#: an engine, sync or asyncio (what :func:`configure_engine` takes and returns)
+_E = TypeVar("_E", "Engine", "AsyncEngine")
+
 __all__ = [
     "BUSY_TIMEOUT_SECONDS",
     "WRITE",
+    "EngineNotConfiguredError",
     "async_url",
+    "configure_engine",
     "create_async_engine",
     "create_engine",
     "create_probe_engine",
@@ -62,6 +75,7 @@ __all__ = [
     "default_url",
     "display_url",
     "dumps_json",
+    "is_configured",
     "normalize_url",
     "sync_url",
 ]
@@ -76,18 +90,33 @@ _ASYNC_SQLITE: Final = "sqlite+aiosqlite"
 _SYNC_POSTGRES: Final = "postgresql+psycopg"
 
 # -- the connection settings, written once -----------------------------------------------------
-#: PostgreSQL, every session of the store's engines (sync and async). Plan each statement for
-#: the data at hand: PostgreSQL otherwise caches a generic plan per session, and the foreign-key
-#: checks of a table that was tiny when the session started keep a sequential scan as it grows
-#: (quadratic inserts on a fresh database).
-_POSTGRES_SETTINGS: Final = ("SET plan_cache_mode = force_custom_plan",)
-#: PostgreSQL, every session of a read-only engine: writes refused, plans as above, and no JIT
-#: (compiling a query costs more than these scans and lookups ever win back).
-_POSTGRES_READONLY_SETTINGS: Final = (
-    "SET default_transaction_read_only = on",
-    *_POSTGRES_SETTINGS,
-    "SET jit = off",
-)
+#: PostgreSQL, every session of the store's engines (sync and async): none. A session-level
+#: ``SET`` does not survive transaction pooling (PgBouncer), so what fsm needs is set inside its
+#: own transactions instead (:data:`_POSTGRES_WRITE_TRANSACTION`).
+_POSTGRES_SETTINGS: Final[tuple[str, ...]] = ()
+#: PostgreSQL, first in every write transaction of fsm (a connection with the :data:`WRITE`
+#: option; never a host's own transaction): plan each statement for the data at hand. PostgreSQL
+#: otherwise caches a generic plan for the foreign-key checks, and one made while a table was
+#: tiny keeps a sequential scan as it grows (until autovacuum analyzes it).
+_POSTGRES_WRITE_TRANSACTION: Final = "SET LOCAL plan_cache_mode = force_custom_plan"
+#: PostgreSQL, every transaction of a read-only engine (run first, inside it, so a pooling proxy
+#: cannot carry them over to another client): writes refused, and no JIT (compiling a query costs
+#: more than these scans and lookups ever win back).
+_POSTGRES_READONLY_TRANSACTION: Final = "SET TRANSACTION READ ONLY; SET LOCAL jit = off"
+
+#: ``Connection.info`` key set on every connection of an engine fsm set up (its own engines, and
+#: a host's engine given to :func:`configure_engine`).
+_CONFIGURED: Final = "fsm_configured"
+
+#: The engines :func:`configure_engine` set up (so a second call is a no-op).
+_configured_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+class EngineNotConfiguredError(StoreError, ValueError):
+    """An engine (or connection) handed to fsm was not set up for it: on SQLite its connections
+    have foreign keys off and the driver's own transaction handling, so the store's contract
+    would not hold. Call :func:`fsm.store.configure_engine` on the engine before its first
+    connection."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,23 +127,29 @@ class _Profile:
     sqlite_pragmas: tuple[str, ...]
     #: PostgreSQL: the ``SET`` statements run on each session
     postgres_settings: tuple[str, ...]
+    #: PostgreSQL: the statement run first in every transaction (``None``: nothing)
+    postgres_transaction: str | None = None
+    #: PostgreSQL: run ``postgres_transaction`` only on connections with the :data:`WRITE` option
+    postgres_writes_only: bool = False
     #: SQLite: how text values are decoded (``None``: the driver's strict UTF-8)
     text_factory: Callable[[bytes], str] | None = None
     #: SQLite: begin a connection with the :data:`WRITE` option with ``BEGIN IMMEDIATE``
     immediate_writes: bool = True
 
 
-def _store_profile(*, foreign_keys: bool, busy_timeout: float) -> _Profile:
+def _store_profile(*, foreign_keys: bool, busy_timeout: float, wal: bool = True) -> _Profile:
     """The store's engines (sync and async): foreign keys, the busy timeout, WAL (readers never
     block the writer), ``synchronous=NORMAL``."""
+    journal = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL") if wal else ()
     return _Profile(
         sqlite_pragmas=(
             f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}",
             f"PRAGMA busy_timeout={int(busy_timeout * 1000)}",
-            "PRAGMA journal_mode=WAL",
-            "PRAGMA synchronous=NORMAL",
+            *journal,
         ),
         postgres_settings=_POSTGRES_SETTINGS,
+        postgres_transaction=_POSTGRES_WRITE_TRANSACTION,
+        postgres_writes_only=True,
     )
 
 
@@ -134,7 +169,8 @@ _READONLY_PROFILE: Final = _Profile(
         "PRAGMA cache_size=-65536",
         "PRAGMA mmap_size=17179869184",
     ),
-    postgres_settings=_POSTGRES_READONLY_SETTINGS,
+    postgres_settings=(),
+    postgres_transaction=_POSTGRES_READONLY_TRANSACTION,
     text_factory=_lenient_text,
     immediate_writes=False,
 )
@@ -197,9 +233,10 @@ def create_readonly_engine(url: str | URL | None = None, **kwargs: Any) -> Engin
     :class:`~fsm.store.errors.DatabaseNotFoundError` (it is never created), an in-memory database
     :class:`~fsm.store.errors.AuditError`, and every write fails with "attempt to write a
     readonly database"; text that is not UTF-8 reads as text (errors replaced), never an error.
-    PostgreSQL sessions get ``default_transaction_read_only = on`` (see
-    :data:`_POSTGRES_READONLY_SETTINGS`): every write fails with "cannot execute ... in a
-    read-only transaction". Transactions begin with a plain ``BEGIN`` (SQLite) so all statements
+    PostgreSQL transactions begin with ``SET TRANSACTION READ ONLY`` (see
+    :data:`_POSTGRES_READONLY_TRANSACTION`; per transaction, so a pooling proxy never hands the
+    setting to another client): every write fails with "cannot execute ... in a read-only
+    transaction". Transactions begin with a plain ``BEGIN`` (SQLite) so all statements
     of one see the same snapshot. Other backends raise :class:`~fsm.store.errors.AuditError`.
     The schema is not checked here (:func:`fsm.store.audit.open_readonly` does). Extra keyword
     arguments go to :func:`sqlalchemy.create_engine`.
@@ -221,8 +258,8 @@ def create_async_engine(
     """An asyncio engine configured like :func:`create_engine`.
 
     SQLite (``aiosqlite``): foreign keys on, WAL, ``synchronous=NORMAL``, the busy timeout, and
-    transactions begun by fsm (``BEGIN IMMEDIATE`` for writes). PostgreSQL (psycopg):
-    ``plan_cache_mode = force_custom_plan``. JSON is written by :func:`dumps_json`. Extra
+    transactions begun by fsm (``BEGIN IMMEDIATE`` for writes). PostgreSQL (psycopg): no
+    session setting (transaction-pooling safe). JSON is written by :func:`dumps_json`. Extra
     keyword arguments go to SQLAlchemy's :func:`~sqlalchemy.ext.asyncio.create_async_engine`.
     (SQLAlchemy's asyncio layer is imported here, so a sync program never loads it.)
     """
@@ -238,6 +275,65 @@ def create_async_engine(
     if sqlite or engine.dialect.driver == "psycopg":  # not asyncpg: its connections differ
         _configure(engine.sync_engine, _store_profile(foreign_keys=True, busy_timeout=busy_timeout))
     return engine
+
+
+def configure_engine(
+    engine: _E, *, busy_timeout: float = BUSY_TIMEOUT_SECONDS, wal: bool = True
+) -> _E:
+    """Set up a host application's own engine (sync or asyncio) for fsm; returns it.
+
+    Call it once, right after creating the engine and before its first connection (a connection
+    already in the pool keeps its old settings). A second call on the same engine does nothing.
+
+    SQLite (``pysqlite`` or ``aiosqlite``): every new connection gets ``PRAGMA foreign_keys=ON``
+    (the store's contract lives partly in foreign keys) and ``PRAGMA busy_timeout`` (seconds a
+    writer waits for another writer's lock); with ``wal`` (the default) also WAL journaling
+    (readers never block the writer; it is a property of the database file) and
+    ``synchronous=NORMAL``. The driver's own transaction handling is replaced by SQLAlchemy's
+    documented recipe: transactions begin with a real ``BEGIN`` (so ``SAVEPOINT`` works, which
+    the store uses inside a caller's transaction), and with ``BEGIN IMMEDIATE`` on a connection
+    with the :data:`WRITE` execution option (``conn.execution_options(fsm_write=True)``), so
+    two writers queue instead of one failing half-way. The host's own statements are unchanged.
+
+    PostgreSQL: nothing to set. fsm sets what it needs inside its own transactions, so the
+    engine may sit behind a transaction-pooling proxy (PgBouncer's ``pool_mode =
+    transaction``). Other backends: nothing is done (fsm supports SQLite and PostgreSQL).
+
+    fsm's JSON columns are written with the engine's ``json_serializer`` (SQLAlchemy's default,
+    :func:`json.dumps`, is fine: the store never hands it NaN or infinities; a serializer that
+    refuses lone surrogates makes such a value a ``ValueRejectedError``).
+    """
+    sync_engine = engine if isinstance(engine, Engine) else engine.sync_engine
+    if sync_engine in _configured_engines:
+        return engine
+    if sync_engine.dialect.name == "sqlite":
+        _configure(
+            sync_engine,
+            _store_profile(foreign_keys=True, busy_timeout=busy_timeout, wal=wal),
+        )
+    elif sync_engine.dialect.name == "postgresql":
+        _configure(sync_engine, _store_profile(foreign_keys=True, busy_timeout=busy_timeout))
+    _configured_engines.add(sync_engine)
+    return engine
+
+
+def is_configured(connection: Connection) -> bool:
+    """Whether ``connection`` was opened by an engine set up for fsm (one of fsm's own, or one
+    given to :func:`configure_engine`). PostgreSQL connections always are: fsm needs no session
+    setting there."""
+    if connection.dialect.name != "sqlite":
+        return True
+    return bool(connection.info.get(_CONFIGURED))
+
+
+def require_configured(connection: Connection) -> None:
+    """Raise :class:`EngineNotConfiguredError` unless :func:`is_configured`."""
+    if not is_configured(connection):
+        raise EngineNotConfiguredError(
+            "this SQLite engine was not set up for fsm (its connections have foreign keys off "
+            "and the driver's own transaction handling): call "
+            "fsm.store.configure_engine(engine) right after creating it"
+        )
 
 
 def create_probe_engine(url: str | URL | None = None) -> Engine:
@@ -287,7 +383,7 @@ def _configure(engine: Engine, profile: _Profile) -> None:
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine, profile)
     elif engine.dialect.name == "postgresql":
-        _configure_postgres(engine, profile.postgres_settings)
+        _configure_postgres(engine, profile)
 
 
 def _make_parent(parsed: URL) -> None:
@@ -312,9 +408,10 @@ def _configure_sqlite(engine: Engine, profile: _Profile) -> None:
     immediate_writes = profile.immediate_writes
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    def _on_connect(dbapi_connection: Any, record: Any) -> None:
         # fsm emits BEGIN itself (below); the driver must not begin transactions on its own.
         dbapi_connection.isolation_level = None
+        record.info[_CONFIGURED] = True
         if text_factory is not None:
             dbapi_connection.text_factory = text_factory
         cursor = dbapi_connection.cursor()
@@ -330,11 +427,23 @@ def _configure_sqlite(engine: Engine, profile: _Profile) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
-def _configure_postgres(engine: Engine, settings: Sequence[str]) -> None:
-    """Run ``settings`` (``SET`` statements) on every new session, outside any transaction."""
+def _configure_postgres(engine: Engine, profile: _Profile) -> None:
+    """Run the profile's ``SET`` statements on every new session (outside any transaction), and
+    its transaction statement first in every transaction (or every write transaction)."""
+    settings: Sequence[str] = profile.postgres_settings
+    transaction, writes_only = profile.postgres_transaction, profile.postgres_writes_only
+    if transaction is not None:
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(connection: Connection) -> None:
+            if not writes_only or connection.get_execution_options().get(WRITE, False):
+                connection.exec_driver_sql(transaction)
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    def _on_connect(dbapi_connection: Any, record: Any) -> None:
+        record.info[_CONFIGURED] = True
+        if not settings:
+            return
         autocommit = dbapi_connection.autocommit
         dbapi_connection.autocommit = True
         try:

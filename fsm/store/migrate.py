@@ -12,6 +12,7 @@ Git on Windows without symlink support, falls back to the top-level directory.)
 from __future__ import annotations
 
 import functools
+import logging
 from pathlib import Path
 
 from alembic import command
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 _HERE = Path(__file__).resolve().parent
+_log = logging.getLogger(__name__)
 
 
 def migrations_dir() -> Path:
@@ -80,11 +82,13 @@ def _known_revisions() -> set[str]:
 
 def upgrade(url: str | URL | None = None, revision: str = "head") -> None:
     """Upgrade the database at ``url`` (``None``: the default) to ``revision``."""
+    _log.info("migrating %s to %s", display_url(normalize_url(url)), revision)
     command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str | URL | None, revision: str) -> None:
     """Downgrade the database at ``url`` to ``revision`` (``"base"`` drops every table)."""
+    _log.info("downgrading %s to %s", display_url(normalize_url(url)), revision)
     command.downgrade(alembic_config(url), revision)
 
 

@@ -174,7 +174,7 @@ def plan_turn(turn: Turn | ParseResult, results: Results | None) -> TurnPlan:
     single = _single_turn(turn)
     calls = _complete_calls(single)
     contents = _normalize_results(calls, results)
-    assistant = single.to_message()  # the parser's one definition of the message
+    assistant: dict[str, Any] = dict(single.to_message())  # the parser's one definition
     _check_key_lengths(single, calls)
     return TurnPlan(single, calls, contents, assistant)
 

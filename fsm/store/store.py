@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -37,6 +37,7 @@ from fsm.store.engine import (
     create_engine,
     display_url,
     normalize_url,
+    require_configured,
 )
 from fsm.store.errors import (
     ConflictError,
@@ -58,10 +59,13 @@ from fsm.store.plans import (
     _show,
     _tool_message,
 )
+from fsm.telemetry import store_write
 from fsm.toolcall import is_json
+from fsm.types import Message as HistoryMessage
 
 __all__ = [
     "MAX_KEY_BYTES",
+    "BoundStore",
     "CommittedTurn",
     "ConversationInfo",
     "ConversationStore",
@@ -85,7 +89,7 @@ class CommittedTurn:
 
     conversation_id: str
     seq: int
-    messages: list[dict[str, Any]]
+    messages: list[HistoryMessage]
     created: bool
 
     @property
@@ -138,6 +142,16 @@ class ConversationStore:
         url: a SQLAlchemy URL (``sqlite:///path.db``, ``postgresql+psycopg://user@host/db``).
             ``None`` means the embedded default: ``$FSM_DB_URL`` if set, else the SQLite file
             ``$FSM_DB``, else ``./fsm.db``.
+        engine: instead of ``url``, a host application's own
+            :class:`~sqlalchemy.engine.Engine` (its pool, its proxy settings, its
+            instrumentation). The store borrows it: :meth:`close` leaves it open, and the host
+            disposes of it. On SQLite it must have been set up by
+            :func:`~fsm.store.configure_engine` (else
+            :class:`~fsm.store.EngineNotConfiguredError`); on PostgreSQL that is optional
+            (fsm's write transactions then plan their statements as the host's sessions do).
+            The schema must be at head unless ``auto_upgrade`` is true (the upgrade then
+            connects through the engine's URL). See :meth:`bind` to write inside the host's own
+            transactions.
         auto_upgrade: migrate the schema to the current revision when opening. The default
             (``None``) does so only for the embedded default database (``url=None`` resolving to
             SQLite); any other database not at the current revision raises
@@ -146,28 +160,47 @@ class ConversationStore:
         busy_timeout: SQLite only: seconds a write waits for another process's write to finish
             before raising :class:`~fsm.store.errors.StoreBusyError` (retryable).
 
-    The store owns an engine; call :meth:`close` (or use it as a context manager) when done.
-    Methods are safe to call from several threads and processes at once. For asyncio code, see
-    :class:`~fsm.store.aio.AsyncConversationStore` (the same API, awaited).
+    A store built from a URL owns its engine; call :meth:`close` (or use it as a context
+    manager) when done. Methods are safe to call from several threads and processes at once.
+    For asyncio code, see :class:`~fsm.store.aio.AsyncConversationStore` (the same API,
+    awaited).
     """
 
     def __init__(
         self,
         url: str | URL | None = None,
         *,
+        engine: Engine | None = None,
         auto_upgrade: bool | None = None,
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
     ) -> None:
-        self._url = normalize_url(url)
-        self._engine = create_engine(self._url, busy_timeout=busy_timeout)
+        if engine is not None:
+            if url is not None:
+                raise TypeError("ConversationStore takes a url or an engine, not both")
+            if not isinstance(engine, Engine):
+                raise TypeError(
+                    f"engine must be a sqlalchemy Engine, not {type(engine).__name__} (an "
+                    "AsyncEngine goes to fsm.store.aio.AsyncConversationStore)"
+                )
+            self._url = engine.url
+            self._engine = engine
+        else:
+            self._url = normalize_url(url)
+            self._engine = create_engine(self._url, busy_timeout=busy_timeout)
+        self._owns_engine = engine is None
         self._writer = self._engine.execution_options(**{WRITE: True})
         dialect = self._engine.dialect.name
         self._core = StoreCore(self._url, postgres=dialect == "postgresql")
-        auto_upgrade = self._core.auto_upgrade(url is not None, dialect, auto_upgrade)
+        auto_upgrade = self._core.auto_upgrade(
+            url is not None or engine is not None, dialect, auto_upgrade
+        )
         try:
+            if engine is not None:
+                with engine.connect() as conn:
+                    require_configured(conn)
             ensure_at_head(self._engine, auto_upgrade=auto_upgrade)
         except BaseException:
-            self._engine.dispose()
+            self.close()
             raise
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -181,9 +214,40 @@ class ConversationStore:
         """The database URL, password masked."""
         return display_url(self._url)
 
+    @property
+    def owns_engine(self) -> bool:
+        """Whether the store made its engine (and :meth:`close` disposes of it); false for a
+        host's engine given as ``engine=``."""
+        return self._owns_engine
+
     def close(self) -> None:
-        """Release the store's connections."""
-        self._engine.dispose()
+        """Release the store's connections (a borrowed engine is left as it is)."""
+        if self._owns_engine:
+            self._engine.dispose()
+
+    def bind(self, connection: Connection) -> BoundStore:
+        """The store working inside ``connection``'s transaction: the caller's unit of work.
+
+        ``with engine.begin() as conn: conn.execute(...); store.bind(conn).commit_turn(...)``
+        commits the host's own rows and the turn together, or neither: the caller's commit or
+        rollback decides, and nothing fsm writes there is visible to others before it. The
+        view has the store's methods (``create_conversation``, ``append``, ``commit_turn``,
+        ``record_attempt``, ``delete_conversation``, ``next_seq``, ``history``, ``attempts``)
+        with the same validation, idempotency and typed errors; reads see the transaction's
+        own uncommitted writes. See :class:`BoundStore` for what changes (no retry, savepoints,
+        locks held until the caller's commit).
+        """
+        if not isinstance(connection, Connection):
+            raise TypeError(
+                f"bind() takes a sqlalchemy Connection, not {type(connection).__name__}"
+            )
+        if connection.dialect.name != self._engine.dialect.name:
+            raise TypeError(
+                f"bind() got a {connection.dialect.name} connection for a "
+                f"{self._engine.dialect.name} store"
+            )
+        require_configured(connection)
+        return BoundStore(self._core, connection)
 
     def __enter__(self) -> ConversationStore:
         return self
@@ -251,6 +315,7 @@ class ConversationStore:
             return self._core.next_seq(conn, conversation_id)
 
     # -- writes ------------------------------------------------------------------------------
+    @store_write("append")
     def append(
         self,
         conversation_id: str,
@@ -274,6 +339,7 @@ class ConversationStore:
         with self._core.translate(), self._writer.begin() as conn:
             return self._core.append(conn, conversation_id, rows, expected_seq)
 
+    @store_write("commit_turn")
     def commit_turn(
         self,
         conversation_id: str,
@@ -315,6 +381,7 @@ class ConversationStore:
                 conn, conversation_id, plan, expected_seq, idempotency_key
             )
 
+    @store_write("record_attempt")
     def record_attempt(
         self,
         conversation_id: str,
@@ -353,7 +420,7 @@ class ConversationStore:
         *,
         last: int | None = None,
         include_reasoning: bool = False,
-    ) -> list[dict[str, Any]]:
+    ) -> list[HistoryMessage]:
         """The conversation as an OpenAI ``messages`` list, ready to send.
 
         Tool call ids and arguments are byte-exact; each assistant message with tool calls is
@@ -393,6 +460,14 @@ class ConversationStore:
         with self._reader() as conn:
             return self._core.attempts(conn, conversation_id)
 
+    @property
+    def dialect(self) -> str:
+        """The database's dialect: ``sqlite`` or ``postgresql``."""
+        return str(self._engine.dialect.name)
+
+    #: Whether the store writes inside a caller's transaction (never: see :meth:`bind`).
+    caller_transaction = False
+
     # -- internals ---------------------------------------------------------------------------
     @contextmanager
     def _reader(self) -> Iterator[Connection]:
@@ -403,6 +478,172 @@ class ConversationStore:
                 conn = conn.execution_options(isolation_level=READ_SNAPSHOT)
             with conn.begin():
                 yield conn
+
+
+class BoundStore:
+    """A store's view inside a caller's :class:`~sqlalchemy.engine.Connection`
+    (:meth:`ConversationStore.bind`): fsm's writes join the caller's transaction.
+
+    .. code-block:: python
+
+        store = ConversationStore(engine=engine)   # the host's engine (configure_engine first)
+        with engine.begin() as conn:               # the host's unit of work
+            conn.execute(orders.insert().values(id=7, status="paid"))
+            store.bind(conn).commit_turn(cid, turn, results)
+        # committed together; an exception in the block rolls back both
+
+    With an ORM session, bind its connection: ``store.bind(session.connection())`` (the
+    session's commit then commits the turn too).
+
+    What differs from the store's own methods:
+
+    * **The caller's commit decides.** Nothing is committed here; the returned values (a
+      :class:`CommittedTurn`, attempt ids, the next seq) describe rows that exist only if the
+      caller commits. A transaction is begun on ``connection`` if none is (SQLAlchemy's
+      autobegin).
+    * **All or nothing, per call.** Each write runs in a ``SAVEPOINT``: if it raises, what it
+      wrote is rolled back to that savepoint and the caller's transaction goes on (on
+      PostgreSQL too, where an error otherwise aborts the whole transaction), so the caller may,
+      say, record an attempt instead and still commit its own rows.
+    * **No retry.** fsm cannot retry inside a transaction it does not own: a stale
+      ``expected_seq`` raises :class:`~fsm.store.errors.ConflictError`, a lock that could not be
+      had (SQLite busy, a PostgreSQL deadlock or serialization failure) raises
+      :class:`~fsm.store.errors.StoreBusyError`, both retryable: roll the whole unit of work
+      back and run it again. On SQLite, begin the caller's transaction with ``BEGIN IMMEDIATE``
+      when it writes fsm rows (``engine.connect().execution_options(fsm_write=True)``, with
+      an engine set up by :func:`~fsm.store.configure_engine`): a deferred transaction that
+      read first cannot wait for another writer and fails with ``StoreBusyError`` at once.
+    * **Locks last until the caller's commit**: on PostgreSQL the conversation's row lock
+      (``FOR UPDATE``), on SQLite the database's write lock. Keep the transaction short.
+    * **Deferred checks run at the caller's COMMIT**: a tool block is complete by then (fsm
+      writes whole blocks), so they hold; a raw write by the caller that breaks the contract
+      fails that COMMIT.
+    * Reads (``history``, ``attempts``, ``next_seq``) run in the caller's transaction at its
+      isolation level, and see its own uncommitted writes.
+    * On PostgreSQL, the caller's transaction is not given ``plan_cache_mode``
+      (fsm's own write transactions are): its settings are the caller's.
+    """
+
+    caller_transaction = True
+
+    def __init__(self, core: StoreCore, connection: Connection) -> None:
+        self._core = core
+        self._conn = connection
+
+    @property
+    def connection(self) -> Connection:
+        """The caller's connection."""
+        return self._conn
+
+    @property
+    def dialect(self) -> str:
+        """The database's dialect: ``sqlite`` or ``postgresql``."""
+        return str(self._conn.dialect.name)
+
+    def __repr__(self) -> str:
+        return f"BoundStore({self._core.url!r})"
+
+    @contextmanager
+    def _savepoint(self) -> Iterator[Connection]:
+        with self._core.translate(), self._conn.begin_nested():
+            yield self._conn
+
+    # -- conversations -----------------------------------------------------------------------
+    def create_conversation(
+        self,
+        conversation_id: str | None = None,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        exist_ok: bool = False,
+    ) -> str:
+        """:meth:`ConversationStore.create_conversation`, in the caller's transaction."""
+        row = self._core.conversation_row(conversation_id, metadata)
+        try:
+            with self._savepoint() as conn:
+                self._core.insert_conversation(conn, row)
+        except ValueRejectedError as exc:
+            if not isinstance(exc.__cause__, sa_exc.IntegrityError):
+                raise
+            if exist_ok:
+                return str(row["id"])
+            raise ConversationExistsError(row["id"]) from exc.__cause__
+        return str(row["id"])
+
+    def delete_conversation(self, conversation_id: str) -> bool:
+        """:meth:`ConversationStore.delete_conversation`, in the caller's transaction."""
+        self._core.check_conversation_id(conversation_id)
+        with self._savepoint() as conn:
+            return self._core.delete_conversation(conn, conversation_id)
+
+    def next_seq(self, conversation_id: str) -> int:
+        """:meth:`ConversationStore.next_seq`, in the caller's transaction."""
+        self._core.check_conversation_id(conversation_id)
+        return self._core.next_seq(self._conn, conversation_id)
+
+    # -- writes ------------------------------------------------------------------------------
+    @store_write("append")
+    def append(
+        self,
+        conversation_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        expected_seq: int | None = None,
+    ) -> int:
+        """:meth:`ConversationStore.append`, in the caller's transaction."""
+        rows = self._core.plan_append(conversation_id, messages)
+        with self._savepoint() as conn:
+            return self._core.append(conn, conversation_id, rows, expected_seq)
+
+    @store_write("commit_turn")
+    def commit_turn(
+        self,
+        conversation_id: str,
+        turn: Turn | ParseResult,
+        results: Results | None = None,
+        *,
+        expected_seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> CommittedTurn:
+        """:meth:`ConversationStore.commit_turn`, in the caller's transaction (written, not
+        committed: the caller's commit makes it part of history)."""
+        plan = self._core.plan_commit(conversation_id, turn, results, idempotency_key)
+        with self._savepoint() as conn:
+            return self._core.commit_turn(
+                conn, conversation_id, plan, expected_seq, idempotency_key
+            )
+
+    @store_write("record_attempt")
+    def record_attempt(
+        self,
+        conversation_id: str,
+        attempt: Turn | ParseResult,
+        *,
+        results: Results | None = None,
+        error: str | None = None,
+        anomalies: Sequence[Anomaly] = (),
+    ) -> list[int]:
+        """:meth:`ConversationStore.record_attempt`, in the caller's transaction."""
+        plan = self._core.plan_record(conversation_id, attempt, anomalies, results, error)
+        with self._savepoint() as conn:
+            return self._core.record_attempt(conn, conversation_id, plan)
+
+    # -- reads -------------------------------------------------------------------------------
+    def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = None,
+        include_reasoning: bool = False,
+    ) -> list[HistoryMessage]:
+        """:meth:`ConversationStore.history`, in the caller's transaction."""
+        self._core.check_conversation_id(conversation_id)
+        self._core.check_last(last)
+        return self._core.history(self._conn, conversation_id, last, include_reasoning)
+
+    def attempts(self, conversation_id: str) -> list[dict[str, Any]]:
+        """:meth:`ConversationStore.attempts`, in the caller's transaction."""
+        self._core.check_conversation_id(conversation_id)
+        return self._core.attempts(self._conn, conversation_id)
 
 
 class StoreCore:
@@ -629,7 +870,9 @@ class StoreCore:
                         "its own idempotency_key"
                     )
                 )
-            return CommittedTurn(conversation_id, stored_at, stored, created=False)
+            return CommittedTurn(
+                conversation_id, stored_at, cast("list[HistoryMessage]", stored), False
+            )
         _check_expected(conversation_id, expected_seq, seq)
         conn.execute(
             sa.insert(Message),
@@ -697,7 +940,9 @@ class StoreCore:
             _tool_message(call.id, text, parts)
             for call, (text, parts) in zip(calls, contents, strict=True)
         ]
-        return CommittedTurn(conversation_id, seq, messages, created=True)
+        return CommittedTurn(
+            conversation_id, seq, cast("list[HistoryMessage]", messages), created=True
+        )
 
     def record_attempt(
         self, conn: Connection, conversation_id: str, plan: AttemptPlan
@@ -721,13 +966,13 @@ class StoreCore:
 
     def history(
         self, conn: Connection, conversation_id: str, last: int | None, include_reasoning: bool
-    ) -> list[dict[str, Any]]:
+    ) -> list[HistoryMessage]:
         """The history (see :meth:`ConversationStore.history`), in a read transaction."""
         with self.reading(conversation_id):
             messages = _read(conn, conversation_id, last=last, include_reasoning=include_reasoning)
         if not messages:
             _require(conn, conversation_id)
-        return messages
+        return cast("list[HistoryMessage]", messages)  # checked against the contract as it was read
 
     def attempts(self, conn: Connection, conversation_id: str) -> list[dict[str, Any]]:
         """The attempts (see :meth:`ConversationStore.attempts`), in a read transaction."""

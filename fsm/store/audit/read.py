@@ -60,9 +60,9 @@ def open_readonly(url: str | URL | None = None, **kwargs: Any) -> Engine:
 
     SQLite is opened through a ``file:PATH?mode=ro`` URI: a missing file raises
     :class:`DatabaseNotFoundError` (it is never created), and every write fails with "attempt to
-    write a readonly database". PostgreSQL sessions get ``default_transaction_read_only = on``
-    (and ``plan_cache_mode = force_custom_plan``, as the store's engine): every write fails with
-    "cannot execute ... in a read-only transaction". Transactions begin with a plain ``BEGIN``
+    write a readonly database". PostgreSQL transactions begin with ``SET TRANSACTION READ ONLY``
+    (per transaction, so a pooling proxy never hands it to another client): every write fails
+    with "cannot execute ... in a read-only transaction". Transactions begin with a plain ``BEGIN``
     (SQLite) so all statements of one see the same snapshot.
 
     The schema must be fsm's (any known revision: the queries only need revision 0001; 0002 adds
