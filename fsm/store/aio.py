@@ -78,6 +78,8 @@ class AsyncConversationStore:
         busy_timeout: SQLite only: seconds a write waits for another writer before raising
             :class:`~fsm.store.errors.StoreBusyError` (the wait happens in aiosqlite's thread,
             never blocking the event loop).
+        schema: PostgreSQL only: the schema holding fsm's tables (``None``: ``$FSM_SCHEMA``, else
+            the connection's ``search_path``).
 
     Use it with ``async with`` (which checks the schema at once), or call :meth:`close` when
     done. Cancelling a task in the middle of a write rolls that write back: nothing is half
@@ -90,9 +92,11 @@ class AsyncConversationStore:
         *,
         auto_upgrade: bool | None = None,
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+        schema: str | None = None,
     ) -> None:
         self._url = sync_url(url)
-        self._engine = create_async_engine(self._url, busy_timeout=busy_timeout)
+        self._engine = create_async_engine(self._url, busy_timeout=busy_timeout, schema=schema)
+        self._schema = schema
         self._writer = self._engine.execution_options(**{WRITE: True})
         dialect = self._engine.dialect.name
         self._core = StoreCore(self._url, postgres=dialect == "postgresql")
@@ -127,7 +131,9 @@ class AsyncConversationStore:
         return self
 
     def _check_schema(self) -> None:
-        engine = create_engine(self._url, busy_timeout=self._busy_timeout, poolclass=pool.NullPool)
+        engine = create_engine(
+            self._url, busy_timeout=self._busy_timeout, poolclass=pool.NullPool, schema=self._schema
+        )
         try:
             ensure_at_head(engine, auto_upgrade=self._auto_upgrade)
         finally:

@@ -100,6 +100,8 @@ class ConversationStore:
             (``fsm db upgrade --db URL``).
         busy_timeout: SQLite only: seconds a write waits for another process's write to finish
             before raising :class:`~fsm.store.errors.StoreBusyError` (retryable).
+        schema: PostgreSQL only: the schema holding fsm's tables (``None``: ``$FSM_SCHEMA``, else
+            the connection's ``search_path``); see :func:`fsm.store.engine.store_schema`.
 
     The store owns an engine; call :meth:`close` (or use it as a context manager) when done.
     Methods are safe to call from several threads and processes at once. For asyncio code, see
@@ -112,9 +114,10 @@ class ConversationStore:
         *,
         auto_upgrade: bool | None = None,
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+        schema: str | None = None,
     ) -> None:
         self._url = normalize_url(url)
-        self._engine = create_engine(self._url, busy_timeout=busy_timeout)
+        self._engine = create_engine(self._url, busy_timeout=busy_timeout, schema=schema)
         self._writer = self._engine.execution_options(**{WRITE: True})
         dialect = self._engine.dialect.name
         self._core = StoreCore(self._url, postgres=dialect == "postgresql")
@@ -608,7 +611,11 @@ class StoreCore:
             ids.append(attempt_id)
             if calls:
                 conn.execute(
-                    sa.insert(AttemptCall), [{**call, "attempt_id": attempt_id} for call in calls]
+                    sa.insert(AttemptCall),
+                    [
+                        {**call, "conversation_id": conversation_id, "attempt_id": attempt_id}
+                        for call in calls
+                    ],
                 )
         return ids
 
@@ -645,8 +652,7 @@ def _read_attempts(conn: Connection, conversation_id: str) -> list[dict[str, Any
         calls = (
             conn.execute(
                 sa.select(AttemptCall)
-                .join(Attempt, Attempt.id == AttemptCall.attempt_id)
-                .where(Attempt.conversation_id == conversation_id)
+                .where(AttemptCall.conversation_id == conversation_id)
                 .order_by(AttemptCall.attempt_id, AttemptCall.position)
             )
             .mappings()

@@ -482,6 +482,7 @@ def _attempt(attempt_id: Any = 1000, **values: Any) -> Row:
 
 def _attempt_call(**values: Any) -> Row:
     return {
+        "conversation_id": "c",
         "attempt_id": 1000,
         "position": 0,
         "provider_index": 0,
