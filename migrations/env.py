@@ -36,7 +36,7 @@ from sqlalchemy.pool import NullPool
 import fsm.store.partitions as fsm_partitions
 from fsm.store.engine import WRITE, create_engine, normalize_url, store_schema
 from fsm.store.errors import StoreLayoutError
-from fsm.store.migrate import LEGACY_VERSION_TABLE, VERSION_TABLE
+from fsm.store.migrate import LEGACY_VERSION_TABLE, VERSION_TABLE, is_partition
 from fsm.store.models import SQLITE_ROWID_KEY, Base
 
 config = context.config
@@ -69,6 +69,10 @@ def _include(
     ``alembic_version``) sharing the database, not the partitions of a partitioned database."""
     if type_ == "table" and reflected:
         return name in target_metadata.tables
+    if type_ == "foreign_key_constraint" and reflected and compare_to is None:
+        # PostgreSQL checks a foreign key to a partitioned table with one internal constraint
+        # per partition (``conparentid`` set): not fsm's to compare
+        return not is_partition(getattr(getattr(obj, "referred_table", None), "name", None))
     if type_ == "unique_constraint" and reflected and compare_to is None:
         # SQLite: the UNIQUE that stands for a rowid table's model key (models.SQLITE_ROWID_KEY)
         table = target_metadata.tables.get(getattr(getattr(obj, "table", None), "name", ""))

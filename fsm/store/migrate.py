@@ -55,6 +55,7 @@ __all__ = [
     "head_revision",
     "include_object",
     "is_fsm_table",
+    "is_partition",
     "legacy_revision",
     "migrations_dir",
     "revision_of",
@@ -75,14 +76,17 @@ MAX_PARTITIONS = 1024
 _PARTITION = re.compile(r"(?P<table>[a-z_]+)_p[0-9]+\Z")
 
 
+def is_partition(name: str | None) -> bool:
+    """Whether ``name`` is a hash partition of one of fsm's tables (``<table>_p<N>``)."""
+    match = _PARTITION.match(name or "")
+    return match is not None and match["table"] in FSM_TABLES
+
+
 def is_fsm_table(name: str | None) -> bool:
     """Whether ``name`` is one of fsm's tables, its version table, or a hash partition of one."""
     if name is None:
         return False
-    if name in FSM_TABLES:
-        return True
-    match = _PARTITION.match(name)
-    return match is not None and match["table"] in FSM_TABLES
+    return name in FSM_TABLES or is_partition(name)
 
 
 def include_object(
@@ -145,10 +149,12 @@ def alembic_config(
     if connection is not None:
         config.attributes["connection"] = connection
         config.attributes["schema"] = store_schema(schema, connection.engine.url)
-    else:
-        if url is not None:
-            config.attributes["url"] = normalize_url(url)
+    elif url is not None:
+        config.attributes["url"] = normalize_url(url)
         config.attributes["schema"] = store_schema(schema, url)
+    elif schema is not None:
+        config.attributes["schema"] = store_schema(schema, None)
+    # else: env.py resolves $FSM_SCHEMA against the default database, if it ever connects
     if partitions is not None:
         config.attributes["partitions"] = partitions
     return config

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from fsm.store.errors import StoreLayoutError
-from fsm.store.models import NAMING_CONVENTION, PG_FUNCTIONS, Base
+from fsm.store.models import Base
 
 __all__ = ["PARTITION_KEYS", "create_at_head", "partition_count", "partition_names", "prepare"]
 
@@ -88,16 +88,21 @@ def create_at_head(connection: Connection, schema: str | None, partitions: int) 
     """Create fsm's functions and tables at head, every table hash-partitioned by conversation
     into ``partitions`` partitions (in the caller's transaction, whose ``search_path`` is
     ``schema`` when one is given)."""
-    for sql in PG_FUNCTIONS.values():
-        connection.exec_driver_sql(sql)
-    metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
-    for table in Base.metadata.sorted_tables:
-        copy = table.to_metadata(metadata)
-        copy.dialect_options["postgresql"]["partition_by"] = f"HASH ({PARTITION_KEYS[table.name]})"
-    metadata.create_all(connection)
+    tables = Base.metadata.sorted_tables
+    options = [table.dialect_options["postgresql"] for table in tables]
+    saved = [opts["partition_by"] for opts in options]
+    # the models' own tables (a copy would lose their per-engine checks), partitioned for this
+    # create_all only (which also creates the functions the checks use)
+    for table, opts in zip(tables, options, strict=True):
+        opts["partition_by"] = f"HASH ({PARTITION_KEYS[table.name]})"
+    try:
+        Base.metadata.create_all(connection)
+    finally:
+        for opts, value in zip(options, saved, strict=True):
+            opts["partition_by"] = value
     quote = connection.dialect.identifier_preparer.quote
     prefix = "" if schema is None else f"{quote(schema)}."
-    for table in metadata.sorted_tables:
+    for table in tables:
         for remainder, name in enumerate(partition_names(table.name, partitions)):
             connection.exec_driver_sql(
                 f"CREATE TABLE {prefix}{quote(name)} PARTITION OF {prefix}{quote(table.name)}"
