@@ -374,3 +374,23 @@ def test_a_schema_is_refused_where_it_cannot_be(tmp_path: Path) -> None:
     for bad in ("Fsm", "fsm-x", "1fsm", "pg_fsm", "a" * 64, 'x"; DROP'):
         with pytest.raises(StoreLayoutError, match="not a lower-case identifier"):
             upgrade("postgresql+psycopg://nobody@127.0.0.1:1/none", schema=bad)
+
+
+@pytest.mark.postgres
+def test_the_async_store_in_a_schema(empty_url: sa.URL, fsm_schema: str) -> None:
+    if empty_url.get_backend_name() != "postgresql":
+        pytest.skip("schemas are a PostgreSQL feature")
+    import asyncio
+
+    from fsm.store.aio import AsyncConversationStore
+
+    upgrade(empty_url, schema=fsm_schema)
+
+    async def run() -> list[dict[str, object]]:
+        async with AsyncConversationStore(empty_url, schema=fsm_schema) as store:
+            cid = await store.create_conversation()
+            await store.append(cid, [{"role": "user", "content": "hi"}])
+            return list(await store.history(cid))
+
+    assert asyncio.run(run()) == [{"role": "user", "content": "hi"}]
+    assert not _tables(empty_url)  # nothing in the search path's schema
