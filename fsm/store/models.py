@@ -620,6 +620,9 @@ class Attempt(Base):
         sa.PrimaryKeyConstraint("conversation_id", "id"),
         _sqlite_check(sqlite_types_check(**ATTEMPT_TYPES), "types"),
         sa.Index("ix_attempts_conversation_id_at_seq_id", "conversation_id", "at_seq", "id"),
+        # an attempt by its id alone, as the audit joins calls to it (migration 0004: the key
+        # now leads with conversation_id)
+        sa.Index("ix_attempts_id", "id"),
         sa.Index("ix_attempts_model", "model", postgresql_using="hash"),
         sa.Index("ix_attempts_created_at", "created_at"),
         {"info": {SQLITE_ROWID_KEY: ("id", ("conversation_id", "id"))}},
@@ -659,6 +662,9 @@ class AttemptCall(Base):
         _sqlite_check(sqlite_types_check(**ATTEMPT_CALL_TYPES), "types"),
         # audit (migration 0002): calls of attempts by tool, state and reason (hash indexes on
         # PostgreSQL for the texts of any length, migration 0003)
+        # the calls of an attempt by its id alone, as the audit joins them (migration 0004: the
+        # key now leads with conversation_id)
+        sa.Index("ix_attempt_calls_attempt_id_position", "attempt_id", "position"),
         sa.Index("ix_attempt_calls_name", "name", postgresql_using="hash"),
         sa.Index("ix_attempt_calls_state", "state"),
         sa.Index("ix_attempt_calls_reason", "reason", postgresql_using="hash"),

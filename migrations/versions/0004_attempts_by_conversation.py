@@ -16,7 +16,9 @@ Every key now leads with ``conversation_id``, as a table hash-partitioned by con
   primary key ``(conversation_id, attempt_id, position)``, ``attempt_id`` ``bigint`` on
   PostgreSQL, and the foreign key ``fk_attempt_calls_attempt`` ``(conversation_id,
   attempt_id) -> attempts (conversation_id, id) ON DELETE CASCADE`` instead of the one on
-  ``attempt_id`` alone. SQLite's types check covers the new column.
+  ``attempt_id`` alone. SQLite's types check covers the new column. The old key's access path
+  stays as the index ``ix_attempt_calls_attempt_id_position``, and ``attempts`` gets
+  ``ix_attempts_id`` (the audit joins calls to their attempt by id alone).
 
 Existing rows are kept. A call whose attempt does not exist (only a session with foreign keys
 off can write one) stops the upgrade with a message; nothing is changed then. The downgrade
@@ -58,6 +60,8 @@ _CALL_TYPES_AFTER = _CALL_TYPES_BEFORE.replace(
 _OLD_FK = "fk_attempt_calls_attempt_id_attempts"
 _NEW_FK = "fk_attempt_calls_attempt"
 _SQLITE_UNIQUE = "uq_attempts_conversation_id_id"
+_BY_ATTEMPT = "ix_attempt_calls_attempt_id_position"
+_BY_ID = "ix_attempts_id"
 
 
 class RevisionBlockedError(RuntimeError):
@@ -130,6 +134,8 @@ def _upgrade_sqlite() -> None:
         )
         batch.drop_constraint(op.f("ck_attempt_calls_types"), type_="check")
         batch.create_check_constraint(op.f("ck_attempt_calls_types"), sa.text(_CALL_TYPES_AFTER))
+    op.create_index(_BY_ATTEMPT, "attempt_calls", ["attempt_id", "position"])
+    op.create_index(_BY_ID, "attempts", ["id"])
 
 
 def _upgrade_postgres() -> None:
@@ -168,6 +174,8 @@ def _upgrade_postgres() -> None:
         ["conversation_id", "id"],
         ondelete="CASCADE",
     )
+    op.create_index(_BY_ATTEMPT, "attempt_calls", ["attempt_id", "position"])
+    op.create_index(_BY_ID, "attempts", ["id"])
 
 
 # -- downgrade -------------------------------------------------------------------------------
@@ -179,6 +187,8 @@ def downgrade() -> None:
 
 
 def _downgrade_sqlite() -> None:
+    op.drop_index(_BY_ID, table_name="attempts")
+    op.drop_index(_BY_ATTEMPT, table_name="attempt_calls")
     with (
         warnings.catch_warnings(),
         op.batch_alter_table("attempt_calls", recreate="always") as batch,
@@ -201,6 +211,8 @@ def _downgrade_postgres() -> None:
             "attempts were keyed by id alone, which a table partitioned by conversation cannot "
             "be; nothing was changed"
         )
+    op.drop_index(_BY_ID, table_name="attempts")
+    op.drop_index(_BY_ATTEMPT, table_name="attempt_calls")
     op.drop_constraint(_NEW_FK, "attempt_calls", type_="foreignkey")
     op.drop_constraint("pk_attempt_calls", "attempt_calls", type_="primary")
     op.alter_column(
