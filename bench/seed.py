@@ -107,6 +107,7 @@ ATTEMPT_COLUMNS = (
     "anomalies",
 )
 ATTEMPT_CALL_COLUMNS = (
+    "conversation_id",
     "attempt_id",
     "position",
     "provider_index",
@@ -495,6 +496,7 @@ class Generator:
                 row_state, row_reason, arguments = state, reason, cut if p == last else full
             batch.attempt_calls.append(
                 (
+                    cid,
                     attempt_id,
                     p,
                     p,

@@ -7,7 +7,10 @@ Databases: SQLite always runs (a file in the test's tmp_path). PostgreSQL runs w
 ``FSM_TEST_POSTGRES_URL`` is set (e.g. ``postgresql+psycopg://postgres@127.0.0.1:5432/test``);
 tests work in uniquely-named schemas (selected through ``search_path``, dropped afterwards) and
 start from empty tables, so they are independent. With ``FSM_REQUIRE_POSTGRES=1`` a missing or
-unreachable server is a failure instead of a skip.
+unreachable server is a failure instead of a skip. With ``FSM_TEST_PG_PARTITIONS=N`` the
+PostgreSQL database of :func:`db_url` (and so :func:`store`) is created with every table
+hash-partitioned into N partitions (``fsm db upgrade --partitions N``); the migration tests'
+empty databases stay unpartitioned (they test the revisions one by one).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import sqlalchemy as sa
 from fsm.store import ConversationStore
 from fsm.store.migrate import upgrade
 from tests.helpers import CORPUS, require_corpus
-from tests.helpers.store import empty_database, pg_schema_url, postgres_server
+from tests.helpers.store import empty_database, pg_partitions, pg_schema_url, postgres_server
 
 
 @pytest.fixture
@@ -57,7 +60,7 @@ def _sqlite_at_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def _postgres_at_head() -> Iterator[sa.URL]:
     url, drop = pg_schema_url(postgres_server())
-    upgrade(url)
+    upgrade(url, partitions=pg_partitions())
     try:
         yield url
     finally:

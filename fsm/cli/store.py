@@ -19,6 +19,15 @@ __all__ = ["db", "history", "ingest"]
 
 db_option = options.db_option()
 
+#: ``--schema NAME`` of the ``db`` commands (``$FSM_SCHEMA`` by default, as for the library).
+schema_option = click.option(
+    "--schema",
+    metavar="NAME",
+    envvar="FSM_SCHEMA",
+    default=None,
+    help="PostgreSQL schema of fsm's tables (created if missing) [env: FSM_SCHEMA].",
+)
+
 
 @click.group(name="db")
 def db() -> None:
@@ -35,23 +44,37 @@ def db() -> None:
 @db.command(name="upgrade")
 @db_option
 @click.option("--revision", default="head", show_default=True, help="Target revision.")
-def db_upgrade(url: str | None, revision: str) -> None:
+@schema_option
+@click.option(
+    "--partitions",
+    type=click.IntRange(2, 1024),
+    metavar="N",
+    default=None,
+    help="PostgreSQL: create the database with every table hash-partitioned by conversation "
+    "into N partitions (2-1024; a new database only).",
+)
+def db_upgrade(url: str | None, revision: str, schema: str | None, partitions: int | None) -> None:
     """Upgrade the database schema (creating it if needed) to REVISION.
 
-    The same as `alembic -x db=URL upgrade head` from a checkout.
+    The same as `alembic -x db=URL upgrade head` from a checkout. fsm keeps its revision in
+    its own table (fsm_alembic_version), so it can share a database with an application's
+    own Alembic history.
 
     \b
     Examples:
       fsm db upgrade --db sqlite:///chat.db
       FSM_DB_URL=postgresql+psycopg://app@localhost/app fsm db upgrade
+      fsm db upgrade --db postgresql+psycopg://app@localhost/app --schema fsm
+      fsm db upgrade --db postgresql+psycopg://app@localhost/new --partitions 16
     """
     from fsm.store.engine import display_url, normalize_url
-    from fsm.store.migrate import current_revision, upgrade
+    from fsm.store.migrate import check_partitions, current_revision, upgrade
 
     target = normalize_url(url)
-    before = current_revision(target)
-    upgrade(target, revision)
-    after = current_revision(target)
+    check_partitions(partitions, target)
+    before = current_revision(target, schema=schema)
+    upgrade(target, revision, schema=schema, partitions=partitions)
+    after = current_revision(target, schema=schema)
     where = display_url(target)
     if before == after:
         click.echo(f"{where}: already at revision {after}")
@@ -61,7 +84,8 @@ def db_upgrade(url: str | None, revision: str) -> None:
 
 @db.command(name="current")
 @db_option
-def db_current(url: str | None) -> None:
+@schema_option
+def db_current(url: str | None, schema: str | None) -> None:
     """Show the database's schema revision; exit status 1 if it is not the one fsm needs.
 
     \b
@@ -73,7 +97,7 @@ def db_current(url: str | None) -> None:
     from fsm.store.migrate import current_revision, head_revision
 
     target = normalize_url(url)
-    current = current_revision(target)
+    current = current_revision(target, schema=schema)
     head = head_revision()
     where = display_url(target)
     if current == head:

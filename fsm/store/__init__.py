@@ -55,13 +55,20 @@ from fsm.store.errors import (
     StorageFullError,
     StoreBusyError,
     StoreError,
+    StoreLayoutError,
     StoreUnavailableError,
     UnsupportedValueError,
     ValueRejectedError,
 )
 from fsm.store.migrate import current_revision, head_revision, upgrade
 from fsm.store.models import Base
-from fsm.store.store import BoundStore, CommittedTurn, ConversationStore, Results
+from fsm.store.store import (
+    BoundStore,
+    CommittedTurn,
+    ConversationInfo,
+    ConversationStore,
+    Results,
+)
 
 __all__ = [
     "WRITE",
@@ -71,6 +78,7 @@ __all__ = [
     "CommittedTurn",
     "ConflictError",
     "ConversationExistsError",
+    "ConversationInfo",
     "ConversationNotFoundError",
     "ConversationStore",
     "CorruptStoreError",
@@ -92,6 +100,7 @@ __all__ = [
     "StorageFullError",
     "StoreBusyError",
     "StoreError",
+    "StoreLayoutError",
     "StoreUnavailableError",
     "UnsupportedValueError",
     "ValueRejectedError",

@@ -54,6 +54,7 @@ from fsm.store.engine import (
     create_engine,
     display_url,
     require_configured,
+    store_schema,
     sync_url,
 )
 from fsm.store.errors import ConversationExistsError
@@ -102,6 +103,8 @@ class AsyncConversationStore:
             ``engine=`` (:meth:`close` leaves it open; on SQLite it must have been set up by
             :func:`~fsm.store.configure_engine`); :meth:`bind` writes inside the host's own
             transactions.
+        schema: PostgreSQL only: the schema holding fsm's tables (``None``: ``$FSM_SCHEMA``, else
+            the connection's ``search_path``).
 
     Use it with ``async with`` (which checks the schema at once), or call :meth:`close` when
     done. Cancelling a task in the middle of a write rolls that write back: nothing is half
@@ -115,6 +118,7 @@ class AsyncConversationStore:
         engine: AsyncEngine | None = None,
         auto_upgrade: bool | None = None,
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+        schema: str | None = None,
     ) -> None:
         if engine is not None:
             if url is not None:
@@ -125,11 +129,17 @@ class AsyncConversationStore:
                     "Engine goes to fsm.store.ConversationStore)"
                 )
             self._url = sync_url(engine.url)
-            self._engine = engine
+            in_schema = store_schema(schema, self._url)
+            self._engine = (
+                engine
+                if in_schema is None
+                else engine.execution_options(schema_translate_map={None: in_schema})
+            )
         else:
             self._url = sync_url(url)
-            self._engine = create_async_engine(self._url, busy_timeout=busy_timeout)
+            self._engine = create_async_engine(self._url, busy_timeout=busy_timeout, schema=schema)
         self._owns_engine = engine is None
+        self._schema = schema
         self._writer = self._engine.execution_options(**{WRITE: True})
         dialect = self._engine.dialect.name
         self._core = StoreCore(self._url, postgres=dialect == "postgresql")
@@ -178,7 +188,9 @@ class AsyncConversationStore:
         )
 
     def _check_schema(self) -> None:
-        engine = create_engine(self._url, busy_timeout=self._busy_timeout, poolclass=pool.NullPool)
+        engine = create_engine(
+            self._url, busy_timeout=self._busy_timeout, poolclass=pool.NullPool, schema=self._schema
+        )
         try:
             ensure_at_head(engine, auto_upgrade=self._auto_upgrade)
         finally:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ import sqlalchemy as sa
 from sqlalchemy import event, pool
 from sqlalchemy.engine import URL, Connection, Engine
 
-from fsm.store.errors import AuditError, DatabaseNotFoundError, StoreError
+from fsm.store.errors import AuditError, DatabaseNotFoundError, StoreError, StoreLayoutError
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -64,6 +65,7 @@ _E = TypeVar("_E", "Engine", "AsyncEngine")
 
 __all__ = [
     "BUSY_TIMEOUT_SECONDS",
+    "SCHEMA_ENV",
     "WRITE",
     "EngineNotConfiguredError",
     "async_url",
@@ -77,6 +79,8 @@ __all__ = [
     "dumps_json",
     "is_configured",
     "normalize_url",
+    "schema_of",
+    "store_schema",
     "sync_url",
 ]
 
@@ -205,28 +209,84 @@ def display_url(url: str | URL) -> str:
     return sa.make_url(url).render_as_string(hide_password=True)
 
 
+# -- the PostgreSQL schema of fsm's tables -----------------------------------------------------
+#: the environment variable naming the PostgreSQL schema of fsm's tables when ``schema=None``.
+SCHEMA_ENV: Final = "FSM_SCHEMA"
+
+#: a schema name fsm accepts: a lower-case SQL identifier (it is quoted in every statement).
+_SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}\Z")
+
+
+def store_schema(schema: str | None, url: str | URL | None) -> str | None:
+    """The PostgreSQL schema holding fsm's tables, functions and version table.
+
+    ``schema`` if given, else ``$FSM_SCHEMA`` if set, else ``None`` (the session's
+    ``search_path`` decides, as before schemas existed). Raises
+    :class:`~fsm.store.errors.StoreLayoutError` for a name that is not a lower-case identifier
+    (at most 63 characters, not starting with ``pg_``) or for a schema on another engine than
+    PostgreSQL (SQLite keeps fsm's tables in its own file: use a file of their own).
+    """
+    name = schema if schema is not None else (os.environ.get(SCHEMA_ENV) or None)
+    if name is None:
+        return None
+    if not _SCHEMA_NAME.match(name) or name.startswith("pg_"):
+        raise StoreLayoutError(
+            f"the schema name {name!r} is not a lower-case identifier (a-z, 0-9, _; at most 63 "
+            "characters, not starting with a digit or pg_): choose another"
+        )
+    backend = normalize_url(url).get_backend_name()
+    if backend != "postgresql":
+        raise StoreLayoutError(
+            f"a schema for fsm's tables ({name!r}, from schema= or ${SCHEMA_ENV}) is a PostgreSQL "
+            f"feature; {backend} keeps them in the database itself: give fsm a database (file) "
+            f"of its own, or drop the schema option"
+        )
+    return name
+
+
+def schema_of(connectable: Engine | Connection) -> str | None:
+    """The schema an engine or connection made here puts fsm's tables in (``None``: the
+    ``search_path``), as read from its ``schema_translate_map``."""
+    translate = connectable.get_execution_options().get("schema_translate_map") or {}
+    schema: str | None = translate.get(None)
+    return schema
+
+
+def _in_schema(engine: Engine, schema: str | None) -> Engine:
+    """``engine`` with fsm's tables (which the models name without a schema) in ``schema``."""
+    if schema is None:
+        return engine
+    return engine.execution_options(schema_translate_map={None: schema})
+
+
 def create_engine(
     url: str | URL | None = None,
     *,
     foreign_keys: bool = True,
     busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+    schema: str | None = None,
     **kwargs: Any,
 ) -> Engine:
     """Create an engine for the store (``None`` means :func:`default_url`).
 
     ``busy_timeout``: how many seconds a SQLite writer waits for another writer's lock.
     ``foreign_keys=False`` leaves SQLite's foreign keys off (only migrations want that: Alembic's
-    batch mode copies tables). Extra keyword arguments go to :func:`sqlalchemy.create_engine`.
+    batch mode copies tables). ``schema``: the PostgreSQL schema of fsm's tables (see
+    :func:`store_schema`; applied as a ``schema_translate_map``, nothing is set on the session).
+    Extra keyword arguments go to :func:`sqlalchemy.create_engine`.
     """
     parsed = normalize_url(url)
+    in_schema = store_schema(schema, parsed)
     kwargs.setdefault("json_serializer", dumps_json)
     if parsed.get_backend_name() == "sqlite":
         _make_parent(parsed)
     profile = _store_profile(foreign_keys=foreign_keys, busy_timeout=busy_timeout)
-    return _build(parsed, profile, kwargs, busy_timeout)
+    return _in_schema(_build(parsed, profile, kwargs, busy_timeout), in_schema)
 
 
-def create_readonly_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
+def create_readonly_engine(
+    url: str | URL | None = None, *, schema: str | None = None, **kwargs: Any
+) -> Engine:
     """An engine on the database at ``url`` (``None``: the default) that cannot write.
 
     SQLite is opened through a ``file:PATH?mode=ro`` URI: a missing file raises
@@ -238,21 +298,29 @@ def create_readonly_engine(url: str | URL | None = None, **kwargs: Any) -> Engin
     setting to another client): every write fails with "cannot execute ... in a read-only
     transaction". Transactions begin with a plain ``BEGIN`` (SQLite) so all statements
     of one see the same snapshot. Other backends raise :class:`~fsm.store.errors.AuditError`.
-    The schema is not checked here (:func:`fsm.store.audit.open_readonly` does). Extra keyword
-    arguments go to :func:`sqlalchemy.create_engine`.
+    The schema is not checked here (:func:`fsm.store.audit.open_readonly` does). ``schema``
+    (see :func:`store_schema`) is applied as a ``schema_translate_map`` and, for the audit's raw
+    SQL, as the ``search_path`` of each transaction (``set_config(..., true)``: local to the
+    transaction, safe behind a transaction pooler). Extra keyword arguments go to
+    :func:`sqlalchemy.create_engine`.
     """
     parsed = normalize_url(url)
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise AuditError(f"fsm audits SQLite and PostgreSQL stores, not {backend} ({parsed})")
+    in_schema = store_schema(schema, parsed)
     target = _readonly_sqlite_url(parsed) if backend == "sqlite" else parsed
-    return _build(target, _READONLY_PROFILE, kwargs, BUSY_TIMEOUT_SECONDS)
+    engine = _build(target, _READONLY_PROFILE, kwargs, BUSY_TIMEOUT_SECONDS)
+    if in_schema is not None:
+        _search_path_per_transaction(engine, in_schema)
+    return _in_schema(engine, in_schema)
 
 
 def create_async_engine(
     url: str | URL | None = None,
     *,
     busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+    schema: str | None = None,
     **kwargs: Any,
 ) -> AsyncEngine:
     """An asyncio engine configured like :func:`create_engine`.
@@ -261,11 +329,13 @@ def create_async_engine(
     transactions begun by fsm (``BEGIN IMMEDIATE`` for writes). PostgreSQL (psycopg): no
     session setting (transaction-pooling safe). JSON is written by :func:`dumps_json`. Extra
     keyword arguments go to SQLAlchemy's :func:`~sqlalchemy.ext.asyncio.create_async_engine`.
-    (SQLAlchemy's asyncio layer is imported here, so a sync program never loads it.)
+    ``schema``: as for :func:`create_engine`. (SQLAlchemy's asyncio layer is imported here, so a
+    sync program never loads it.)
     """
     from sqlalchemy.ext.asyncio import create_async_engine as sa_create_async_engine
 
     parsed = async_url(url)
+    in_schema = store_schema(schema, parsed)
     kwargs.setdefault("json_serializer", dumps_json)
     sqlite = parsed.get_backend_name() == "sqlite"
     if sqlite:
@@ -274,6 +344,8 @@ def create_async_engine(
     engine = sa_create_async_engine(parsed, **kwargs)
     if sqlite or engine.dialect.driver == "psycopg":  # not asyncpg: its connections differ
         _configure(engine.sync_engine, _store_profile(foreign_keys=True, busy_timeout=busy_timeout))
+    if in_schema is not None:
+        engine = engine.execution_options(schema_translate_map={None: in_schema})
     return engine
 
 
@@ -452,6 +524,15 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
                     cursor.execute(setting)
         finally:
             dbapi_connection.autocommit = autocommit
+
+
+def _search_path_per_transaction(engine: Engine, schema: str) -> None:
+    """Make ``schema`` the ``search_path`` of every transaction of ``engine`` (PostgreSQL), for
+    raw SQL that names fsm's tables and functions without a schema."""
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        connection.exec_driver_sql(f"SELECT set_config('search_path', '\"{schema}\"', true)")
 
 
 def _readonly_sqlite_url(parsed: URL) -> URL:

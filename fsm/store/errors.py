@@ -38,6 +38,7 @@ __all__ = [
     "StorageFullError",
     "StoreBusyError",
     "StoreError",
+    "StoreLayoutError",
     "StoreUnavailableError",
     "UnsupportedValueError",
     "ValueRejectedError",
@@ -227,7 +228,15 @@ class SchemaNotAtHeadError(StoreError):
     upgrade fsm when the database was migrated by a newer fsm (``unknown=True``).
     """
 
-    def __init__(self, url: str, current: str | None, head: str, *, unknown: bool = False) -> None:
+    def __init__(
+        self,
+        url: str,
+        current: str | None,
+        head: str,
+        *,
+        unknown: bool = False,
+        schema: str | None = None,
+    ) -> None:
         self.url = url
         self.current = current
         self.head = head
@@ -237,13 +246,22 @@ class SchemaNotAtHeadError(StoreError):
                 f"revision {current} is unknown to this fsm (a newer fsm upgraded the database): "
                 "upgrade fsm"
             )
+        elif schema is not None:
+            fix = f"run: fsm db upgrade --db '{url}' --schema {schema}"
         else:
             fix = f"run: fsm db upgrade --db '{url}'  (or: alembic -x db='{url}' upgrade head)"
-        super().__init__(f"the database {url} {state}, but this fsm needs revision {head}; {fix}")
+        where = url if schema is None else f"{url} (schema {schema})"
+        super().__init__(f"the database {where} {state}, but this fsm needs revision {head}; {fix}")
 
 
 class MigrationsNotFoundError(StoreError):
     """The Alembic migration scripts are not where fsm looks for them (a broken install)."""
+
+
+class StoreLayoutError(StoreError, ValueError):
+    """Where or how fsm's tables would be laid out cannot be done on this database: a schema
+    name that is not a plain identifier, a schema on SQLite, partitions on SQLite or on a
+    database already created unpartitioned, a partition count out of range."""
 
 
 # -- the audit's errors (fsm.store.audit) -------------------------------------------------------

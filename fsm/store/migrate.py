@@ -7,32 +7,112 @@ wheel follows the link, so an installed (non-editable) fsm carries a real copy o
 at that path. There is one source for the revisions, and ``fsm db upgrade``, ``alembic upgrade
 head`` and the store's own check all read it. (A checkout where the link is not a link, such as
 Git on Windows without symlink support, falls back to the top-level directory.)
+
+**Sharing a database.** fsm keeps its revision in its own version table,
+:data:`VERSION_TABLE` (``fsm_alembic_version``), so a host application's Alembic history (in
+``alembic_version``) and fsm's live side by side. On PostgreSQL every fsm object (tables,
+indexes, sequences, the functions of migration 0003, the version table) can live in a schema of
+its own (``schema=`` here and on the stores, ``fsm db upgrade --schema``, or ``$FSM_SCHEMA``);
+the schema is created by the upgrade if it does not exist. A database upgraded by an fsm that
+used ``alembic_version`` moves its revision to :data:`VERSION_TABLE` on the next upgrade (only a
+revision of fsm's own history, with fsm's tables present, is moved; a host's is left alone).
+A host's ``env.py`` passes :func:`include_object` to ``context.configure`` so its autogenerate
+never sees fsm's tables.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import re
 from pathlib import Path
+from typing import Any
 
+import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL, Connection, Engine
 
-from fsm.store.engine import create_probe_engine, display_url, normalize_url
-from fsm.store.errors import MigrationsNotFoundError, SchemaNotAtHeadError
+from fsm.store.engine import (
+    create_probe_engine,
+    display_url,
+    normalize_url,
+    schema_of,
+    store_schema,
+)
+from fsm.store.errors import MigrationsNotFoundError, SchemaNotAtHeadError, StoreLayoutError
 
 __all__ = [
+    "FSM_TABLES",
+    "LEGACY_VERSION_TABLE",
+    "MAX_PARTITIONS",
+    "VERSION_TABLE",
     "alembic_config",
     "current_revision",
     "downgrade",
     "ensure_at_head",
     "head_revision",
+    "include_object",
+    "is_fsm_table",
+    "is_partition",
+    "legacy_revision",
     "migrations_dir",
+    "revision_of",
     "upgrade",
 ]
+
+#: the table holding fsm's revision (a host application's Alembic keeps ``alembic_version``).
+VERSION_TABLE = "fsm_alembic_version"
+#: where fsm kept its revision before it had a table of its own.
+LEGACY_VERSION_TABLE = "alembic_version"
+#: fsm's tables (with :data:`VERSION_TABLE`; partitions are named ``<table>_p<N>``).
+FSM_TABLES: frozenset[str] = frozenset(
+    {"conversations", "messages", "tool_calls", "attempts", "attempt_calls", VERSION_TABLE}
+)
+#: the most hash partitions ``fsm db upgrade --partitions N`` creates per table.
+MAX_PARTITIONS = 1024
+
+_PARTITION = re.compile(r"(?P<table>[a-z_]+)_p[0-9]+\Z")
+
+
+def is_partition(name: str | None) -> bool:
+    """Whether ``name`` is a hash partition of one of fsm's tables (``<table>_p<N>``)."""
+    match = _PARTITION.match(name or "")
+    return match is not None and match["table"] in FSM_TABLES
+
+
+def is_fsm_table(name: str | None) -> bool:
+    """Whether ``name`` is one of fsm's tables, its version table, or a hash partition of one."""
+    if name is None:
+        return False
+    return name in FSM_TABLES or is_partition(name)
+
+
+def include_object(
+    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
+    """An Alembic ``include_object`` hook for a *host* application sharing fsm's database.
+
+    It leaves out fsm's tables (:data:`FSM_TABLES`, their partitions and fsm's version table)
+    and everything on them (columns, indexes, constraints), so the host's ``alembic revision
+    --autogenerate`` and ``alembic check`` neither drop nor recreate them::
+
+        from fsm.store.migrate import include_object
+        context.configure(connection=..., target_metadata=..., include_object=include_object)
+
+    (With fsm in a schema of its own and the host's ``include_schemas`` off, the host never
+    reflects fsm's tables anyway; the hook costs nothing there.) Combine it with a host hook by
+    calling both.
+    """
+    if type_ == "table":
+        return not is_fsm_table(name)
+    table = getattr(obj, "table", None)
+    if table is None and type_ == "foreign_key_constraint":
+        table = getattr(obj, "parent", None)
+    return not is_fsm_table(getattr(table, "name", None))
+
 
 _HERE = Path(__file__).resolve().parent
 _log = logging.getLogger(__name__)
@@ -49,20 +129,36 @@ def migrations_dir() -> Path:
     )
 
 
-def alembic_config(url: str | URL | None = None, *, connection: Connection | None = None) -> Config:
+def alembic_config(
+    url: str | URL | None = None,
+    *,
+    connection: Connection | None = None,
+    schema: str | None = None,
+    partitions: int | None = None,
+) -> Config:
     """An Alembic :class:`~alembic.config.Config` for the store's migrations.
 
     ``connection`` (handed to ``env.py`` through ``config.attributes["connection"]``) wins over
     ``url``; with neither, ``env.py`` uses ``$FSM_DB_URL`` or the default SQLite file. Logging is
-    left as the caller configured it.
+    left as the caller configured it. ``schema``: the PostgreSQL schema of fsm's objects (see
+    :func:`fsm.store.engine.store_schema`; ``None``: ``$FSM_SCHEMA``, else the search path).
+    ``partitions``: create a new database with every table hash-partitioned by conversation
+    into that many partitions (PostgreSQL; see :func:`upgrade`).
     """
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
     config.attributes["configure_logger"] = False
     if connection is not None:
         config.attributes["connection"] = connection
+        config.attributes["schema"] = store_schema(schema, connection.engine.url)
     elif url is not None:
         config.attributes["url"] = normalize_url(url)
+        config.attributes["schema"] = store_schema(schema, url)
+    elif schema is not None:
+        config.attributes["schema"] = store_schema(schema, None)
+    # else: env.py resolves $FSM_SCHEMA against the default database, if it ever connects
+    if partitions is not None:
+        config.attributes["partitions"] = partitions
     return config
 
 
@@ -80,29 +176,101 @@ def _known_revisions() -> set[str]:
     return {rev.revision for rev in script.walk_revisions()}
 
 
-def upgrade(url: str | URL | None = None, revision: str = "head") -> None:
-    """Upgrade the database at ``url`` (``None``: the default) to ``revision``."""
+def check_partitions(partitions: int | None, url: str | URL | None) -> None:
+    """Refuse a partition count out of ``2..MAX_PARTITIONS``, or partitions off PostgreSQL
+    (:class:`~fsm.store.errors.StoreLayoutError`)."""
+    if partitions is None:
+        return
+    if isinstance(partitions, bool) or not isinstance(partitions, int):
+        raise StoreLayoutError(
+            f"the number of partitions must be a whole number, not {partitions!r}"
+        )
+    if not 2 <= partitions <= MAX_PARTITIONS:
+        raise StoreLayoutError(
+            f"the number of partitions must be between 2 and {MAX_PARTITIONS}, not {partitions}"
+        )
+    backend = normalize_url(url).get_backend_name()
+    if backend != "postgresql":
+        raise StoreLayoutError(
+            f"hash partitions are a PostgreSQL feature: {backend} keeps each table whole; "
+            "drop --partitions"
+        )
+
+
+def upgrade(
+    url: str | URL | None = None,
+    revision: str = "head",
+    *,
+    schema: str | None = None,
+    partitions: int | None = None,
+    connection: Connection | None = None,
+) -> None:
+    """Upgrade the database at ``url`` (``None``: the default) to ``revision``.
+
+    ``schema``: the PostgreSQL schema of fsm's objects (created if missing; ``None``:
+    ``$FSM_SCHEMA``, else the search path). ``partitions``: on PostgreSQL, a database with no fsm
+    tables yet is created at head with every table hash-partitioned by conversation into that
+    many partitions (``<table>_p0`` ...); a database already created unpartitioned, or with
+    another number of partitions, is refused (:class:`~fsm.store.errors.StoreLayoutError`); one
+    created with the same number is upgraded as usual. ``connection``: run in the caller's
+    connection and transaction (committing is then the caller's business), e.g. right after the
+    host application's own ``alembic upgrade`` in one transaction.
+    """
+    check_partitions(partitions, connection.engine.url if connection is not None else url)
     _log.info("migrating %s to %s", display_url(normalize_url(url)), revision)
-    command.upgrade(alembic_config(url), revision)
+    config = alembic_config(url, connection=connection, schema=schema, partitions=partitions)
+    command.upgrade(config, revision)
 
 
-def downgrade(url: str | URL | None, revision: str) -> None:
+def downgrade(url: str | URL | None, revision: str, *, schema: str | None = None) -> None:
     """Downgrade the database at ``url`` to ``revision`` (``"base"`` drops every table)."""
     _log.info("downgrading %s to %s", display_url(normalize_url(url)), revision)
-    command.downgrade(alembic_config(url), revision)
+    command.downgrade(alembic_config(url, schema=schema), revision)
 
 
-def _current(connection: Connection) -> str | None:
-    heads = MigrationContext.configure(connection).get_current_heads()
+def _version_context(connection: Connection, schema: str | None) -> MigrationContext:
+    return MigrationContext.configure(
+        connection, opts={"version_table": VERSION_TABLE, "version_table_schema": schema}
+    )
+
+
+def _current(connection: Connection, schema: str | None) -> str | None:
+    heads = _version_context(connection, schema).get_current_heads()
     return heads[0] if heads else None
 
 
-def current_revision(url: str | URL | None = None) -> str | None:
+def legacy_revision(connection: Connection, schema: str | None = None) -> str | None:
+    """fsm's revision if the database still keeps it in :data:`LEGACY_VERSION_TABLE` (fsm
+    before it had its own version table): a revision of fsm's history, with fsm's tables
+    present; ``None`` otherwise (a host application's revision there is not fsm's)."""
+    inspector = sa.inspect(connection)
+    if not inspector.has_table(LEGACY_VERSION_TABLE, schema=schema):
+        return None
+    if not all(inspector.has_table(t, schema=schema) for t in ("conversations", "messages")):
+        return None
+    table = sa.table(LEGACY_VERSION_TABLE, sa.column("version_num"), schema=schema)
+    known = _known_revisions()
+    found = [v for v in connection.execute(sa.select(table.c.version_num)).scalars() if v in known]
+    return found[0] if len(found) == 1 else None
+
+
+def revision_of(connection: Connection) -> str | None:
+    """The fsm revision of the database ``connection`` is on, read in its schema
+    (:func:`fsm.store.engine.schema_of`): from :data:`VERSION_TABLE`, else one of fsm's own
+    revisions still in :data:`LEGACY_VERSION_TABLE`; ``None`` if it has no fsm schema."""
+    schema = schema_of(connection)
+    return _current(connection, schema) or legacy_revision(connection, schema)
+
+
+def current_revision(url: str | URL | None = None, *, schema: str | None = None) -> str | None:
     """The database's revision, or ``None`` if it has no fsm schema (or does not exist yet).
 
-    A SQLite file that does not exist is reported as ``None`` without being created.
+    Read from :data:`VERSION_TABLE` (in ``schema``), else from :data:`LEGACY_VERSION_TABLE` when
+    that holds one of fsm's own revisions (see :func:`legacy_revision`). A SQLite file that does
+    not exist is reported as ``None`` without being created.
     """
     parsed = normalize_url(url)
+    in_schema = store_schema(schema, parsed)
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database or ""
         if database and database != ":memory:" and not Path(database).exists():
@@ -110,7 +278,7 @@ def current_revision(url: str | URL | None = None) -> str | None:
     engine = create_probe_engine(parsed)
     try:
         with engine.connect() as connection:
-            return _current(connection)
+            return _current(connection, in_schema) or legacy_revision(connection, in_schema)
     finally:
         engine.dispose()
 
@@ -119,15 +287,25 @@ def ensure_at_head(engine: Engine, *, auto_upgrade: bool) -> None:
     """Check that ``engine``'s database is at :func:`head_revision`.
 
     If it is not and ``auto_upgrade`` is true, upgrade it; otherwise raise
-    :class:`~fsm.store.errors.SchemaNotAtHeadError` naming the command to run.
+    :class:`~fsm.store.errors.SchemaNotAtHeadError` naming the command to run. The revision is
+    read in the engine's schema (:func:`fsm.store.engine.schema_of`); a revision still in the
+    legacy table counts as not at head (the upgrade moves it).
     """
     head = head_revision()
+    schema = schema_of(engine)
     with engine.connect() as connection:
-        current = _current(connection)
-    if current == head:
+        current = _current(connection, schema)
+        if current is None:
+            current = legacy_revision(connection, schema)
+            legacy = current is not None
+        else:
+            legacy = False
+    if current == head and not legacy:
         return
     unknown = current is not None and current not in _known_revisions()
     if auto_upgrade and not unknown:
-        upgrade(engine.url)
+        upgrade(engine.url, schema=schema)
         return
-    raise SchemaNotAtHeadError(display_url(engine.url), current, head, unknown=unknown)
+    raise SchemaNotAtHeadError(
+        display_url(engine.url), current, head, unknown=unknown, schema=schema
+    )

@@ -82,15 +82,18 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from fsm.states import ToolCallState
 from fsm.store.codec import StoredText
 
 __all__ = [
+    "ATTEMPT_ID",
     "NAMING_CONVENTION",
     "PG_FUNCTIONS",
     "ROLE",
+    "SQLITE_ROWID_KEY",
     "TOOL_CALL_STATE",
     "Attempt",
     "AttemptCall",
@@ -200,6 +203,34 @@ ROLE = sa.Enum(
 )
 
 _NOW = sa.text("CURRENT_TIMESTAMP")
+
+#: ``attempts.id`` and ``attempt_calls.attempt_id``: ``bigint`` (PostgreSQL); exactly
+#: ``INTEGER`` on SQLite, where only that type makes a one-column primary key the rowid.
+ATTEMPT_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+#: ``Table.info`` key: on SQLite, the table's primary key is ``(column,)`` (its rowid), and its
+#: model key becomes a ``UNIQUE`` constraint; see :func:`_sqlite_rowid_key`.
+SQLITE_ROWID_KEY = "fsm_sqlite_rowid_key"
+
+
+@compiles(sa.PrimaryKeyConstraint, "sqlite")
+def _sqlite_rowid_key(constraint: sa.PrimaryKeyConstraint, compiler: Any, **kw: Any) -> str:
+    """SQLite: a table whose ``info`` has :data:`SQLITE_ROWID_KEY` gets ``PRIMARY KEY (rowid
+    column)`` (so SQLite numbers its rows, with no sequence) and ``UNIQUE`` on the model's key
+    (which a foreign key to it needs). Every other table compiles as usual."""
+    table = constraint.table
+    spec = table.info.get(SQLITE_ROWID_KEY)
+    if spec is None or len(constraint.columns) == 0:
+        result: str = compiler.visit_primary_key_constraint(constraint, **kw)
+        return result
+    rowid, unique = spec
+    quote = compiler.preparer.quote
+    pk_name = f"pk_{table.name}"
+    uq_name = f"uq_{table.name}_{'_'.join(unique)}"
+    return (
+        f"CONSTRAINT {quote(pk_name)} PRIMARY KEY ({quote(rowid)}), "
+        f"CONSTRAINT {quote(uq_name)} UNIQUE ({', '.join(quote(c) for c in unique)})"
+    )
 
 
 def _partial(condition: str) -> dict[str, Any]:
@@ -325,7 +356,7 @@ ATTEMPT_CALL_TYPES: dict[str, list[str]] = {
     "ints": ["attempt_id", "position"],
     "nullable_ints": ["provider_index"],
     "bools": ["repaired"],
-    "texts": ["call_id", "type", "name", "arguments", "state"],
+    "texts": ["conversation_id", "call_id", "type", "name", "arguments", "state"],
     "nullable_texts": ["raw_arguments", "reason"],
     "nullable_jsons": ["result"],
 }
@@ -548,14 +579,21 @@ class ToolCallRow(Base):
 
 
 class Attempt(Base):
-    """One choice of a response that was recorded for audit (typically an incomplete turn)."""
+    """One choice of a response that was recorded for audit (typically an incomplete turn).
+
+    Keyed by ``(conversation_id, id)`` (migration 0004), as a table distributed or
+    hash-partitioned by conversation needs; ``id`` is a ``bigint`` identity on PostgreSQL, unique
+    over the whole table. SQLite keeps ``id`` as its rowid (``PRIMARY KEY (id)``, which numbers
+    rows by itself) with ``UNIQUE (conversation_id, id)`` for the calls' foreign key: see
+    :func:`_sqlite_rowid_key`.
+    """
 
     __tablename__ = "attempts"
 
-    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
     conversation_id: Mapped[str] = mapped_column(
         sa.String(255), sa.ForeignKey("conversations.id", ondelete="CASCADE"), index=True
     )
+    id: Mapped[int] = mapped_column(ATTEMPT_ID, sa.Identity(always=False), nullable=False)
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=_NOW)
     #: the conversation's next seq when the attempt was recorded (where it would have gone).
     at_seq: Mapped[int] = mapped_column()
@@ -579,10 +617,15 @@ class Attempt(Base):
     # audit (migration 0002): attempts in key order, and failures by model and by time; hash
     # indexes on PostgreSQL, whose b-tree entries cannot exceed ~2.7 KB (migration 0003)
     __table_args__ = (
+        sa.PrimaryKeyConstraint("conversation_id", "id"),
         _sqlite_check(sqlite_types_check(**ATTEMPT_TYPES), "types"),
         sa.Index("ix_attempts_conversation_id_at_seq_id", "conversation_id", "at_seq", "id"),
+        # an attempt by its id alone, as the audit joins calls to it (migration 0004: the key
+        # now leads with conversation_id)
+        sa.Index("ix_attempts_id", "id"),
         sa.Index("ix_attempts_model", "model", postgresql_using="hash"),
         sa.Index("ix_attempts_created_at", "created_at"),
+        {"info": {SQLITE_ROWID_KEY: ("id", ("conversation_id", "id"))}},
     )
 
 
@@ -591,9 +634,9 @@ class AttemptCall(Base):
 
     __tablename__ = "attempt_calls"
 
-    attempt_id: Mapped[int] = mapped_column(
-        sa.ForeignKey("attempts.id", ondelete="CASCADE"), primary_key=True
-    )
+    #: the attempt's conversation (migration 0004): the key leads with it, like every table's.
+    conversation_id: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ATTEMPT_ID, primary_key=True)
     position: Mapped[int] = mapped_column(primary_key=True)
     provider_index: Mapped[int | None] = mapped_column()
     call_id: Mapped[str] = mapped_column(StoredText)
@@ -609,10 +652,19 @@ class AttemptCall(Base):
     result: Mapped[Any] = mapped_column(sa.JSON(none_as_null=True), nullable=True)
 
     __table_args__ = (
+        sa.ForeignKeyConstraint(
+            ["conversation_id", "attempt_id"],
+            ["attempts.conversation_id", "attempts.id"],
+            name="fk_attempt_calls_attempt",
+            ondelete="CASCADE",
+        ),
         sa.CheckConstraint("position >= 0", name="position"),
         _sqlite_check(sqlite_types_check(**ATTEMPT_CALL_TYPES), "types"),
         # audit (migration 0002): calls of attempts by tool, state and reason (hash indexes on
         # PostgreSQL for the texts of any length, migration 0003)
+        # the calls of an attempt by its id alone, as the audit joins them (migration 0004: the
+        # key now leads with conversation_id)
+        sa.Index("ix_attempt_calls_attempt_id_position", "attempt_id", "position"),
         sa.Index("ix_attempt_calls_name", "name", postgresql_using="hash"),
         sa.Index("ix_attempt_calls_state", "state"),
         sa.Index("ix_attempt_calls_reason", "reason", postgresql_using="hash"),

@@ -38,6 +38,7 @@ from fsm.store.engine import (
     display_url,
     normalize_url,
     require_configured,
+    store_schema,
 )
 from fsm.store.errors import (
     ConflictError,
@@ -159,6 +160,8 @@ class ConversationStore:
             (``fsm db upgrade --db URL``).
         busy_timeout: SQLite only: seconds a write waits for another process's write to finish
             before raising :class:`~fsm.store.errors.StoreBusyError` (retryable).
+        schema: PostgreSQL only: the schema holding fsm's tables (``None``: ``$FSM_SCHEMA``, else
+            the connection's ``search_path``); see :func:`fsm.store.engine.store_schema`.
 
     A store built from a URL owns its engine; call :meth:`close` (or use it as a context
     manager) when done. Methods are safe to call from several threads and processes at once.
@@ -173,6 +176,7 @@ class ConversationStore:
         engine: Engine | None = None,
         auto_upgrade: bool | None = None,
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+        schema: str | None = None,
     ) -> None:
         if engine is not None:
             if url is not None:
@@ -183,10 +187,15 @@ class ConversationStore:
                     "AsyncEngine goes to fsm.store.aio.AsyncConversationStore)"
                 )
             self._url = engine.url
-            self._engine = engine
+            in_schema = store_schema(schema, self._url)
+            self._engine = (
+                engine
+                if in_schema is None
+                else engine.execution_options(schema_translate_map={None: in_schema})
+            )
         else:
             self._url = normalize_url(url)
-            self._engine = create_engine(self._url, busy_timeout=busy_timeout)
+            self._engine = create_engine(self._url, busy_timeout=busy_timeout, schema=schema)
         self._owns_engine = engine is None
         self._writer = self._engine.execution_options(**{WRITE: True})
         dialect = self._engine.dialect.name
@@ -960,7 +969,11 @@ class StoreCore:
             ids.append(attempt_id)
             if calls:
                 conn.execute(
-                    sa.insert(AttemptCall), [{**call, "attempt_id": attempt_id} for call in calls]
+                    sa.insert(AttemptCall),
+                    [
+                        {**call, "conversation_id": conversation_id, "attempt_id": attempt_id}
+                        for call in calls
+                    ],
                 )
         return ids
 
@@ -997,8 +1010,7 @@ def _read_attempts(conn: Connection, conversation_id: str) -> list[dict[str, Any
         calls = (
             conn.execute(
                 sa.select(AttemptCall)
-                .join(Attempt, Attempt.id == AttemptCall.attempt_id)
-                .where(Attempt.conversation_id == conversation_id)
+                .where(AttemptCall.conversation_id == conversation_id)
                 .order_by(AttemptCall.attempt_id, AttemptCall.position)
             )
             .mappings()

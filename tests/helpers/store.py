@@ -54,6 +54,42 @@ def postgres_server() -> sa.URL:
     return url
 
 
+def pg_partitions() -> int | None:
+    """``$FSM_TEST_PG_PARTITIONS``: the number of hash partitions of the PostgreSQL database the
+    store tests share (``fsm db upgrade --partitions N``), or ``None`` (unpartitioned)."""
+    raw = os.environ.get("FSM_TEST_PG_PARTITIONS")
+    return int(raw) if raw else None
+
+
+def pg_constraint(store: ConversationStore, name: str) -> str:
+    """The fsm constraint or index a PostgreSQL error names. On a partitioned database a key or
+    unique index is violated in a partition (``messages_p2_pkey``), whose index is attached to
+    the parent's (``pk_messages``), and a foreign key referencing a partitioned table is checked
+    by one internal constraint per partition (``messages_..._fkey2``), whose ``conparentid``
+    leads to the declared one (``fk_messages_prev``); any other name is returned as it is."""
+    with store.engine.connect() as conn:
+        parent = conn.execute(
+            sa.text(
+                "SELECT p.relname FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid"
+                " JOIN pg_class p ON p.oid = i.inhparent"
+                " WHERE c.relkind = 'i' AND c.relname = :name"
+                " AND c.relnamespace = current_schema()::regnamespace"
+            ),
+            {"name": name},
+        ).scalar()
+        declared = conn.execute(
+            sa.text(
+                "WITH RECURSIVE up AS (SELECT oid, conname, conparentid FROM pg_constraint"
+                " WHERE conname = :name AND connamespace = current_schema()::regnamespace"
+                " UNION ALL SELECT c.oid, c.conname, c.conparentid FROM pg_constraint c"
+                " JOIN up ON c.oid = up.conparentid)"
+                " SELECT conname FROM up WHERE conparentid = 0 LIMIT 1"
+            ),
+            {"name": name},
+        ).scalar()
+    return str(parent or declared or name)
+
+
 def pg_schema_url(server: sa.URL) -> tuple[sa.URL, Callable[[], None]]:
     """A new, empty schema on ``server``: its URL and a function that drops it."""
     schema = f"fsm_test_{uuid.uuid4().hex[:12]}"

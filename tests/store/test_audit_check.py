@@ -98,7 +98,7 @@ def unguarded(url: sa.URL, *, keys: bool = False) -> Iterator[sa.Connection]:
                 constraints = conn.execute(
                     sa.text(
                         "SELECT conrelid::regclass::text, conname FROM pg_constraint "
-                        "WHERE conrelid = ANY(CAST(:tables AS regclass[])) "
+                        "WHERE conrelid = ANY(CAST(:tables AS regclass[])) AND conparentid = 0 "
                         'AND contype = ANY(CAST(:kinds AS "char"[])) ORDER BY contype DESC'
                     ),
                     {"tables": list(TABLES), "kinds": kinds},

@@ -23,6 +23,7 @@ from tests.helpers.store import (
     call_row,
     dump,
     make_turn,
+    pg_constraint,
     result_row,
     user_row,
 )
@@ -252,7 +253,8 @@ def test_raw_sql_violation_is_rejected(seeded: ConversationStore, name: str) -> 
         run_steps(conn, case.steps)
     orig = caught.value.orig
     if seeded.engine.dialect.name == "postgresql":
-        assert orig.diag.constraint_name in case.pg, str(orig)  # type: ignore[union-attr]
+        name = orig.diag.constraint_name  # type: ignore[union-attr]
+        assert pg_constraint(seeded, name) in case.pg, str(orig)
     else:
         assert case.sqlite in str(orig), str(orig)
     assert dump(seeded) == before
@@ -387,7 +389,8 @@ def test_finished_means_name_and_json_and_content(seeded: ConversationStore, nam
         run_steps(conn, steps)
     orig = caught.value.orig
     if seeded.engine.dialect.name == "postgresql":
-        assert orig.diag.constraint_name == constraint, str(orig)  # type: ignore[union-attr]
+        name = orig.diag.constraint_name  # type: ignore[union-attr]
+        assert pg_constraint(seeded, name) == constraint, str(orig)
     else:
         assert f"CHECK constraint failed: {constraint}" in str(orig), str(orig)
     assert dump(seeded) == before
@@ -482,6 +485,7 @@ def _attempt(attempt_id: Any = 1000, **values: Any) -> Row:
 
 def _attempt_call(**values: Any) -> Row:
     return {
+        "conversation_id": "c",
         "attempt_id": 1000,
         "position": 0,
         "provider_index": 0,

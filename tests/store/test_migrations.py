@@ -126,7 +126,7 @@ def test_a_store_not_at_head_names_the_command(empty_url: sa.URL) -> None:
     engine = sa.create_engine(empty_url, poolclass=sa.pool.NullPool)
     try:
         with engine.begin() as conn:
-            conn.execute(sa.text("UPDATE alembic_version SET version_num = 'ffff_future'"))
+            conn.execute(sa.text("UPDATE fsm_alembic_version SET version_num = 'ffff_future'"))
     finally:
         engine.dispose()
     with pytest.raises(SchemaNotAtHeadError, match="unknown to this fsm"):
@@ -174,7 +174,7 @@ def _checks_and_indexes(url: sa.URL) -> dict[str, object]:
                 found.update(
                     (f"index {name}", text.replace(f"{schema}.", ""))
                     for name, text in rows
-                    if not name.startswith("alembic")
+                    if not name.startswith(("alembic", "fsm_alembic"))
                 )
                 functions = conn.execute(
                     sa.text(

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 import sqlalchemy as sa
-from alembic.runtime.migration import MigrationContext
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection
@@ -35,7 +34,7 @@ from fsm.store.audit.read import (
     _text,
 )
 from fsm.store.errors import InvalidFilterError
-from fsm.store.migrate import head_revision
+from fsm.store.migrate import head_revision, revision_of
 
 #: ``progress(done, total)``, in conversations.
 Progress: TypeAlias = Callable[[int, int], None]
@@ -751,7 +750,7 @@ def _unenforced(conn: Connection) -> Iterator[Violation]:
     unique index missing (dropped, or a table rebuilt without it), NOT VALID, or with its
     triggers disabled (PostgreSQL). Only at head: an older revision lacks newer rules by design
     (``fsm db upgrade`` adds them)."""
-    if MigrationContext.configure(conn).get_current_heads() != (head_revision(),):
+    if revision_of(conn) != head_revision():
         return
     dialect = conn.dialect.name
     expected: dict[str, tuple[str, str]] = {}

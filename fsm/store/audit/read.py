@@ -26,7 +26,6 @@ from datetime import UTC, datetime
 from typing import Any, Final, TypeAlias, cast
 
 import sqlalchemy as sa
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL, Connection, Engine
 
@@ -37,7 +36,7 @@ from fsm.store.errors import (
     AuditError,
     SchemaNotAtHeadError,
 )
-from fsm.store.migrate import alembic_config, head_revision
+from fsm.store.migrate import alembic_config, head_revision, revision_of
 from fsm.store.models import Attempt, AttemptCall, Conversation, Message, ToolCallRow
 
 #: an engine (a connection is opened per call) or a connection (used as is).
@@ -83,15 +82,15 @@ def _require_schema(engine: Engine, url: str) -> None:
     """Raise :class:`SchemaNotAtHeadError` unless the database has an fsm schema fsm knows."""
     try:
         with engine.connect() as conn:
-            current = MigrationContext.configure(conn).get_current_heads()
+            current = revision_of(conn)
     except sa.exc.DBAPIError as exc:
         raise AuditError(f"cannot read the store {url}: {_one_line(exc)}") from exc
     head = head_revision()
     if not current:
         raise SchemaNotAtHeadError(url, None, head)
     known = {rev.revision for rev in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
-    if current[0] not in known:
-        raise SchemaNotAtHeadError(url, current[0], head, unknown=True)
+    if current not in known:
+        raise SchemaNotAtHeadError(url, current, head, unknown=True)
 
 
 def _one_line(exc: sa.exc.DBAPIError) -> str:
