@@ -563,6 +563,10 @@ class _OneConnection:
         self._conn = conn
         self.url = url
 
+    def get_execution_options(self) -> Any:
+        """The connection's execution options (its ``schema_translate_map`` names the schema)."""
+        return self._conn.get_execution_options()
+
     @contextlib.contextmanager
     def connect(self) -> Iterator[Connection]:
         yield self._conn
