@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import openai
@@ -74,9 +75,11 @@ def drive(
     server: ReplayServer,
     conversation: str = "conv",
     tools: Mapping[str, Callable[..., Any]] = TOOLS,
+    wrap: Callable[[Any], Any] = lambda client: client,
     **kwargs: Any,
 ) -> Run:
-    """Run the loop with the ``kind`` of client (and the matching store) against ``server``."""
+    """Run the loop with the ``kind`` of client (and the matching store) against ``server``
+    (``wrap`` wraps the client)."""
     run = Run()
     user_callback = kwargs.pop("on_event", None)
 
@@ -87,7 +90,7 @@ def drive(
 
     if kind == "openai":
         with ConversationStore(url) as store:
-            client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+            client = wrap(openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0))
             try:
                 run.result = run_agent_loop(
                     client, store, conversation, tools, model=MODEL, on_event=on_event,
@@ -103,7 +106,9 @@ def drive(
 
     async def body() -> None:
         async with AsyncConversationStore(url) as store:
-            client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+            client = wrap(
+                openai.AsyncOpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+            )
             try:
                 run.result = await arun_agent_loop(
                     client, store, conversation, tools, model=MODEL, on_event=on_event,
@@ -211,12 +216,27 @@ def test_corpus_parallel_calls_through_the_loop(kind: str, name: str, url: str) 
 
 # -- incomplete turns ----------------------------------------------------------------------------
 FAILURES = {
-    "cut": (ReplayTurn(DEMO, cut_at=len(DEMO_BYTES) // 2), "APIConnectionError"),
+    # the loop reads the raw bytes: the transport's own error, not the SDK's wrapper
+    "cut": (ReplayTurn(DEMO, cut_at=len(DEMO_BYTES) // 2), "incomplete chunked read"),
     "provider-error": (
         ReplayTurn(DEMO, error_at=len(DEMO_BYTES) // 2, error_message="upstream overloaded"),
         "upstream overloaded",
     ),
     "http-500": (ReplayTurn(DEMO, status=500, error_message="boom"), "500"),
+    # inside the second call's arguments
+    "cut-mid-call": (
+        ReplayTurn(DEMO, cut_at=DEMO_BYTES.index(b'"arguments":"12, "') + 10),
+        "incomplete chunked read",
+    ),
+    # every chunk arrived (finish_reason included), then an ``event: error`` whose data has no
+    # "error" key, and no [DONE]: the parsed Stream of openai < 1.97.2 called this complete
+    "error-event-after-finish": (
+        ReplayTurn(
+            DEMO_BYTES[: DEMO_BYTES.index(b"data: [DONE]")]
+            + b'event: error\ndata: {"message": "backend died", "code": 500}\n\n'
+        ),
+        "backend died",
+    ),
 }
 
 
@@ -254,6 +274,39 @@ def test_an_incomplete_turn_records_an_attempt_and_commits_nothing(
         streamed(FINAL),
     ]
     assert len(again.attempts) == 1
+
+
+class ParsedOnly:
+    """A client without ``with_streaming_response`` (an OpenAI look-alike): only
+    ``chat.completions.create``, so the loop falls back to the SDK's parsed ``Stream``."""
+
+    def __init__(self, client: Any) -> None:
+        self.chat = SimpleNamespace(
+            completions=SimpleNamespace(create=client.chat.completions.create)
+        )
+        self.close = client.close
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_the_loop_reads_raw_bytes_and_falls_back_to_the_parsed_stream(kind: str, url: str) -> None:
+    """The same conversation through ``with_streaming_response`` (the raw bytes: the stream
+    ends ``done``, at ``[DONE]``) and through a client that only has ``create`` (the SDK's
+    chunks: it ends ``eof``)."""
+    ends: list[str | None] = []
+
+    def on_event(event: AgentEvent) -> None:
+        if isinstance(event, StreamEnded):
+            ends.append(event.how)
+
+    with ReplayServer(demo_script(["6912", "408"]) * 2) as server:
+        raw = drive(kind, url, server, "raw", messages=[USER], on_event=on_event)
+        parsed = drive(
+            kind, url, server, "parsed", messages=[USER], on_event=on_event, wrap=ParsedOnly
+        )
+    assert raw.error is None and parsed.error is None, (raw.error, parsed.error)
+    assert server.failures == []
+    assert raw.history == parsed.history and len(raw.history) == 5
+    assert ends == ["done", "done", "eof", "eof"]
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
