@@ -413,9 +413,14 @@ def test_function_tool_schema() -> None:
             "description": "Search the web.",
             "parameters": {
                 "type": "object",
-                "properties": {"query": {"type": "string"}, "limit": {"type": "integer"},
-                               "tags": {}},
+                "properties": {
+                    "query": {"type": "string"},
+                    "limit": {"type": "integer", "default": 10},
+                    "tags": {"anyOf": [{"type": "array", "items": {"type": "string"}},
+                                       {"type": "null"}], "default": None},
+                },
                 "required": ["query"],
+                "additionalProperties": False,
             },
         },
     }  # fmt: skip

@@ -158,7 +158,13 @@ def _open(
     if helper == "openai-raw":
         return sdk.chat.completions.with_streaming_response.create(**request)
     assert helper == "openai-helper"
+    _require_stream_helper(sdk)
     return sdk.chat.completions.stream(**{k: v for k, v in request.items() if k != "stream"})
+
+
+def _require_stream_helper(sdk: Any) -> None:
+    if not hasattr(sdk.chat.completions, "stream"):  # openai < 1.40.0 had it under .beta
+        pytest.skip(f"openai {openai.__version__} has no chat.completions.stream()")
 
 
 def _aopen(
@@ -179,6 +185,7 @@ def _aopen(
     if helper == "async-openai-raw":
         return sdk.chat.completions.with_streaming_response.create(**request)
     assert helper == "async-openai-helper"
+    _require_stream_helper(sdk)
     return sdk.chat.completions.stream(**{k: v for k, v in request.items() if k != "stream"})
 
 
@@ -607,6 +614,7 @@ def test_the_stream_helper_is_read_through_its_bytes(clients: Clients) -> None:
 @pytest.mark.filterwarnings("ignore:coroutine 'AsyncCompletions.create' was never awaited")
 def test_the_unentered_stream_manager_is_a_typed_error(clients: Clients) -> None:
     sdk = clients.openai.with_options(base_url="http://127.0.0.1:9/v1")
+    _require_stream_helper(sdk)
     manager = sdk.chat.completions.stream(model="m", messages=[USER])
     with pytest.raises(UnsupportedStreamError, match="pass the stream it opens") as info:
         iter_openai_events(manager)
