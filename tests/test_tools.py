@@ -14,7 +14,6 @@ from typing import Annotated, Any, Literal, Optional
 
 import openai
 import pytest
-import sqlalchemy as sa
 from pydantic import BaseModel, Field, Strict
 
 from fsm import StreamParser
@@ -328,35 +327,35 @@ def multiply(a: int, b: Literal[1, 2]) -> int:
 
 @pytest.mark.parametrize("kind", CLIENTS)
 def test_validation_through_the_loop_is_committed_as_the_tool_result(
-    kind: str, db_url: sa.URL
+    kind: str, fsm_db_url: str, fsm_replay: Callable[..., ReplayServer]
 ) -> None:
-    url = db_url.render_as_string(hide_password=False)
+    url = fsm_db_url
     tools = {"add": add, "multiply": multiply}
     expected = [
         "6912.0",
         "error: invalid arguments for multiply: b: Input should be 1 or 2 (got 34)",
     ]
     events: list[Any] = []
-    with ReplayServer(demo_script(expected)) as server:  # the server checks what was sent back
-        if kind == "openai":
-            client = openai.OpenAI(base_url=server.base_url, api_key="t", max_retries=0)
-            with ConversationStore(url) as store:
-                result = run_agent_loop(client, store, "c", tools, model=MODEL,
-                                        messages=[USER], on_event=events.append)  # fmt: skip
-                history = store.history("c")
-            client.close()
-        else:
+    server = fsm_replay(demo_script(expected))  # it checks what the loop sends back
+    if kind == "openai":
+        client = openai.OpenAI(base_url=server.base_url, api_key="t", max_retries=0)
+        with ConversationStore(url) as store:
+            result = run_agent_loop(client, store, "c", tools, model=MODEL,
+                                    messages=[USER], on_event=events.append)  # fmt: skip
+            history = store.history("c")
+        client.close()
+    else:
 
-            async def body() -> tuple[Any, list[dict[str, Any]]]:
-                aclient = openai.AsyncOpenAI(base_url=server.base_url, api_key="t", max_retries=0)
-                async with AsyncConversationStore(url) as astore:
-                    done = await arun_agent_loop(aclient, astore, "c", tools, model=MODEL,
-                                                 messages=[USER], on_event=events.append)  # fmt: skip
-                    got = await astore.history("c")
-                await aclient.close()
-                return done, got
+        async def body() -> tuple[Any, list[dict[str, Any]]]:
+            aclient = openai.AsyncOpenAI(base_url=server.base_url, api_key="t", max_retries=0)
+            async with AsyncConversationStore(url) as astore:
+                done = await arun_agent_loop(aclient, astore, "c", tools, model=MODEL,
+                                             messages=[USER], on_event=events.append)  # fmt: skip
+                got = await astore.history("c")
+            await aclient.close()
+            return done, got
 
-            result, history = asyncio.run(bounded(body()))
+        result, history = asyncio.run(bounded(body()))
     assert server.failures == [] and result.status == "completed"
     assert [m["content"] for m in history[2:4]] == expected
     executed = [(e.name, e.error) for e in events if isinstance(e, ToolExecuted)]
