@@ -6,14 +6,29 @@ Four helpers turn a live response into fsm events, feeding the parser as the dat
     from fsm.clients import iter_openai_events
 
     client = OpenAI()
-    with client.chat.completions.create(model=..., messages=..., tools=..., stream=True) as stream:
-        events = iter_openai_events(stream)
+    with client.chat.completions.with_streaming_response.create(
+        model=..., messages=..., tools=..., stream=True
+    ) as response:
+        events = iter_openai_events(response)    # the raw bytes, parsed by fsm
         for event in events:
             ...                                  # ToolCallOpened, ToolCallFinished, ...
     turn = events.result().turn(0)               # or events.parser.turns[0]
 
-* :func:`iter_openai_events` / :func:`aiter_openai_events`: the SDK's ``Stream`` /
-  ``AsyncStream`` of ``ChatCompletionChunk`` (each chunk goes to ``receive_chunk``).
+* :func:`iter_openai_events` / :func:`aiter_openai_events`: what the ``openai`` SDK gives:
+
+  - the ``APIResponse`` / ``AsyncAPIResponse`` of
+    ``client.chat.completions.with_streaming_response.create(..., stream=True)`` (the
+    recommended way, and what the agent loop uses): its raw bytes go to ``receive_data``, so
+    fsm sees ``data: [DONE]``, event names (``event: error``) and every byte, and does not
+    depend on how a given SDK version decodes SSE (about 2 us per chunk instead of ~70);
+  - the ``ChatCompletionStream`` that ``with client.chat.completions.stream(...) as stream``
+    opens: the raw bytes of its HTTP response, as above (before anything read from it; reading
+    it with fsm uses it up). The manager itself (``client.chat.completions.stream(...)`` not
+    entered) or a stream already read from raise :class:`UnsupportedStreamError`;
+  - the SDK's parsed ``Stream`` / ``AsyncStream`` of ``ChatCompletionChunk``
+    (``client.chat.completions.create(..., stream=True)``): each chunk goes to
+    ``receive_chunk``, with the limits listed below.
+
 * :func:`iter_httpx_events` / :func:`aiter_httpx_events`: an ``httpx`` streaming response (its
   raw bytes go to ``receive_data``; a non-2xx status raises :class:`HTTPStatusError`).
 
@@ -26,7 +41,8 @@ events are yielded, and the error is re-raised: the result is never complete. A 
 iterator before the stream ended (``break``, ``close()``, leaving its ``with`` block) aborts with
 reason ``closed``.
 
-What the ``openai`` SDK hides (it decodes SSE itself, so fsm only sees its chunks):
+What the ``openai`` SDK's parsed ``Stream`` hides (it decodes SSE itself, so fsm only sees its
+chunks; none of this applies to the raw bytes of ``with_streaming_response``):
 
 * ``data: [DONE]`` is swallowed, so a normal end of the SDK's iteration is fed as
   ``receive_eof()``. A stream that sent ``[DONE]`` but no ``finish_reason`` therefore ends
@@ -80,6 +96,7 @@ __all__ = [
     "ByteResponse",
     "EventIterator",
     "HTTPStatusError",
+    "UnsupportedStreamError",
     "aiter_httpx_events",
     "aiter_openai_events",
     "iter_httpx_events",
@@ -115,6 +132,11 @@ class HTTPStatusError(FsmError):
         self.error_type = error_type
         self.code = code
         super().__init__(f"HTTP {status_code}: {message}")
+
+
+class UnsupportedStreamError(FsmError, TypeError):
+    """:func:`iter_openai_events` / :func:`aiter_openai_events` was given something it cannot
+    read a stream from (the message says what to pass instead)."""
 
 
 class ByteResponse(Protocol):
@@ -309,6 +331,13 @@ def _feed_sdk_chunk(parser: StreamParser, chunk: Any) -> list[Event]:
         if dump is not None:
             chunk = dump(exclude_unset=True, by_alias=True)  # as receive_chunk() would
     if isinstance(chunk, dict) and not _CHUNK_FIELDS.intersection(chunk):
+        kind = chunk.get("type")
+        if isinstance(kind, str) and (kind == "chunk" or "." in kind):
+            # ChunkEvent, ContentDeltaEvent, ... of chat.completions.stream(): not chunks
+            raise UnsupportedStreamError(
+                f"got a chat.completions.stream() event ({kind!r}), not a chunk: pass "
+                "the ChatCompletionStream itself to iter_openai_events (fsm reads its bytes)"
+            )
         message = chunk.get("message")
         if isinstance(message, str) and message:
             # Not a chunk but an error the SDK did not recognise: ``event: error`` whose data
@@ -323,29 +352,89 @@ def _feed_bytes(parser: StreamParser, data: bytes) -> list[Event]:
 
 
 def iter_openai_events(
-    stream: Iterable[Any], *, parser: StreamParser | None = None
+    stream: Iterable[Any] | Any, *, parser: StreamParser | None = None
 ) -> EventIterator:
-    """Events of an ``openai`` SDK stream (``client.chat.completions.create(..., stream=True)``).
+    """Events of an ``openai`` SDK response, parsed as it arrives.
 
-    Each ``ChatCompletionChunk`` goes to ``parser.receive_chunk``; the end of the stream to
-    ``receive_eof()``. If the stream raises (``openai.APIConnectionError`` when the connection
-    drops, ``openai.APIError`` for an error payload, ...), the parser is aborted (an error payload
-    ends it as an ``error``, with the error's message), the final events are yielded and the
-    exception is re-raised. ``parser`` defaults to a new :class:`~fsm.parser.StreamParser`; it is
-    the returned iterator's ``parser`` attribute either way. The caller still owns ``stream``
-    (close it, or use it in a ``with`` block).
+    ``stream`` is one of (see the module's documentation):
+
+    * the ``APIResponse`` of ``client.chat.completions.with_streaming_response.create(...,
+      stream=True)``: its raw bytes go to ``parser.receive_data``, exactly as
+      :func:`iter_httpx_events` reads an ``httpx`` response (``[DONE]`` and ``event: error``
+      seen; a transport error, such as ``httpx.RemoteProtocolError`` for a cut stream, aborts the
+      parser and is re-raised as it is);
+    * the ``ChatCompletionStream`` opened by ``with client.chat.completions.stream(...) as
+      stream``: the raw bytes of its response, the same way;
+    * the parsed ``Stream`` of ``client.chat.completions.create(..., stream=True)``: each
+      ``ChatCompletionChunk`` goes to ``parser.receive_chunk``; the end of the stream to
+      ``receive_eof()``. If the stream raises (``openai.APIConnectionError`` when the connection
+      drops, ``openai.APIError`` for an error payload, ...), the parser is aborted (an error
+      payload ends it as an ``error``, with the error's message), the final events are yielded
+      and the exception is re-raised.
+
+    ``parser`` defaults to a new :class:`~fsm.parser.StreamParser`; it is the returned
+    iterator's ``parser`` attribute either way. The caller still owns ``stream`` (close it, or
+    use it in a ``with`` block). Raises :class:`UnsupportedStreamError` for the unentered
+    ``chat.completions.stream(...)`` manager, a ``ChatCompletionStream`` already read from, or
+    the events of one.
     """
+    raw = _raw_response(stream)
+    if raw is not None:
+        return iter_httpx_events(raw, parser=parser)
     return EventIterator(stream, _feed_sdk_chunk, parser)
 
 
 def aiter_openai_events(
-    stream: AsyncIterable[Any], *, parser: StreamParser | None = None
+    stream: AsyncIterable[Any] | Any, *, parser: StreamParser | None = None
 ) -> AsyncEventIterator:
-    """The async twin of :func:`iter_openai_events`, for ``AsyncOpenAI``'s ``AsyncStream``.
+    """The async twin of :func:`iter_openai_events`, for ``AsyncOpenAI``: the
+    ``AsyncAPIResponse`` of ``with_streaming_response`` (raw bytes), the
+    ``AsyncChatCompletionStream`` of ``chat.completions.stream()`` (raw bytes), or the parsed
+    ``AsyncStream``.
 
     Cancelling the consuming task aborts the stream with reason ``cancelled`` and re-raises.
     """
+    raw = _raw_response(stream)
+    if raw is not None:
+        return aiter_httpx_events(raw, parser=parser)
     return AsyncEventIterator(stream, _feed_sdk_chunk, parser)
+
+
+#: The SDK's ``chat.completions.stream()`` context managers (not streams yet).
+_STREAM_MANAGERS: Final = frozenset(
+    {"ChatCompletionStreamManager", "AsyncChatCompletionStreamManager"}
+)
+#: The SDK's ``chat.completions.stream()`` streams: events, not chunks.
+_HELPER_STREAMS: Final = frozenset({"ChatCompletionStream", "AsyncChatCompletionStream"})
+
+
+def _raw_response(stream: Any) -> Any:
+    """The HTTP response whose raw bytes to read for ``stream``, or ``None`` to read the
+    SDK's parsed chunks. Duck-typed on the SDK's classes (``openai`` is not imported)."""
+    name = type(stream).__name__
+    if name in _STREAM_MANAGERS:
+        raise UnsupportedStreamError(
+            f"{name} is the context manager of chat.completions.stream(), not a stream: "
+            "pass the stream it opens (with client.chat.completions.stream(...) as stream: "
+            "iter_openai_events(stream))"
+        )
+    if name in _HELPER_STREAMS:
+        response = getattr(stream, "_response", None)
+        if response is None or not hasattr(response, "is_stream_consumed"):
+            raise UnsupportedStreamError(
+                f"cannot reach the HTTP response of this {name} (an unknown openai version): "
+                "use client.chat.completions.with_streaming_response.create(..., stream=True)"
+            )
+        if response.is_stream_consumed:
+            raise UnsupportedStreamError(
+                f"this {name} was already read from: pass it to fsm before iterating it "
+                "(fsm reads its raw bytes)"
+            )
+        return response
+    http_response = getattr(stream, "http_response", None)
+    if http_response is not None and hasattr(stream, "iter_bytes") and hasattr(stream, "parse"):
+        return http_response  # APIResponse / AsyncAPIResponse of with_streaming_response
+    return None
 
 
 def iter_httpx_events(

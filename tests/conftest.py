@@ -28,6 +28,13 @@ from tests.helpers import CORPUS, require_corpus
 from tests.helpers.store import empty_database, pg_partitions, pg_schema_url, postgres_server
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # fsm's pytest plugin (fsm/pytest_plugin.py) is loaded by its entry point; an environment
+    # whose fsm was installed before the entry point existed gets it here
+    if not config.pluginmanager.has_plugin("fsm"):
+        config.pluginmanager.import_plugin("fsm.pytest_plugin")
+
+
 @pytest.fixture
 def corpus_dir() -> Path:
     require_corpus()

@@ -1,5 +1,6 @@
 """The agent loop end to end: the official openai clients (sync and async) over real HTTP against
-fsm.testing.ReplayServer, the store on SQLite and PostgreSQL.
+fsm.testing.ReplayServer, the store on SQLite and PostgreSQL (the ``fsm_db_url``,
+``fsm_replay`` and ``fsm_replay_server`` fixtures of fsm's pytest plugin, fsm/pytest_plugin.py).
 
 The server checks every request after the first (ids linked, arguments byte-exact, each tool
 message right after its assistant message, no salvaged incomplete call): ``server.failures`` must
@@ -14,11 +15,11 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import openai
 import pytest
-import sqlalchemy as sa
 
 from fsm import Event, StreamEnded, ToolCallOpened
 from fsm.agent import (
@@ -74,9 +75,11 @@ def drive(
     server: ReplayServer,
     conversation: str = "conv",
     tools: Mapping[str, Callable[..., Any]] = TOOLS,
+    wrap: Callable[[Any], Any] = lambda client: client,
     **kwargs: Any,
 ) -> Run:
-    """Run the loop with the ``kind`` of client (and the matching store) against ``server``."""
+    """Run the loop with the ``kind`` of client (and the matching store) against ``server``
+    (``wrap`` wraps the client)."""
     run = Run()
     user_callback = kwargs.pop("on_event", None)
 
@@ -87,7 +90,7 @@ def drive(
 
     if kind == "openai":
         with ConversationStore(url) as store:
-            client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+            client = wrap(openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0))
             try:
                 run.result = run_agent_loop(
                     client, store, conversation, tools, model=MODEL, on_event=on_event,
@@ -103,7 +106,9 @@ def drive(
 
     async def body() -> None:
         async with AsyncConversationStore(url) as store:
-            client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+            client = wrap(
+                openai.AsyncOpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+            )
             try:
                 run.result = await arun_agent_loop(
                     client, store, conversation, tools, model=MODEL, on_event=on_event,
@@ -120,16 +125,13 @@ def drive(
     return run
 
 
-@pytest.fixture
-def url(db_url: sa.URL) -> str:
-    return db_url.render_as_string(hide_password=False)
-
-
 # -- the demo conversation -----------------------------------------------------------------------
 @pytest.mark.parametrize("kind", CLIENTS)
-def test_demo_conversation_end_to_end(kind: str, url: str) -> None:
-    with ReplayServer(demo_script(["6912", "408"])) as server:
-        run = drive(kind, url, server, messages=[USER])
+def test_demo_conversation_end_to_end(
+    kind: str, fsm_db_url: str, fsm_replay: Callable[..., ReplayServer]
+) -> None:
+    server = fsm_replay(demo_script(["6912", "408"]))  # fsm's pytest plugin
+    run = drive(kind, fsm_db_url, server, messages=[USER])
     assert run.error is None, run.error
     assert run.result is not None and run.result.status == "completed"
     assert server.failures == []
@@ -151,9 +153,10 @@ def test_demo_conversation_end_to_end(kind: str, url: str) -> None:
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
-def test_progress_events_name_tools_as_soon_as_they_arrive(kind: str, url: str) -> None:
-    with ReplayServer(demo_script()) as server:
-        run = drive(kind, url, server, messages=[USER])
+def test_progress_events_name_tools_as_soon_as_they_arrive(
+    kind: str, fsm_db_url: str, fsm_replay_server: ReplayServer
+) -> None:
+    run = drive(kind, fsm_db_url, fsm_replay_server, messages=[USER])  # the demo script
     assert run.error is None
     kinds = [type(e).__name__ for e in run.events]
     opened = [e.name for e in run.events if isinstance(e, ToolCallOpened)]
@@ -189,7 +192,7 @@ def _echo(**arguments: Any) -> str:
 
 @pytest.mark.parametrize("kind", CLIENTS)
 @pytest.mark.parametrize("name", PARALLEL)
-def test_corpus_parallel_calls_through_the_loop(kind: str, name: str, url: str) -> None:
+def test_corpus_parallel_calls_through_the_loop(kind: str, name: str, fsm_db_url: str) -> None:
     require_corpus()
     path = CORPUS / name
     turn = parse_file(path).turn(0)
@@ -197,7 +200,7 @@ def test_corpus_parallel_calls_through_the_loop(kind: str, name: str, url: str) 
     tools: dict[str, Callable[..., Any]] = {c.name: _echo for c in turn.tool_calls}
     tools.update({k: v for k, v in TOOLS.items() if k in tools})
     with ReplayServer([ReplayTurn(path), ReplayTurn(FINAL)]) as server:
-        run = drive(kind, url, server, tools=tools, messages=[USER])
+        run = drive(kind, fsm_db_url, server, tools=tools, messages=[USER])
     assert run.error is None, run.error
     assert server.failures == []
     assert run.history[1] == turn.to_message()  # ids and arguments byte-exact
@@ -211,24 +214,39 @@ def test_corpus_parallel_calls_through_the_loop(kind: str, name: str, url: str) 
 
 # -- incomplete turns ----------------------------------------------------------------------------
 FAILURES = {
-    "cut": (ReplayTurn(DEMO, cut_at=len(DEMO_BYTES) // 2), "APIConnectionError"),
+    # the loop reads the raw bytes: the transport's own error, not the SDK's wrapper
+    "cut": (ReplayTurn(DEMO, cut_at=len(DEMO_BYTES) // 2), "incomplete chunked read"),
     "provider-error": (
         ReplayTurn(DEMO, error_at=len(DEMO_BYTES) // 2, error_message="upstream overloaded"),
         "upstream overloaded",
     ),
     "http-500": (ReplayTurn(DEMO, status=500, error_message="boom"), "500"),
+    # inside the second call's arguments
+    "cut-mid-call": (
+        ReplayTurn(DEMO, cut_at=DEMO_BYTES.index(b'"arguments":"12, "') + 10),
+        "incomplete chunked read",
+    ),
+    # every chunk arrived (finish_reason included), then an ``event: error`` whose data has no
+    # "error" key, and no [DONE]: the parsed Stream of openai < 1.97.2 called this complete
+    "error-event-after-finish": (
+        ReplayTurn(
+            DEMO_BYTES[: DEMO_BYTES.index(b"data: [DONE]")]
+            + b'event: error\ndata: {"message": "backend died", "code": 500}\n\n'
+        ),
+        "backend died",
+    ),
 }
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
 @pytest.mark.parametrize("failure", sorted(FAILURES))
 def test_an_incomplete_turn_records_an_attempt_and_commits_nothing(
-    kind: str, failure: str, url: str
+    kind: str, failure: str, fsm_db_url: str
 ) -> None:
     turn, reason = FAILURES[failure]
     script = [turn, *demo_script()]
     with ReplayServer(script) as server:
-        run = drive(kind, url, server, messages=[USER])
+        run = drive(kind, fsm_db_url, server, messages=[USER])
         assert isinstance(run.error, TurnFailedError), run.error
         assert reason in run.error.reason and run.error.step == 1
         assert run.history == [USER]  # nothing of the turn went to history
@@ -243,7 +261,7 @@ def test_an_incomplete_turn_records_an_attempt_and_commits_nothing(
         assert [e.attempt_ids for e in recorded] == [run.error.attempt_ids]
         # the same conversation goes on: the retry carries nothing of the failed turn (the
         # server rejects a request that salvages an incomplete call)
-        again = drive(kind, url, server)
+        again = drive(kind, fsm_db_url, server)
     assert again.error is None, again.error
     assert server.failures == []
     assert again.history == [
@@ -256,11 +274,46 @@ def test_an_incomplete_turn_records_an_attempt_and_commits_nothing(
     assert len(again.attempts) == 1
 
 
+class ParsedOnly:
+    """A client without ``with_streaming_response`` (an OpenAI look-alike): only
+    ``chat.completions.create``, so the loop falls back to the SDK's parsed ``Stream``."""
+
+    def __init__(self, client: Any) -> None:
+        self.chat = SimpleNamespace(
+            completions=SimpleNamespace(create=client.chat.completions.create)
+        )
+        self.close = client.close
+
+
 @pytest.mark.parametrize("kind", CLIENTS)
-def test_truncated_arguments_are_never_executed(kind: str, url: str) -> None:
+def test_the_loop_reads_raw_bytes_and_falls_back_to_the_parsed_stream(
+    kind: str, fsm_db_url: str
+) -> None:
+    """The same conversation through ``with_streaming_response`` (the raw bytes: the stream
+    ends ``done``, at ``[DONE]``) and through a client that only has ``create`` (the SDK's
+    chunks: it ends ``eof``)."""
+    ends: list[str | None] = []
+
+    def on_event(event: AgentEvent) -> None:
+        if isinstance(event, StreamEnded):
+            ends.append(event.how)
+
+    with ReplayServer(demo_script(["6912", "408"]) * 2) as server:
+        raw = drive(kind, fsm_db_url, server, "raw", messages=[USER], on_event=on_event)
+        parsed = drive(
+            kind, fsm_db_url, server, "parsed", messages=[USER], on_event=on_event, wrap=ParsedOnly
+        )
+    assert raw.error is None and parsed.error is None, (raw.error, parsed.error)
+    assert server.failures == []
+    assert raw.history == parsed.history and len(raw.history) == 5
+    assert ends == ["done", "done", "eof", "eof"]
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_truncated_arguments_are_never_executed(kind: str, fsm_db_url: str) -> None:
     truncated = DEMO_BYTES.replace(b'"finish_reason":"tool_calls"', b'"finish_reason":"length"')
     with ReplayServer([ReplayTurn(truncated)]) as server:
-        run = drive(kind, url, server, messages=[USER], record_attempts=False)
+        run = drive(kind, fsm_db_url, server, messages=[USER], record_attempts=False)
     assert isinstance(run.error, TurnFailedError)
     assert run.error.reason == "length" and run.error.attempt_ids == []
     assert not any(isinstance(e, ToolExecuted) for e in run.events)
@@ -268,12 +321,14 @@ def test_truncated_arguments_are_never_executed(kind: str, url: str) -> None:
 
 
 # -- tools, limits, conflicts ---------------------------------------------------------------------
-def test_tool_errors_become_error_results(url: str) -> None:
+def test_tool_errors_become_error_results(fsm_db_url: str) -> None:
     def broken(a: int, b: int) -> int:
         raise ValueError("no multiplying today")
 
     with ReplayServer(demo_script()) as server:
-        run = drive("openai", url, server, tools={"add": add, "multiply": broken}, messages=[USER])
+        run = drive(
+            "openai", fsm_db_url, server, tools={"add": add, "multiply": broken}, messages=[USER]
+        )
     assert run.error is None and server.failures == []
     assert [m["content"] for m in run.history[2:4]] == [
         "6912",
@@ -283,9 +338,9 @@ def test_tool_errors_become_error_results(url: str) -> None:
     assert errors == [False, True]
 
 
-def test_unknown_tools_are_errors(url: str) -> None:
+def test_unknown_tools_are_errors(fsm_db_url: str) -> None:
     with ReplayServer(demo_script()) as server:
-        run = drive("openai", url, server, tools={"add": add}, messages=[USER])
+        run = drive("openai", fsm_db_url, server, tools={"add": add}, messages=[USER])
     assert run.error is None and server.failures == []
     assert [m["content"] for m in run.history[2:4]] == [
         "6912",
@@ -293,7 +348,7 @@ def test_unknown_tools_are_errors(url: str) -> None:
     ]
 
 
-def test_async_tools_run_concurrently(url: str) -> None:
+def test_async_tools_run_concurrently(fsm_db_url: str) -> None:
     started: list[str] = []
 
     def waiting(name: str, combine: Callable[[int, int], int]) -> Callable[..., Any]:
@@ -307,31 +362,31 @@ def test_async_tools_run_concurrently(url: str) -> None:
 
     tools = {"add": waiting("sum", add), "multiply": waiting("product", multiply)}
     with ReplayServer(demo_script()) as server:
-        run = drive("async-openai", url, server, tools=tools, messages=[USER])
+        run = drive("async-openai", fsm_db_url, server, tools=tools, messages=[USER])
     assert run.error is None and server.failures == []
     assert [m["content"] for m in run.history[2:4]] == ['{"sum": 6912}', '{"product": 408}']
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
-def test_max_turns(kind: str, url: str) -> None:
+def test_max_turns(kind: str, fsm_db_url: str) -> None:
     with ReplayServer(demo_script()) as server:
-        run = drive(kind, url, server, messages=[USER], max_turns=1)
+        run = drive(kind, fsm_db_url, server, messages=[USER], max_turns=1)
     assert run.result is not None and run.result.status == "max_turns"
     assert len(run.history) == 4 and server.served == 1
 
 
-def test_another_writer_mid_stream_is_a_conflict(url: str) -> None:
+def test_another_writer_mid_stream_is_a_conflict(fsm_db_url: str) -> None:
     """Every commit names the seq its request was built from: a write in between is caught.
     The tools had run: the turn is recorded as an attempt with their results, and the
     TurnFailedError says so (tests/test_agent_commit_failures.py tries every other failure)."""
-    with ConversationStore(url) as other, ReplayServer(demo_script()) as server:
+    with ConversationStore(fsm_db_url) as other, ReplayServer(demo_script()) as server:
         other.create_conversation("conv")
 
         def meddle(event: AgentEvent) -> None:
             if isinstance(event, StreamEnded):
                 other.append("conv", [{"role": "user", "content": "me too"}])
 
-        with ConversationStore(url) as store:
+        with ConversationStore(fsm_db_url) as store:
             client = openai.OpenAI(base_url=server.base_url, api_key="t", max_retries=0)
             with pytest.raises(TurnFailedError) as failed:
                 run_agent_loop(client, store, "conv", TOOLS, model=MODEL, messages=[USER],
@@ -360,9 +415,14 @@ def test_function_tool_schema() -> None:
             "description": "Search the web.",
             "parameters": {
                 "type": "object",
-                "properties": {"query": {"type": "string"}, "limit": {"type": "integer"},
-                               "tags": {}},
+                "properties": {
+                    "query": {"type": "string"},
+                    "limit": {"type": "integer", "default": 10},
+                    "tags": {"anyOf": [{"type": "array", "items": {"type": "string"}},
+                                       {"type": "null"}], "default": None},
+                },
                 "required": ["query"],
+                "additionalProperties": False,
             },
         },
     }  # fmt: skip
@@ -372,13 +432,13 @@ def test_function_tool_schema() -> None:
 
 # -- cancellation ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("record", [True, False], ids=["recorded", "not-recorded"])
-def test_cancelling_the_task_mid_stream_commits_nothing(record: bool, url: str) -> None:
+def test_cancelling_the_task_mid_stream_commits_nothing(record: bool, fsm_db_url: str) -> None:
     """The server stalls the stream right after the first tool call's header (``hold_at``, no
     sleeps); the task running the loop is cancelled once the loop reported that call."""
     seen: list[Event | Any] = []
 
     async def scenario(server: ReplayServer) -> tuple[list[dict[str, Any]], list[Any]]:
-        async with AsyncConversationStore(url) as store:
+        async with AsyncConversationStore(fsm_db_url) as store:
             client = openai.AsyncOpenAI(base_url=server.base_url, api_key="t", max_retries=0)
             opened = asyncio.Event()
 
@@ -417,13 +477,13 @@ def test_cancelling_the_task_mid_stream_commits_nothing(record: bool, url: str) 
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
-def test_a_failing_callback_aborts_the_turn_with_its_error(kind: str, url: str) -> None:
+def test_a_failing_callback_aborts_the_turn_with_its_error(kind: str, fsm_db_url: str) -> None:
     def on_event(event: AgentEvent) -> None:
         if isinstance(event, ToolCallOpened):
             raise RuntimeError("display crashed")
 
     with ReplayServer(demo_script()) as server:
-        run = drive(kind, url, server, messages=[USER], on_event=on_event)
+        run = drive(kind, fsm_db_url, server, messages=[USER], on_event=on_event)
     assert isinstance(run.error, RuntimeError)
     assert run.history == [USER]
     (attempt,) = run.attempts

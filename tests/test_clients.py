@@ -4,6 +4,7 @@ async) against fsm.testing.ReplayServer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import subprocess
@@ -29,6 +30,7 @@ from fsm.clients import (
     AsyncEventIterator,
     EventIterator,
     HTTPStatusError,
+    UnsupportedStreamError,
     aiter_httpx_events,
     aiter_openai_events,
     iter_httpx_events,
@@ -49,7 +51,21 @@ REQUEST = {"model": "demo-model-1", "messages": [USER], "stream": True}
 #: watsonx's final data-less ``event: close`` (fsm ignores it), after every chunk arrived.
 SDK_RAISES_ON = {"watsonx/watsonx-mistral-large_name_on_second_delta_event_id_fields.sse"}
 
-HELPERS = ["openai", "async-openai", "httpx", "async-httpx"]
+#: "openai": the SDK's parsed Stream; "openai-raw": the APIResponse of with_streaming_response
+#: (raw bytes); "openai-helper": the ChatCompletionStream of chat.completions.stream() (its raw
+#: bytes); "httpx": an httpx response. Each has an async twin.
+HELPERS = [
+    "openai",
+    "async-openai",
+    "openai-raw",
+    "async-openai-raw",
+    "openai-helper",
+    "async-openai-helper",
+    "httpx",
+    "async-httpx",
+]
+#: the helpers whose bytes fsm reads itself (the others get the SDK's parsed chunks)
+RAW = {h for h in HELPERS if not h.endswith("openai")}
 
 
 # -- one client of each kind, one event loop for the async ones -----------------------------------
@@ -111,28 +127,66 @@ def consume(
     """Send ``request`` with ``helper``'s client and parse the streamed answer with fsm.clients
     (``kwargs`` go to the fsm helper)."""
     out = Outcome()
-    if helper == "openai":
-        sdk = clients.openai.with_options(base_url=server.base_url)
-        with sdk.chat.completions.create(**request) as stream:
-            out.iterator = iter_openai_events(stream, **kwargs)
-            try:
-                for event in out.iterator:
-                    out.events.append(event)
-            except Exception as exc:
-                out.error = exc
-    elif helper == "httpx":
-        with clients.httpx.stream("POST", server.chat_url, json=request) as response:
-            out.iterator = iter_httpx_events(response, **kwargs)
-            try:
-                for event in out.iterator:
-                    out.events.append(event)
-            except Exception as exc:
-                out.error = exc
-    else:
+    if helper.startswith("async-"):
         clients.run(_aconsume(helper, clients, server, out, request, kwargs))
+    else:
+        with _open(helper, clients, server, request) as source:
+            if helper == "httpx":
+                out.iterator = iter_httpx_events(source, **kwargs)
+            else:
+                out.iterator = iter_openai_events(source, **kwargs)
+            try:
+                for event in out.iterator:
+                    out.events.append(event)
+            except Exception as exc:
+                out.error = exc
     assert out.iterator is not None
     out.result = out.iterator.result()
     return out
+
+
+def _open(
+    helper: str, clients: Clients, server: ReplayServer, request: dict[str, Any]
+) -> contextlib.AbstractContextManager[Any]:
+    """The streamed response of ``helper``'s kind, to enter."""
+    if helper == "httpx":
+        return clients.httpx.stream("POST", server.chat_url, json=request)
+    sdk = clients.openai.with_options(base_url=server.base_url)
+    if helper == "openai":
+        stream: contextlib.AbstractContextManager[Any] = sdk.chat.completions.create(**request)
+        return stream
+    if helper == "openai-raw":
+        return sdk.chat.completions.with_streaming_response.create(**request)
+    assert helper == "openai-helper"
+    _require_stream_helper(sdk)
+    return sdk.chat.completions.stream(**{k: v for k, v in request.items() if k != "stream"})
+
+
+def _require_stream_helper(sdk: Any) -> None:
+    if not hasattr(sdk.chat.completions, "stream"):  # openai < 1.40.0 had it under .beta
+        pytest.skip(f"openai {openai.__version__} has no chat.completions.stream()")
+
+
+def _aopen(
+    helper: str, clients: Clients, server: ReplayServer, request: dict[str, Any]
+) -> contextlib.AbstractAsyncContextManager[Any]:
+    """The async twin of :func:`_open`."""
+    if helper == "async-httpx":
+        return clients.async_httpx.stream("POST", server.chat_url, json=request)
+    sdk = clients.async_openai.with_options(base_url=server.base_url)
+    if helper == "async-openai":
+
+        @contextlib.asynccontextmanager
+        async def parsed() -> AsyncIterator[Any]:
+            async with await sdk.chat.completions.create(**request) as stream:
+                yield stream
+
+        return parsed()
+    if helper == "async-openai-raw":
+        return sdk.chat.completions.with_streaming_response.create(**request)
+    assert helper == "async-openai-helper"
+    _require_stream_helper(sdk)
+    return sdk.chat.completions.stream(**{k: v for k, v in request.items() if k != "stream"})
 
 
 async def _aconsume(
@@ -143,24 +197,16 @@ async def _aconsume(
     request: dict[str, Any],
     kwargs: dict[str, Any],
 ) -> None:
-    if helper == "async-openai":
-        sdk = clients.async_openai.with_options(base_url=server.base_url)
-        async with await sdk.chat.completions.create(**request) as stream:
-            out.iterator = aiter_openai_events(stream, **kwargs)
-            try:
-                async for event in out.iterator:
-                    out.events.append(event)
-            except Exception as exc:
-                out.error = exc
-    else:
-        assert helper == "async-httpx"
-        async with clients.async_httpx.stream("POST", server.chat_url, json=request) as response:
-            out.iterator = aiter_httpx_events(response, **kwargs)
-            try:
-                async for event in out.iterator:
-                    out.events.append(event)
-            except Exception as exc:
-                out.error = exc
+    async with _aopen(helper, clients, server, request) as source:
+        if helper == "async-httpx":
+            out.iterator = aiter_httpx_events(source, **kwargs)
+        else:
+            out.iterator = aiter_openai_events(source, **kwargs)
+        try:
+            async for event in out.iterator:
+                out.events.append(event)
+        except Exception as exc:
+            out.error = exc
 
 
 def summary(result: ParseResult) -> dict[str, Any]:
@@ -215,7 +261,7 @@ def test_corpus_stream_over_http_matches_parse_file(
     assert len(final_events(out.events)) == 1, "the last event is the one StreamEnded"
     assert out.events[-1] == final_events(out.events)[0]
 
-    if helper.endswith("httpx"):
+    if helper in RAW:
         # raw bytes: exactly what fsm reads from the file, anomalies and ending included
         assert out.error is None
         assert got.to_json() == expected.to_json()
@@ -268,11 +314,11 @@ def test_cut_stream_is_never_complete(cut: str, helper: str, clients: Clients) -
         out = consume(helper, clients, server)
     assert out.result is not None
     result = out.result
-    if helper.endswith("openai"):
+    if helper not in RAW:
         # openai 2.x+ wraps transport errors; 1.x let httpx's own through
         assert isinstance(out.error, openai.APIConnectionError | httpx.RemoteProtocolError)
-    else:
-        assert isinstance(out.error, httpx.RemoteProtocolError)
+    else:  # the transport's own error (httpx's, or httpx2's under openai 3)
+        assert type(out.error).__name__ == "RemoteProtocolError", repr(out.error)
     assert not result.complete
     assert result.end_how == "aborted"
     assert result.end_reason is not None
@@ -298,7 +344,7 @@ def test_error_event_mid_stream_aborts_with_its_message(helper: str, clients: Cl
         out = consume(helper, clients, server)
     assert out.result is not None
     result = out.result
-    if helper.endswith("openai"):
+    if helper not in RAW:
         assert isinstance(out.error, openai.APIError)
         assert out.error.message == "upstream model crashed"
     else:
@@ -318,7 +364,10 @@ def test_dropped_socket_mid_stream_aborts(helper: str, clients: Clients) -> None
         out = consume(helper, clients, server)
     assert out.result is not None
     result = out.result
-    assert isinstance(out.error, openai.APIConnectionError | httpx.TransportError)
+    if helper not in RAW:
+        assert isinstance(out.error, openai.APIConnectionError | httpx.TransportError)
+    else:  # httpx's, or httpx2's under openai 3
+        assert any(c.__name__ == "TransportError" for c in type(out.error).__mro__)
     assert not result.complete
     assert result.end_how == "aborted"
     assert result.end_reason is not None
@@ -339,9 +388,11 @@ def test_string_error_payload(helper: str, clients: Clients) -> None:
     assert out.result is not None
     assert summary(out.result) == summary(expected)
     assert (out.result.end_how, out.result.end_reason) == ("error", "overloaded")
-    if helper.endswith("openai"):
+    if helper not in RAW:
         assert isinstance(out.error, openai.APIError)
         assert out.error.message == "An error occurred during streaming"
+    else:
+        assert out.error is None
 
 
 @pytest.mark.parametrize("helper", HELPERS)
@@ -389,7 +440,7 @@ def test_invalid_json_from_httpx_raises_fsm_protocol_error(clients: Clients) -> 
 FIRST_CALL_EVENT_END = DEMO_BYTES.index(b"\n\n", DEMO_BYTES.index(b"tool_calls")) + 2
 
 
-@pytest.mark.parametrize("helper", ["async-openai", "async-httpx"])
+@pytest.mark.parametrize("helper", [h for h in HELPERS if h.startswith("async-")])
 def test_cancelling_the_consumer_mid_stream_aborts_with_cancelled(
     helper: str, clients: Clients
 ) -> None:
@@ -430,7 +481,7 @@ def test_cancelling_the_consumer_mid_stream_aborts_with_cancelled(
     ]
 
 
-@pytest.mark.parametrize("helper", ["async-openai", "async-httpx"])
+@pytest.mark.parametrize("helper", [h for h in HELPERS if h.startswith("async-")])
 def test_cancelled_while_not_reading_aborts_on_leaving_the_block(
     helper: str, clients: Clients
 ) -> None:
@@ -473,18 +524,13 @@ class AsyncClientStream:
         self._close: list[Callable[[], Awaitable[Any]]] = []
 
     async def __aenter__(self) -> AsyncEventIterator:
-        if self.helper == "async-openai":
-            sdk = self.clients.async_openai.with_options(base_url=self.server.base_url)
-            stream = await sdk.chat.completions.create(**REQUEST)
-            self._close.append(stream.close)
-            events = aiter_openai_events(stream)
-        else:
-            request = self.clients.async_httpx.build_request(
-                "POST", self.server.chat_url, json=REQUEST
-            )
-            response = await self.clients.async_httpx.send(request, stream=True)
-            self._close.append(response.aclose)
+        source = _aopen(self.helper, self.clients, self.server, REQUEST)
+        response = await source.__aenter__()
+        self._close.append(lambda: source.__aexit__(None, None, None))
+        if self.helper == "async-httpx":
             events = aiter_httpx_events(response)
+        else:
+            events = aiter_openai_events(response)
         self._events = events
         return await events.__aenter__() if self.enter_events else events
 
@@ -501,22 +547,7 @@ class AsyncClientStream:
 @pytest.mark.parametrize("helper", HELPERS)
 def test_breaking_out_early_aborts_with_closed(helper: str, clients: Clients) -> None:
     with ReplayServer([ReplayTurn(DEMO)]) as server:
-        if helper == "openai":
-            sdk = clients.openai.with_options(base_url=server.base_url)
-            with sdk.chat.completions.create(**REQUEST) as stream:
-                events: EventIterator | AsyncEventIterator = iter_openai_events(stream)
-                with events:
-                    for event in events:
-                        if isinstance(event, ToolCallOpened):
-                            break
-        elif helper == "httpx":
-            with clients.httpx.stream("POST", server.chat_url, json=REQUEST) as response:
-                events = iter_httpx_events(response)
-                for event in events:
-                    if isinstance(event, ToolCallOpened):
-                        break
-                events.close()
-        else:
+        if helper.startswith("async-"):
 
             async def scenario() -> AsyncEventIterator:
                 async with AsyncClientStream(helper, clients, server) as events:
@@ -525,7 +556,21 @@ def test_breaking_out_early_aborts_with_closed(helper: str, clients: Clients) ->
                             break
                 return events
 
-            events = clients.run(scenario())
+            events: EventIterator | AsyncEventIterator = clients.run(scenario())
+        elif helper == "httpx":
+            with clients.httpx.stream("POST", server.chat_url, json=REQUEST) as response:
+                events = iter_httpx_events(response)
+                for event in events:
+                    if isinstance(event, ToolCallOpened):
+                        break
+                events.close()
+        else:
+            with _open(helper, clients, server, REQUEST) as stream:
+                events = iter_openai_events(stream)
+                with events:
+                    for event in events:
+                        if isinstance(event, ToolCallOpened):
+                            break
     result = events.result()
     assert (result.end_how, result.end_reason) == ("aborted", "closed")
     assert [c.state.value for c in result.turn(0).tool_calls] == ["aborted"]
@@ -553,6 +598,68 @@ def test_leaving_the_block_after_the_end_changes_nothing(clients: Clients) -> No
         events.close()
     assert events.result().complete
     assert events.result().end_how == "done"
+
+
+# -- chat.completions.stream(): read through its bytes, or a typed error ------------------------------
+def test_the_stream_helper_is_read_through_its_bytes(clients: Clients) -> None:
+    """``with client.chat.completions.stream(...) as stream``: fsm reads the raw bytes of its
+    response (it used to yield nothing at all), ``[DONE]`` included."""
+    with ReplayServer([ReplayTurn(DEMO)]) as server:
+        out = consume("openai-helper", clients, server)
+    assert out.error is None and out.result is not None
+    assert out.result.to_json() == parse_file(DEMO).to_json()
+    assert out.result.end_how == "done" and out.result.complete
+
+
+@pytest.mark.filterwarnings("ignore:coroutine 'AsyncCompletions.create' was never awaited")
+def test_the_unentered_stream_manager_is_a_typed_error(clients: Clients) -> None:
+    sdk = clients.openai.with_options(base_url="http://127.0.0.1:9/v1")
+    _require_stream_helper(sdk)
+    manager = sdk.chat.completions.stream(model="m", messages=[USER])
+    with pytest.raises(UnsupportedStreamError, match="pass the stream it opens") as info:
+        iter_openai_events(manager)
+    assert isinstance(info.value, FsmError) and isinstance(info.value, TypeError)
+
+    async def run() -> None:
+        asdk = clients.async_openai.with_options(base_url="http://127.0.0.1:9/v1")
+        amanager = asdk.chat.completions.stream(model="m", messages=[USER])
+        with pytest.raises(UnsupportedStreamError, match="AsyncChatCompletionStreamManager"):
+            aiter_openai_events(amanager)
+
+    clients.run(run())
+
+
+@pytest.mark.parametrize("helper", ["openai-helper", "async-openai-helper"])
+def test_a_stream_helper_already_read_from_is_a_typed_error(helper: str, clients: Clients) -> None:
+    with ReplayServer([ReplayTurn(DEMO)]) as server:
+        if helper == "openai-helper":
+            with _open(helper, clients, server, REQUEST) as stream:
+                next(iter(stream))
+                with pytest.raises(UnsupportedStreamError, match="already read from"):
+                    iter_openai_events(stream)
+        else:
+
+            async def run() -> None:
+                async with _aopen(helper, clients, server, REQUEST) as stream:
+                    await anext(aiter(stream))
+                    with pytest.raises(UnsupportedStreamError, match="already read from"):
+                        aiter_openai_events(stream)
+
+            clients.run(run())
+
+
+def test_the_events_of_the_stream_helper_are_a_typed_error(clients: Clients) -> None:
+    """Its events (``ChunkEvent``, ``ContentDeltaEvent``, ...) are not chunks: passing them
+    one by one says so instead of yielding an empty result."""
+    with (
+        ReplayServer([ReplayTurn(DEMO)]) as server,
+        _open("openai-helper", clients, server, REQUEST) as stream,
+    ):
+        events = iter_openai_events(iter(stream))
+        with pytest.raises(UnsupportedStreamError, match=r"event \('chunk'\), not a chunk"):
+            list(events)
+    assert not events.result().complete
+    assert events.result().end_reason == "closed"
 
 
 # -- the parser, passed in or exposed ----------------------------------------------------------------

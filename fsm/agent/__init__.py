@@ -1,11 +1,13 @@
 """A tool-calling agent loop over the official ``openai`` client and fsm's store.
 
-One step of the loop: read the conversation from the store, send it (``stream=True``), parse the
-streamed answer with fsm as it arrives (:mod:`fsm.clients`), and then
+One step of the loop: read the conversation from the store, send it (``stream=True``, through
+``chat.completions.with_streaming_response``), parse the raw bytes of the streamed answer with
+fsm as they arrive (:mod:`fsm.clients`; ``[DONE]`` and ``event: error`` included), and then
 
-* a **complete turn with tool calls**: run the tools (arguments JSON-decoded and passed as
-  keyword arguments; an exception or an unknown tool becomes an error *result string*, so the
-  model hears about it), commit the turn together with its results in one transaction, and go on;
+* a **complete turn with tool calls**: run the tools (arguments validated against the
+  function's signature by pydantic, :mod:`fsm.agent.tools`, and passed as keyword arguments;
+  invalid arguments, an exception or an unknown tool become an error *result string*, so the
+  model hears about it, and a tool whose arguments are invalid never runs), commit the turn together with its results in one transaction, and go on;
 * a **complete turn without tool calls** (the answer): commit it and stop;
 * an **incomplete turn** (truncated, aborted, cut, a failed request): record it as an attempt
   (``record_attempts=True``, the default), write nothing to history, and raise

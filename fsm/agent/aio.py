@@ -5,8 +5,9 @@ decides, as :func:`~fsm.agent.run_agent_loop` does."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from fsm.agent.events import AgentEvent, AgentResult, AttemptRecorded
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from fsm.parser import Anomaly, ParseResult, Turn
     from fsm.store.store import CommittedTurn, Results
 
-__all__ = ["AsyncStoreLike", "arun_agent_loop"]
+__all__ = ["AsyncStoreLike", "aopen_stream", "arun_agent_loop"]
 
 _Emit = Callable[[AgentEvent], Awaitable[None]]
 
@@ -157,13 +158,12 @@ async def _astream(
     client: AsyncOpenAI, request: dict[str, Any], parser: StreamParser, emit: _Emit
 ) -> Exception | None:
     """The async twin of :func:`fsm.agent.loop._stream`."""
-    create: Any = client.chat.completions.create
-    try:
-        stream = await create(**request)
-    except Exception as exc:
-        return no_stream(parser, exc)
-    async with stream:
-        events = aiter_openai_events(stream, parser=parser)
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            source = await stack.enter_async_context(aopen_stream(client, request))
+        except Exception as exc:  # no stream at all: an HTTP error, a refused connection
+            return no_stream(parser, exc)
+        events = aiter_openai_events(source, parser=parser)
         try:
             while True:
                 try:
@@ -179,6 +179,20 @@ async def _astream(
                     raise
         finally:
             await events.aclose()
+
+
+@contextlib.asynccontextmanager
+async def aopen_stream(client: AsyncOpenAI, request: dict[str, Any]) -> AsyncIterator[Any]:
+    """The async twin of :func:`fsm.agent.loop.open_stream`: the raw ``AsyncAPIResponse`` of
+    ``with_streaming_response``, or the parsed ``AsyncStream`` for a client without it."""
+    completions: Any = client.chat.completions
+    raw = getattr(completions, "with_streaming_response", None)
+    if raw is not None:
+        async with raw.create(**request) as response:
+            yield response
+        return
+    async with await completions.create(**request) as stream:
+        yield stream
 
 
 async def _aexecute(

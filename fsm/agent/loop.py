@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from fsm.parser import Anomaly, ParseResult, Turn
     from fsm.store.store import CommittedTurn, Results
 
-__all__ = ["StoreLike", "run_agent_loop"]
+__all__ = ["StoreLike", "open_stream", "run_agent_loop"]
 
 
 class StoreLike(Protocol):
@@ -158,13 +159,12 @@ def _stream(
 ) -> Exception | None:
     """Send the request and feed the streamed answer to ``parser``; the transport's exception
     (the parser then has ended with its reason), or ``None``."""
-    create: Any = client.chat.completions.create
-    try:
-        stream = create(**request)
-    except Exception as exc:  # no stream at all: an HTTP error, a refused connection
-        return no_stream(parser, exc)
-    with stream:
-        events = iter_openai_events(stream, parser=parser)
+    with contextlib.ExitStack() as stack:
+        try:
+            source = stack.enter_context(open_stream(client, request))
+        except Exception as exc:  # no stream at all: an HTTP error, a refused connection
+            return no_stream(parser, exc)
+        events = iter_openai_events(source, parser=parser)
         try:
             while True:
                 try:
@@ -180,6 +180,20 @@ def _stream(
                     raise
         finally:
             events.close()
+
+
+def open_stream(client: OpenAI, request: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+    """The streamed response to ``request``, to enter: the raw ``APIResponse`` of
+    ``chat.completions.with_streaming_response.create`` (fsm parses its bytes), or, for a
+    client without ``with_streaming_response`` (an OpenAI-compatible look-alike), the parsed
+    ``Stream`` of ``chat.completions.create``."""
+    completions: Any = client.chat.completions
+    raw = getattr(completions, "with_streaming_response", None)
+    if raw is not None:
+        manager: contextlib.AbstractContextManager[Any] = raw.create(**request)
+        return manager
+    stream: contextlib.AbstractContextManager[Any] = completions.create(**request)
+    return stream
 
 
 def _record(store: StoreLike, record: Record, emit: Callable[[AgentEvent], object]) -> NoReturn:

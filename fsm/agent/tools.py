@@ -1,65 +1,271 @@
 """The tools of the agent loop: the request's ``tools`` entry of a Python function, and running
-one call (the same rules sync and async; only the await differs)."""
+one call (the same rules sync and async; only the await differs).
+
+Tools are described and checked with pydantic, from the function's signature:
+
+* **The schema** (:func:`function_tool`): each parameter becomes a property with the JSON schema
+  pydantic gives its annotation (``str``, ``int``, ``float``, ``bool``, ``list[int]``,
+  ``dict[str, float]``, ``Optional[X]`` / ``X | None``, ``Literal[...]``, an ``Enum``, a
+  ``BaseModel`` or dataclass (under ``$defs``), ``Annotated[X, Field(...)]`` with its
+  constraints); a parameter without a default is required, a default is stated as ``default``.
+  The docstring's first paragraph is the tool's description; a parameter's description comes
+  from ``Annotated[X, Field(description=...)]`` or else from the docstring (Google style
+  ``Args:`` entries, or Sphinx ``:param name:``). Schemas carry no ``title``.
+* **The arguments** are validated against the same model before the tool runs, in pydantic's
+  **lax** mode, from the JSON text (:meth:`pydantic.BaseModel.model_validate_json`): the
+  coercions a model's JSON can need (``"5"`` for an ``int``, ``5.0`` for an ``int``, ``"true"``
+  for a ``bool``, a JSON object for a ``BaseModel``, a string for an ``Enum`` member's value)
+  are applied, nothing lossy is (``5.5`` is not an ``int``, ``"abc"`` is not a number). A
+  parameter can be strict on its own (``Annotated[int, Strict()]``, ``StrictInt``). The tool
+  is called with the validated values (a ``BaseModel`` instance, an ``Enum`` member, defaults
+  filled in). Unknown arguments are refused unless the function takes ``**kwargs`` (they are
+  then passed on as they are).
+* **A validation failure never runs the tool**: the call's result is an error result naming
+  each bad argument (``error: invalid arguments for add: b: Input should be a valid integer
+  ...``), sent back to the model and committed with the turn like any result.
+
+An annotation pydantic cannot describe or validate (an arbitrary class), or an unresolvable
+one, accepts anything (``{}`` in the schema, the value passed on unchecked). A callable without
+an inspectable signature gets an empty object schema and its arguments unchecked.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import re
 import typing
+import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from fsm.telemetry import tool_span
 from fsm.toolcall import ToolCall
 from fsm.types import FunctionDefinition, ToolDefinition
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
 __all__ = ["Tool", "arun_tool", "function_tool", "run_tool"]
 
-#: A tool: called with the call's JSON arguments as keyword arguments; a ``str`` result is sent
-#: as it is, anything else as JSON. In :func:`~fsm.agent.arun_agent_loop` it may also be a
-#: coroutine function.
+#: A tool: called with the call's JSON arguments (validated against its signature) as keyword
+#: arguments; a ``str`` result is sent as it is, anything else as JSON. In
+#: :func:`~fsm.agent.arun_agent_loop` it may also be a coroutine function.
 Tool = Callable[..., Any]
-
-_JSON_TYPES: dict[Any, str] = {
-    str: "string",
-    int: "integer",
-    float: "number",
-    bool: "boolean",
-    list: "array",
-    dict: "object",
-}
 
 
 def function_tool(function: Tool, name: str | None = None) -> ToolDefinition:
     """The Chat Completions ``tools`` entry of a Python function.
 
-    Parameters become the JSON schema's properties (``str``, ``int``, ``float``, ``bool``,
-    ``list`` and ``dict`` annotations map to their JSON types; others accept anything), those
-    without a default are required; the docstring's first paragraph is the description.
+    The parameters' JSON schema comes from pydantic (see the module's documentation: Optional,
+    Enum, Literal, nested models, lists, defaults, descriptions from ``Field`` or the
+    docstring); those without a default are required; the docstring's first paragraph is the
+    description. The arguments of a call are validated against the same schema before the tool
+    runs (:func:`run_tool`).
     """
     tool_name = str(name or getattr(function, "__name__", "tool"))
-    try:
-        hints = typing.get_type_hints(function)
-    except Exception:  # unresolvable annotations: accept anything
-        hints = {}
-    properties: dict[str, Any] = {}
-    required: list[str] = []
-    for parameter in inspect.signature(function).parameters.values():
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            continue
-        hint = hints.get(parameter.name)
-        kind = _JSON_TYPES.get(typing.get_origin(hint) or hint)
-        properties[parameter.name] = {"type": kind} if kind else {}
-        if parameter.default is parameter.empty:
-            required.append(parameter.name)
+    signature = _signature(function)
     spec: FunctionDefinition = {
         "name": tool_name,
-        "parameters": {"type": "object", "properties": properties, "required": required},
+        "parameters": (
+            signature.schema
+            if signature is not None
+            else {"type": "object", "properties": {}, "required": []}
+        ),
     }
     doc = inspect.getdoc(function)
     if doc:
         spec["description"] = doc.split("\n\n", 1)[0].replace("\n", " ")
     return {"type": "function", "function": spec}
+
+
+@dataclass(frozen=True, slots=True)
+class _Signature:
+    """A function's parameters as a pydantic model: the JSON schema, and how to call it."""
+
+    model: type[BaseModel]
+    #: (field name, parameter name, positional only) in signature order
+    fields: tuple[tuple[str, str, bool], ...]
+    #: the function takes ``**kwargs``: extra arguments are allowed and passed on
+    var_keyword: bool
+    schema: dict[str, Any]
+
+
+_SIGNATURES: weakref.WeakKeyDictionary[Any, _Signature | None] = weakref.WeakKeyDictionary()
+
+
+def _signature(function: Tool) -> _Signature | None:
+    """The model of ``function``'s parameters (built once per function), or ``None`` when it
+    has no inspectable signature."""
+    try:
+        return _SIGNATURES[function]
+    except (KeyError, TypeError):  # not cached yet, or not weak-referenceable
+        pass
+    built = _build_signature(function)
+    with contextlib.suppress(TypeError):
+        _SIGNATURES[function] = built
+    return built
+
+
+def _build_signature(function: Tool) -> _Signature | None:
+    import pydantic  # lazily: ``import fsm.agent`` stays light
+
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return None
+    hints = _hints(function)
+    described = _docstring_params(inspect.getdoc(function) or "")
+    definitions: dict[str, Any] = {}
+    fields: list[tuple[str, str, bool]] = []
+    var_keyword = False
+    for i, parameter in enumerate(parameters):
+        if parameter.kind is parameter.VAR_KEYWORD:
+            var_keyword = True
+            continue
+        if parameter.kind is parameter.VAR_POSITIONAL:
+            continue
+        annotation = _usable(hints.get(parameter.name, Any))
+        info: dict[str, Any] = {"alias": parameter.name}
+        if parameter.name in described and not _has_description(annotation):
+            info["description"] = described[parameter.name]
+        if parameter.default is not parameter.empty:
+            info["default"] = parameter.default
+        field = f"p{i}"
+        definitions[field] = (annotation, pydantic.Field(**info))
+        fields.append((field, parameter.name, parameter.kind is parameter.POSITIONAL_ONLY))
+    config = pydantic.ConfigDict(
+        extra="allow" if var_keyword else "forbid",
+        populate_by_name=False,
+        arbitrary_types_allowed=False,
+    )
+    model_name = re.sub(r"\W", "_", getattr(function, "__name__", "tool")) or "tool"
+    model = pydantic.create_model(model_name, __config__=config, **definitions)
+    schema = _untitled(model.model_json_schema())
+    schema.setdefault("properties", {})
+    schema["required"] = schema.get("required", [])
+    if not var_keyword:
+        schema["additionalProperties"] = False
+    ordered = {"type": "object", "properties": schema.pop("properties"),
+               "required": schema.pop("required")}  # fmt: skip
+    schema.pop("type", None)
+    ordered.update(schema)  # $defs, additionalProperties, a model description
+    return _Signature(model, tuple(fields), var_keyword, ordered)
+
+
+def _hints(function: Tool) -> dict[str, Any]:
+    """The parameters' annotations, resolved; when some cannot be (a name that is not a global
+    of the function's module, under ``from __future__ import annotations``), each one that can,
+    the others ``Any``."""
+    try:
+        return typing.get_type_hints(function, include_extras=True)
+    except Exception:
+        pass
+    resolved: dict[str, Any] = {}
+    namespace = getattr(function, "__globals__", {})
+    for name, annotation in getattr(function, "__annotations__", {}).items():
+        if not isinstance(annotation, str):
+            resolved[name] = annotation
+            continue
+        try:
+            resolved[name] = eval(annotation, dict(namespace))  # what get_type_hints does
+        except Exception:
+            resolved[name] = Any
+    return resolved
+
+
+def _has_description(annotation: Any) -> bool:
+    """Whether ``Annotated[X, Field(description=...)]`` describes the parameter already."""
+    if typing.get_origin(annotation) is not typing.Annotated:
+        return False
+    return any(getattr(m, "description", None) for m in annotation.__metadata__)
+
+
+def _usable(annotation: Any) -> Any:
+    """``annotation`` if pydantic can both validate it and describe it in JSON schema, else
+    ``Any`` (an arbitrary class, a callable type)."""
+    import pydantic
+
+    if annotation is Any:
+        return Any
+    try:
+        pydantic.TypeAdapter(annotation).json_schema()
+    except Exception:
+        return Any
+    return annotation
+
+
+_SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "patternProperties")
+_SCHEMA_ONE = ("items", "additionalProperties", "not")
+
+
+def _untitled(schema: Any) -> Any:
+    """``schema`` without its ``title`` entries (pydantic derives them from the Python names;
+    they only cost tokens), walking only schema positions (so a property or a default
+    named ``title`` stays)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _untitled(sub) for name, sub in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_untitled(sub) for sub in out[key]]
+    for key in _SCHEMA_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = _untitled(out[key])
+    return out
+
+
+_SECTION = re.compile(r"^(Args|Arguments|Parameters|Params|Keyword Args|Keyword Arguments):\s*$")
+_ENTRY = re.compile(r"^(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_SPHINX = re.compile(r"^:param\s+(?:[^:]*\s)?(\w+)\s*:\s*(.*)$")
+
+
+def _docstring_params(doc: str) -> dict[str, str]:
+    """Parameter descriptions of a docstring: Google style (``Args:`` then ``name (type):
+    text`` entries, continuation lines indented deeper) or Sphinx (``:param name: text``)."""
+    found: dict[str, str] = {}
+    lines = doc.splitlines()
+    current: str | None = None
+    indent: int | None = None
+    in_section = False
+    for line in lines:
+        stripped = line.strip()
+        sphinx = _SPHINX.match(stripped)
+        if sphinx:
+            current, in_section = sphinx.group(1), False
+            found[current] = sphinx.group(2).strip()
+            continue
+        if _SECTION.match(stripped):
+            in_section, current, indent = True, None, None
+            continue
+        if not in_section:
+            if current is not None and stripped and not stripped.startswith(":"):
+                found[current] = f"{found[current]} {stripped}".strip()  # a Sphinx continuation
+            elif not stripped or stripped.startswith(":"):
+                current = None
+            continue
+        if not stripped:
+            current = None
+            continue
+        width = len(line) - len(line.lstrip())
+        if indent is None:
+            indent = width
+        if width < indent:  # the section ended (a new one, or prose)
+            in_section, current = False, None
+            continue
+        entry = _ENTRY.match(stripped)
+        if width == indent and entry:
+            current = entry.group(1).lstrip("*")
+            found[current] = entry.group(2).strip()
+        elif current is not None:
+            found[current] = f"{found[current]} {stripped}".strip()
+    return {k: v for k, v in found.items() if v}
 
 
 @tool_span
@@ -92,14 +298,48 @@ async def arun_tool(tools: Mapping[str, Tool], call: ToolCall) -> tuple[str, boo
 
 
 def _bind(tools: Mapping[str, Tool], call: ToolCall) -> Callable[[], Any] | str:
-    """The call's tool with its arguments bound, or the error result when it cannot run."""
+    """The call's tool with its validated arguments bound, or the error result when it cannot
+    run (an unknown tool, arguments that are not a JSON object or fail validation)."""
     function = tools.get(call.name)
     if function is None:
         return _unknown(tools, call)
-    arguments = _arguments(call)
-    if isinstance(arguments, str):
-        return arguments
-    return lambda: function(**arguments)
+    signature = _signature(function)
+    if signature is None:  # nothing to validate against: the JSON object as it is
+        arguments = _arguments(call)
+        if isinstance(arguments, str):
+            return arguments
+        return lambda: function(**arguments)
+    import pydantic
+
+    text = call.arguments if call.arguments.strip() else "{}"
+    try:
+        values = signature.model.model_validate_json(text)
+    except pydantic.ValidationError as exc:
+        return _invalid(call.name, exc)
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for field, parameter, positional in signature.fields:
+        value = getattr(values, field)
+        if positional:
+            args.append(value)
+        else:
+            kwargs[parameter] = value
+    if signature.var_keyword and values.model_extra:
+        kwargs.update(values.model_extra)
+    return lambda: function(*args, **kwargs)
+
+
+def _invalid(name: str, exc: Any) -> str:
+    """The error result of arguments that failed validation: each error's location and
+    message, the way the model can fix its next call."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(part) for part in error["loc"]) or "arguments"
+        problem = f"{where}: {error['msg']}"
+        if error["type"] not in ("missing", "extra_forbidden") and error["loc"]:
+            problem += f" (got {json.dumps(error['input'], ensure_ascii=False, default=str)})"
+        problems.append(problem)
+    return f"error: invalid arguments for {name}: " + "; ".join(problems)
 
 
 def _arguments(call: ToolCall) -> dict[str, Any] | str:
