@@ -634,7 +634,8 @@ def _write_table() -> Iterator[None]:
         return
     lines = ["| mistake | message (first line) | exit status |", "|---|---|---|"]
     for mistake, (line, status, engines) in TABLE.items():
-        where = " (PostgreSQL)" if engines == {"postgresql"} else ""
+        alone = engines == {"postgresql"} and "PostgreSQL" not in mistake
+        where = " (PostgreSQL)" if alone else ""
         shown = line.replace("|", "\\|")
         lines.append(f"| {mistake}{where} | `{shown}` | {status} |")
     Path(target).write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -755,19 +756,22 @@ def test_ctrl_c_on_parse_stdin_prints_the_partial_result_and_exits_130(tmp_path:
     result = json.loads(proc.stdout)
     assert result["end"] == {"how": "aborted", "reason": "interrupted (Ctrl-C)"}
     calls = result["choices"][0]["tool_calls"]
-    assert (
-        calls
-        and calls[-1]["state"] == "aborted"
-        and calls[-1]["reason"] == ("interrupted (Ctrl-C)")
+    assert calls and (calls[-1]["state"], calls[-1]["reason"]) == (
+        "aborted",
+        "interrupted (Ctrl-C)",
     )
-    assert (
-        proc.stderr.decode()
-        .splitlines()[0]
-        .startswith(
-            "error: interrupted (Ctrl-C) while reading stdin: the result above is what arrived"
-        )
+    size = len(_half_a_stream())
+    first = proc.stderr.decode().splitlines()[0]
+    assert first == (
+        "error: interrupted (Ctrl-C) while reading stdin: the result above is what arrived "
+        f"before ({size} bytes)"
     )
     assert b"Traceback" not in proc.stderr
+    TABLE["Ctrl-C during `fsm parse -` (the partial result is printed)"] = (
+        first.replace(str(size), "N"),
+        130,
+        {"sqlite"},
+    )
 
 
 def test_ctrl_c_on_ingest_stdin_records_the_partial_turn_and_exits_130(
@@ -788,6 +792,8 @@ def test_ctrl_c_on_ingest_stdin_records_the_partial_turn_and_exits_130(
         [attempt] = store.attempts("c1")
     assert (attempt["end_how"], attempt["end_reason"]) == ("aborted", "interrupted (Ctrl-C)")
     assert attempt["tool_calls"][-1]["state"] == "aborted"
+    line = proc.stderr.decode().splitlines()[0].replace(str(len(data)), "N")
+    TABLE["Ctrl-C during `fsm ingest -` (the partial turn is recorded)"] = (line, 130, {"sqlite"})
 
 
 def test_ctrl_c_in_any_command_exits_130(tmp_path: Path) -> None:
@@ -814,6 +820,7 @@ def test_ctrl_c_in_any_command_exits_130(tmp_path: Path) -> None:
     assert child.returncode == 130, err
     lines = [line for line in err.decode().splitlines() if line.strip()]
     assert lines == ["error: interrupted (Ctrl-C): nothing more was done"], err
+    TABLE["Ctrl-C in any other command (`fsm demo`)"] = (lines[0], 130, {"sqlite"})
 
 
 # -- the Python API ------------------------------------------------------------------------------
@@ -934,3 +941,16 @@ def test_the_postgres_probe_does_not_mistake_a_down_server(tmp_path: Path) -> No
     ctx = make_ctx(tmp_path, "postgresql", server, server)
     proc = fsm(ctx, ("history", "--db", down.render_as_string(hide_password=False), "c1"))
     assert proc.returncode == 4, proc.stderr
+
+
+def test_the_help_lists_every_exit_status() -> None:
+    from fsm.cli import main
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsm", "--help"], capture_output=True, text=True, env=repo_env()
+    )
+    listed = {
+        int(line.split()[0]) for line in proc.stdout.splitlines() if line[:6].strip().isdigit()
+    }
+    names = [name for name in main.__all__ if name.startswith("EXIT_") and name != "EXIT_BY_CLASS"]
+    assert listed == {0} | {getattr(main, name) for name in names}
