@@ -954,3 +954,36 @@ def test_the_help_lists_every_exit_status() -> None:
     }
     names = [name for name in main.__all__ if name.startswith("EXIT_") and name != "EXIT_BY_CLASS"]
     assert listed == {0} | {getattr(main, name) for name in names}
+
+
+def test_the_async_engines_raise_the_same_typed_errors(tmp_path: Path) -> None:
+    """The ``handle_error`` hook is on the async engines too (aiosqlite, psycopg async)."""
+    import sqlite3
+
+    from fsm.store import DatabaseFileError, StoreUnavailableError
+    from fsm.store.engine import create_async_engine
+
+    notes = tmp_path / "notes.md"
+    notes.write_text("# Notes\n")
+
+    async def body() -> None:
+        engine = create_async_engine(f"sqlite:///{notes}")
+        try:
+            with pytest.raises(DatabaseFileError) as caught:
+                async with engine.connect() as conn:
+                    await conn.execute(sa.text("SELECT * FROM sqlite_master"))
+        finally:
+            await engine.dispose()
+        assert caught.value.path == str(notes)
+        assert isinstance(caught.value.__cause__, sqlite3.DatabaseError)
+        if not os.environ.get("FSM_TEST_POSTGRES_URL"):
+            return
+        down = create_async_engine("postgresql+psycopg://postgres@127.0.0.1:1/test")
+        try:
+            with pytest.raises(StoreUnavailableError, match="could not be reached"):
+                async with down.connect():
+                    pass
+        finally:
+            await down.dispose()
+
+    asyncio.run(body())
