@@ -783,17 +783,21 @@ def test_ctrl_c_on_ingest_stdin_records_the_partial_turn_and_exits_130(
         ["ingest", "--db", url, "--conversation", "c1", "-"], data, tmp_path
     )
     assert proc.returncode == 130, proc.stderr
-    assert proc.stderr.decode().splitlines() == [
-        f"error: interrupted (Ctrl-C) while reading stdin ({len(data)} bytes arrived): nothing "
-        "added to history; recorded as attempt 1 of conversation 'c1'"
-    ]
     with ConversationStore(url) as store:
         assert store.history("c1") == []
         [attempt] = store.attempts("c1")
+    assert proc.stderr.decode().splitlines() == [
+        f"error: interrupted (Ctrl-C) while reading stdin ({len(data)} bytes arrived): nothing "
+        f"added to history; recorded as attempt {attempt['id']} of conversation 'c1'"
+    ]
     assert (attempt["end_how"], attempt["end_reason"]) == ("aborted", "interrupted (Ctrl-C)")
     assert attempt["tool_calls"][-1]["state"] == "aborted"
     line = proc.stderr.decode().splitlines()[0].replace(str(len(data)), "N")
-    TABLE["Ctrl-C during `fsm ingest -` (the partial turn is recorded)"] = (line, 130, {"sqlite"})
+    TABLE["Ctrl-C during `fsm ingest -` (the partial turn is recorded)"] = (
+        line.replace(f"attempt {attempt['id']} ", "attempt 1 "),
+        130,
+        {"sqlite"},
+    )
 
 
 def test_ctrl_c_in_any_command_exits_130(tmp_path: Path) -> None:
