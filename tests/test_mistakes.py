@@ -991,3 +991,17 @@ def test_the_async_engines_raise_the_same_typed_errors(tmp_path: Path) -> None:
             await down.dispose()
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("args", [[], ["db"], ["audit"]])
+def test_a_group_without_its_command_shows_its_help(args: list[str]) -> None:
+    """Not a one-line error: the help, as click shows it (exit 2)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsm", *args], capture_output=True, text=True, env=repo_env()
+    )
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.splitlines()[0]
+        == f"Usage: {' '.join(['fsm', *args])} [OPTIONS] COMMAND [ARGS]..."
+    )
+    assert "Commands:" in proc.stderr and "Traceback" not in proc.stderr

@@ -88,6 +88,12 @@ def exit_code_for(error: BaseException) -> int:
     return EXIT_INTERNAL
 
 
+#: the usage error of a group called without a command (click 8.2+), which shows the help
+_NO_ARGS_IS_HELP: type[click.UsageError] = getattr(
+    click.exceptions, "NoArgsIsHelpError", type("_NeverRaised", (click.UsageError,), {})
+)
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -108,6 +114,9 @@ class FsmGroup(click.Group):
             return super().main(args, prog_name, complete_var, False, **extra)
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)
+        except _NO_ARGS_IS_HELP as exc:  # `fsm` or `fsm audit` alone: the help, as click shows it
+            exc.show()
+            sys.exit(exc.exit_code)
         except click.UsageError as exc:
             hint = ""
             if exc.ctx is not None:
