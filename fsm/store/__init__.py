@@ -57,6 +57,7 @@ from fsm.store.errors import (
     StoreError,
     StoreLayoutError,
     StoreUnavailableError,
+    UnknownRevisionError,
     UnsupportedValueError,
     ValueRejectedError,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "StoreError",
     "StoreLayoutError",
     "StoreUnavailableError",
+    "UnknownRevisionError",
     "UnsupportedValueError",
     "ValueRejectedError",
     "configure_engine",

@@ -49,11 +49,15 @@ from fsm.parser import Anomaly, ParseResult, Turn
 from fsm.store.engine import (
     BUSY_TIMEOUT_SECONDS,
     WRITE,
+    NewFile,
     async_url,
     create_async_engine,
     create_engine,
     display_url,
+    new_sqlite_file,
+    removed_if_failed,
     require_configured,
+    sqlite_file,
     store_schema,
     sync_url,
 )
@@ -90,11 +94,14 @@ class AsyncConversationStore:
     :class:`~fsm.store.errors.ConflictError`.
 
     Args:
-        url: a SQLAlchemy URL; ``None`` means the embedded default (``$FSM_DB_URL``, else the
-            SQLite file ``$FSM_DB``, else ``./fsm.db``).
+        url: a SQLAlchemy URL, or a filesystem path taken as a SQLite file; ``None`` means the
+            embedded default (``$FSM_DB_URL``, else the SQLite file ``$FSM_DB``, else
+            ``./fsm.db``). A string that is neither raises
+            :class:`~fsm.store.errors.DatabaseUrlError`.
         auto_upgrade: migrate the schema to the current revision on first use. The default
-            (``None``) does so only for the embedded default database; any other database not at
-            the current revision raises :class:`~fsm.store.errors.SchemaNotAtHeadError`.
+            (``None``) does so for the embedded default database, and creates the schema in a
+            new or empty SQLite file; any other database not at the current revision raises
+            :class:`~fsm.store.errors.SchemaNotAtHeadError`.
         busy_timeout: SQLite only: seconds a write waits for another writer before raising
             :class:`~fsm.store.errors.StoreBusyError` (the wait happens in aiosqlite's thread,
             never blocking the event loop).
@@ -135,14 +142,20 @@ class AsyncConversationStore:
                 if in_schema is None
                 else engine.execution_options(schema_translate_map={None: in_schema})
             )
+            self._new_file: NewFile | None = None
         else:
             self._url = sync_url(url)
+            # the file (and its directory) appear with the engine; a failed open() removes them
+            self._new_file = new_sqlite_file(self._url)
             self._engine = create_async_engine(self._url, busy_timeout=busy_timeout, schema=schema)
         self._owns_engine = engine is None
         self._schema = schema
         self._writer = self._engine.execution_options(**{WRITE: True})
         dialect = self._engine.dialect.name
         self._core = StoreCore(self._url, postgres=dialect == "postgresql")
+        self._upgrade_empty = (
+            engine is None and auto_upgrade is None and sqlite_file(self._url) is not None
+        )
         self._auto_upgrade = self._core.auto_upgrade(
             url is not None or engine is not None, dialect, auto_upgrade
         )
@@ -188,13 +201,19 @@ class AsyncConversationStore:
         )
 
     def _check_schema(self) -> None:
-        engine = create_engine(
-            self._url, busy_timeout=self._busy_timeout, poolclass=pool.NullPool, schema=self._schema
-        )
-        try:
-            ensure_at_head(engine, auto_upgrade=self._auto_upgrade)
-        finally:
-            engine.dispose()
+        with removed_if_failed(self._url, self._new_file):
+            engine = create_engine(
+                self._url,
+                busy_timeout=self._busy_timeout,
+                poolclass=pool.NullPool,
+                schema=self._schema,
+            )
+            try:
+                ensure_at_head(
+                    engine, auto_upgrade=self._auto_upgrade, upgrade_empty=self._upgrade_empty
+                )
+            finally:
+                engine.dispose()
 
     @property
     def owns_engine(self) -> bool:

@@ -40,6 +40,7 @@ __all__ = [
     "StoreError",
     "StoreLayoutError",
     "StoreUnavailableError",
+    "UnknownRevisionError",
     "UnsupportedValueError",
     "ValueRejectedError",
 ]
@@ -224,8 +225,9 @@ class CorruptStoreError(StoreError):
 class SchemaNotAtHeadError(StoreError):
     """The database schema is not at the revision this version of fsm needs.
 
-    The message names the command that fixes it (``fsm db upgrade --db URL``), or says to
-    upgrade fsm when the database was migrated by a newer fsm (``unknown=True``).
+    The message names the command that fixes it (``fsm db upgrade --db URL``) and the Python
+    call (``fsm.store.upgrade(URL)``), or says to upgrade fsm when the database was migrated by
+    a newer fsm (``unknown=True``).
     """
 
     def __init__(
@@ -249,9 +251,16 @@ class SchemaNotAtHeadError(StoreError):
         elif schema is not None:
             fix = f"run: fsm db upgrade --db '{url}' --schema {schema}"
         else:
-            fix = f"run: fsm db upgrade --db '{url}'  (or: alembic -x db='{url}' upgrade head)"
+            fix = (
+                f"run: fsm db upgrade --db '{url}' (from Python: fsm.store.upgrade('{url}'); "
+                f"or: alembic -x db='{url}' upgrade head)"
+            )
         where = url if schema is None else f"{url} (schema {schema})"
         super().__init__(f"the database {where} {state}, but this fsm needs revision {head}; {fix}")
+
+
+class UnknownRevisionError(StoreError, ValueError):
+    """A schema revision to upgrade to is not in fsm's migrations (the message lists them)."""
 
 
 class MigrationsNotFoundError(StoreError):
@@ -270,7 +279,8 @@ class AuditError(StoreError):
 
 
 class DatabaseNotFoundError(AuditError, FileNotFoundError):
-    """The SQLite file to audit does not exist (audits open it read-only and never create it)."""
+    """The database to read does not exist: a SQLite file that reading commands and audits
+    never create, or a PostgreSQL database missing on its server."""
 
 
 class InvalidFilterError(AuditError, ValueError):

@@ -42,7 +42,12 @@ from fsm.store.engine import (
     schema_of,
     store_schema,
 )
-from fsm.store.errors import MigrationsNotFoundError, SchemaNotAtHeadError, StoreLayoutError
+from fsm.store.errors import (
+    MigrationsNotFoundError,
+    SchemaNotAtHeadError,
+    StoreLayoutError,
+    UnknownRevisionError,
+)
 
 __all__ = [
     "FSM_TABLES",
@@ -50,6 +55,7 @@ __all__ = [
     "MAX_PARTITIONS",
     "VERSION_TABLE",
     "alembic_config",
+    "check_revision",
     "current_revision",
     "downgrade",
     "ensure_at_head",
@@ -176,6 +182,17 @@ def _known_revisions() -> set[str]:
     return {rev.revision for rev in script.walk_revisions()}
 
 
+def check_revision(revision: str) -> str:
+    """``revision`` if Alembic can upgrade to it (``head``, ``heads``, or a revision id of
+    fsm's history), else :class:`~fsm.store.errors.UnknownRevisionError`."""
+    if revision in ("head", "heads") or revision in _known_revisions():
+        return revision
+    known = ", ".join(sorted(_known_revisions()))
+    raise UnknownRevisionError(
+        f"no revision {revision!r} in fsm's migrations: give head (the default) or one of {known}"
+    )
+
+
 def check_partitions(partitions: int | None, url: str | URL | None) -> None:
     """Refuse a partition count out of ``2..MAX_PARTITIONS``, or partitions off PostgreSQL
     (:class:`~fsm.store.errors.StoreLayoutError`)."""
@@ -219,7 +236,7 @@ def upgrade(
     check_partitions(partitions, connection.engine.url if connection is not None else url)
     _log.info("migrating %s to %s", display_url(normalize_url(url)), revision)
     config = alembic_config(url, connection=connection, schema=schema, partitions=partitions)
-    command.upgrade(config, revision)
+    command.upgrade(config, check_revision(revision))
 
 
 def downgrade(url: str | URL | None, revision: str, *, schema: str | None = None) -> None:
@@ -283,13 +300,14 @@ def current_revision(url: str | URL | None = None, *, schema: str | None = None)
         engine.dispose()
 
 
-def ensure_at_head(engine: Engine, *, auto_upgrade: bool) -> None:
+def ensure_at_head(engine: Engine, *, auto_upgrade: bool, upgrade_empty: bool = False) -> None:
     """Check that ``engine``'s database is at :func:`head_revision`.
 
-    If it is not and ``auto_upgrade`` is true, upgrade it; otherwise raise
-    :class:`~fsm.store.errors.SchemaNotAtHeadError` naming the command to run. The revision is
-    read in the engine's schema (:func:`fsm.store.engine.schema_of`); a revision still in the
-    legacy table counts as not at head (the upgrade moves it).
+    If it is not and ``auto_upgrade`` is true, upgrade it; if it is empty (no table at all) and
+    ``upgrade_empty`` is true, create the schema; otherwise raise
+    :class:`~fsm.store.errors.SchemaNotAtHeadError` naming the command (and the Python call)
+    to run. The revision is read in the engine's schema (:func:`fsm.store.engine.schema_of`); a
+    revision still in the legacy table counts as not at head (the upgrade moves it).
     """
     head = head_revision()
     schema = schema_of(engine)
@@ -300,11 +318,18 @@ def ensure_at_head(engine: Engine, *, auto_upgrade: bool) -> None:
             legacy = current is not None
         else:
             legacy = False
+        empty = current is None and upgrade_empty and not sa.inspect(connection).get_table_names()
     if current == head and not legacy:
         return
     unknown = current is not None and current not in _known_revisions()
-    if auto_upgrade and not unknown:
-        upgrade(engine.url, schema=schema)
+    if (auto_upgrade and not unknown) or empty:
+        try:
+            upgrade(engine.url, schema=schema)
+        except Exception:
+            # another process opening the same new database may have upgraded it first
+            with engine.connect() as connection:
+                if _current(connection, schema) != head:
+                    raise
         return
     raise SchemaNotAtHeadError(
         display_url(engine.url), current, head, unknown=unknown, schema=schema

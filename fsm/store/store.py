@@ -37,7 +37,9 @@ from fsm.store.engine import (
     create_engine,
     display_url,
     normalize_url,
+    removed_if_failed,
     require_configured,
+    sqlite_file,
     store_schema,
 )
 from fsm.store.errors import (
@@ -140,9 +142,12 @@ class ConversationStore:
     """Conversation history in SQLite or PostgreSQL, valid by construction.
 
     Args:
-        url: a SQLAlchemy URL (``sqlite:///path.db``, ``postgresql+psycopg://user@host/db``).
+        url: a SQLAlchemy URL (``sqlite:///path.db``, ``postgresql+psycopg://user@host/db``),
+            or a filesystem path, taken as a SQLite file (``"chat.db"``, ``Path("~/x.db")``).
             ``None`` means the embedded default: ``$FSM_DB_URL`` if set, else the SQLite file
-            ``$FSM_DB``, else ``./fsm.db``.
+            ``$FSM_DB``, else ``./fsm.db``. A string that is neither raises
+            :class:`~fsm.store.errors.DatabaseUrlError`; a driver that is not installed
+            :class:`~fsm.store.errors.DriverMissingError`.
         engine: instead of ``url``, a host application's own
             :class:`~sqlalchemy.engine.Engine` (its pool, its proxy settings, its
             instrumentation). The store borrows it: :meth:`close` leaves it open, and the host
@@ -154,10 +159,12 @@ class ConversationStore:
             connects through the engine's URL). See :meth:`bind` to write inside the host's own
             transactions.
         auto_upgrade: migrate the schema to the current revision when opening. The default
-            (``None``) does so only for the embedded default database (``url=None`` resolving to
-            SQLite); any other database not at the current revision raises
-            :class:`~fsm.store.errors.SchemaNotAtHeadError`, which names the command to run
-            (``fsm db upgrade --db URL``).
+            (``None``) does so for the embedded default database (``url=None`` resolving to
+            SQLite), and creates the schema in a new or empty SQLite file; any other database
+            not at the current revision raises :class:`~fsm.store.errors.SchemaNotAtHeadError`,
+            which names the command to run (``fsm db upgrade --db URL``) and the Python call
+            (``fsm.store.upgrade(URL)``). A SQLite file this constructor created is removed
+            again if opening fails.
         busy_timeout: SQLite only: seconds a write waits for another process's write to finish
             before raising :class:`~fsm.store.errors.StoreBusyError` (retryable).
         schema: PostgreSQL only: the schema holding fsm's tables (``None``: ``$FSM_SCHEMA``, else
@@ -193,24 +200,35 @@ class ConversationStore:
                 if in_schema is None
                 else engine.execution_options(schema_translate_map={None: in_schema})
             )
-        else:
-            self._url = normalize_url(url)
+            self._owns_engine = False
+            self._open_borrowed(auto_upgrade)
+            return
+        self._url = normalize_url(url)
+        self._owns_engine = True
+        with removed_if_failed(self._url):
             self._engine = create_engine(self._url, busy_timeout=busy_timeout, schema=schema)
-        self._owns_engine = engine is None
+            self._writer = self._engine.execution_options(**{WRITE: True})
+            dialect = self._engine.dialect.name
+            self._core = StoreCore(self._url, postgres=dialect == "postgresql")
+            upgrade_empty = auto_upgrade is None and sqlite_file(self._url) is not None
+            auto_upgrade = self._core.auto_upgrade(url is not None, dialect, auto_upgrade)
+            try:
+                ensure_at_head(self._engine, auto_upgrade=auto_upgrade, upgrade_empty=upgrade_empty)
+            except BaseException:
+                self._engine.dispose()
+                raise
+
+    def _open_borrowed(self, auto_upgrade: bool | None) -> None:
+        """Set up the store over a host's engine: its schema must be at head (or upgraded when
+        ``auto_upgrade`` is true); SQLite engines must have been set up for fsm."""
         self._writer = self._engine.execution_options(**{WRITE: True})
         dialect = self._engine.dialect.name
         self._core = StoreCore(self._url, postgres=dialect == "postgresql")
-        auto_upgrade = self._core.auto_upgrade(
-            url is not None or engine is not None, dialect, auto_upgrade
+        with self._engine.connect() as conn:
+            require_configured(conn)
+        ensure_at_head(
+            self._engine, auto_upgrade=self._core.auto_upgrade(True, dialect, auto_upgrade)
         )
-        try:
-            if engine is not None:
-                with engine.connect() as conn:
-                    require_configured(conn)
-            ensure_at_head(self._engine, auto_upgrade=auto_upgrade)
-        except BaseException:
-            self.close()
-            raise
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
