@@ -249,7 +249,7 @@ CATALOG: list[Mistake] = [
         ("ingest", "--db", "sqlite:///{tmp}/new.db", "--conversation", "c1", "{truncated}"),
         1,
         "the turn is not complete (finish_reason length, stream ended done): nothing added to "
-        "history; recorded as attempt 1 of conversation 'c1'",
+        "history; recorded as attempt #1 (store-wide id) of conversation 'c1'",
         needs_corpus=True,
     ),
     Mistake(
@@ -439,7 +439,7 @@ CATALOG: list[Mistake] = [
         ("db", "upgrade", "--db", "{tmp}/up.db", "--revision", "9999"),
         2,
         "error: no revision '9999' in fsm's migrations: give head (the default) or one of 0001, "
-        "0002, 0003",
+        "0002, 0003, 0004_attempts_by_conversation",
         check=nothing_at("up.db"),
     ),
     Mistake(
@@ -788,7 +788,8 @@ def test_ctrl_c_on_ingest_stdin_records_the_partial_turn_and_exits_130(
         [attempt] = store.attempts("c1")
     assert proc.stderr.decode().splitlines() == [
         f"error: interrupted (Ctrl-C) while reading stdin ({len(data)} bytes arrived): nothing "
-        f"added to history; recorded as attempt {attempt['id']} of conversation 'c1'"
+        f"added to history; recorded as attempt #{attempt['id']} (store-wide id) of conversation "
+        "'c1'"
     ]
     assert (attempt["end_how"], attempt["end_reason"]) == ("aborted", "interrupted (Ctrl-C)")
     assert attempt["tool_calls"][-1]["state"] == "aborted"

@@ -276,8 +276,7 @@ def _record_interrupted(
         )
     click.echo(
         f"error: {INTERRUPTED} while reading stdin ({size} bytes arrived): nothing added to "
-        f"history; recorded as attempt {', '.join(map(str, ids))} of conversation "
-        f"{conversation_id!r}",
+        f"history; recorded as {_attempt_ids(ids)} of conversation {conversation_id!r}",
         err=True,
     )
     sys.exit(_EXIT_INTERRUPTED)
@@ -309,7 +308,8 @@ def _why(parsed: Any, turn: Any) -> str:
         return safe_text(", ".join(bad))
     finish = f"finish_reason {turn.finish_reason}" if turn.finish_reason else "no finish_reason"
     ended = f"stream ended {turn.end_reason}" if turn.end_reason else "stream not ended"
-    why = f"; {turn.incomplete_reason}" if turn.incomplete_reason else ""
+    reason = turn.incomplete_reason
+    why = f"; {reason}" if reason and reason != turn.finish_reason else ""
     return safe_text(f"{finish}, {ended}{why}")
 
 

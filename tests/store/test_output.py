@@ -173,7 +173,7 @@ def test_audit_columns_and_width_through_the_cli(hostile: str) -> None:
     ]
     bad = run("audit", "failures", "--db", hostile, "--columns", "name,bogus")
     assert bad.exit_code == 2
-    assert "Error: unknown column bogus for --columns: choose from attempt_id, conversation_id" in (
+    assert "error: unknown column bogus for --columns: choose from attempt_id, conversation_id" in (
         bad.stderr
     )
     table = run("audit", "calls", "--db", hostile, env={"COLUMNS": "120"})  # all 12 columns
@@ -353,7 +353,7 @@ def test_failure_counts_are_never_paged(hostile: str) -> None:
     for extra in (["--limit", "1"], ["--offset", "1"], ["--after", "x"]):
         shown = run("audit", "failures", "--db", hostile, "--counts", *extra)
         assert shown.exit_code == 2, extra
-        assert "Error: --counts prints every group: --limit, --offset and --after page the " in (
+        assert "error: --counts prints every group: --limit, --offset and --after page the " in (
             shown.stderr
         )
     assert run("audit", "failures", "--db", hostile, "--counts").exit_code == 0
