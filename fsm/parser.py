@@ -416,7 +416,9 @@ class StreamParser:
             if type(choices) is not list:
                 self._fail(f"must be a list or null, got {_json_type(choices)}", "choices")
             turns = self._turns
-            for ci, choice in enumerate(choices):
+            ci = -1  # counted by hand: cheaper than enumerate() for the usual single choice
+            for choice in choices:
+                ci += 1
                 if type(choice) is not dict:
                     self._fail(f"must be an object, got {_json_type(choice)}", f"choices[{ci}]")
                 index = choice.get("index", 0)
@@ -451,7 +453,9 @@ class StreamParser:
                                 f"choices[{ci}].delta.tool_calls",
                             )
                         by_index = turn.by_index
-                        for ti, entry in enumerate(tool_calls):
+                        ti = -1  # counted by hand, as ci
+                        for entry in tool_calls:
+                            ti += 1
                             # The hottest case inline: a continuation {"index": i, "function":
                             # {"arguments": "..."}} of a call already accumulating, routed by
                             # Turn.route's first rule (index, no id), within the limits
