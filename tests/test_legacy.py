@@ -4,6 +4,7 @@ legacy shape."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import subprocess
@@ -237,3 +238,22 @@ def test_the_store_keeps_a_legacy_turn_and_gives_it_back(store: ConversationStor
     assert store.history(conversation, last=4) == history[3:]  # never inside a block
     # the same turn again is the same commit (idempotency), not a second one
     assert store.commit_turn(conversation, turn, ["18 degrees"]).created is False
+
+
+def test_the_async_store_gives_the_legacy_shape_back(db_url: Any) -> None:
+    from fsm.store.aio import AsyncConversationStore
+
+    turn = fsm.parse(legacy_stream()).turn(0)
+
+    async def run() -> list[dict[str, Any]]:
+        async with AsyncConversationStore(db_url) as store:
+            conversation = await store.create_conversation()
+            await store.append(conversation, [{"role": "user", "content": "Weather?"}])
+            await store.commit_turn(conversation, turn, ["18"])
+            return await store.history(conversation)
+
+    assert asyncio.run(run()) == [
+        {"role": "user", "content": "Weather?"},
+        turn.to_message(),
+        {"role": "function", "name": "get_weather", "content": "18"},
+    ]
