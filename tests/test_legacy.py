@@ -257,3 +257,20 @@ def test_the_async_store_gives_the_legacy_shape_back(db_url: Any) -> None:
         turn.to_message(),
         {"role": "function", "name": "get_weather", "content": "18"},
     ]
+
+
+def test_a_function_result_naming_another_function_is_corrupt(store: ConversationStore) -> None:
+    import sqlalchemy as sa
+
+    from fsm.store.errors import CorruptStoreError
+
+    conversation = store.create_conversation()
+    store.append(conversation, [{"role": "user", "content": "Weather?"}])
+    store.commit_turn(conversation, fsm.parse(legacy_stream()).turn(0), ["18"])
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE messages SET name = 'other' WHERE conversation_id = :c AND seq = 2"),
+            {"c": conversation},
+        )
+    with pytest.raises(CorruptStoreError, match="answers function 'other'"):
+        store.history(conversation)

@@ -808,7 +808,7 @@ def _read(
     blocks: dict[int, tuple[int, list[str]]] = {}
     #: the assistant messages with calls, and those whose one call is a legacy function_call
     assistants: dict[int, dict[str, Any]] = {}
-    legacy: set[int] = set()
+    legacy: dict[int, str] = {}  # assistant seq -> the name its function result carries
     expected: int | None = None
     block: int | None = None  # the assistant seq whose results are being read
     for (
@@ -861,9 +861,14 @@ def _read(
             if len(answered) == size:
                 block = None
             if name is not None:  # the result of a legacy function_call (see commit)
-                if not isinstance(name, str) or size != 1:
-                    raise _Corrupt(f"message {seq} is a function result of a block of {size}")
-                legacy.add(block_seq)
+                if not isinstance(name, str):
+                    raise _Corrupt(f"message {seq} has name {_show(name)}, not text")
+                if size != 1:
+                    raise _Corrupt(
+                        f"message {seq} is a function result in a block of {size} calls (a "
+                        "legacy function_call is the only call of its message)"
+                    )
+                legacy[block_seq] = name
                 message = {"role": "function", "name": name, "content": content}
             else:
                 message = {"role": role, "tool_call_id": tool_call_id, "content": content}
@@ -955,9 +960,15 @@ def _read(
                 raise _Corrupt(
                     f"message {seq} has {blocks[seq][0]} tool call(s) but {len(found)} call row(s)"
                 )
-    for seq in legacy:  # the legacy shape: "function_call" instead of "tool_calls"
+    for seq, answered_by in legacy.items():  # the legacy shape: "function_call", not "tool_calls"
         assistant = assistants[seq]
-        assistant["function_call"] = assistant.pop("tool_calls")[0]["function"]
+        function = assistant.pop("tool_calls")[0]["function"]
+        if function["name"] != answered_by:
+            raise _Corrupt(
+                f"message {seq + 1} answers function {_show(answered_by)}, but message {seq} "
+                f"calls {_show(function['name'])}"
+            )
+        assistant["function_call"] = function
     return messages
 
 
