@@ -280,8 +280,9 @@ class StreamParser:
 
     def receive_chunk(self, chunk: Any) -> list[Event]:
         """Feed one chunk: a dict, a JSON ``str``/``bytes``, an ``openai`` SDK
-        ``ChatCompletionChunk``, or any pydantic model of the chunk (such as
-        :class:`fsm.wire.ChatCompletionChunk`). The string ``"[DONE]"`` ends the stream."""
+        ``ChatCompletionChunk``, or any pydantic model of the chunk (read through its
+        ``model_dump(exclude_unset=True, by_alias=True)``). The string ``"[DONE]"`` ends the
+        stream."""
         self._check_open("receive_chunk")
         self._event_number += 1
         self._offset = None
@@ -419,7 +420,9 @@ class StreamParser:
             if type(choices) is not list:
                 self._fail(f"must be a list or null, got {_json_type(choices)}", "choices")
             turns = self._turns
-            for ci, choice in enumerate(choices):
+            ci = -1  # counted by hand: cheaper than enumerate() for the usual single choice
+            for choice in choices:
+                ci += 1
                 if type(choice) is not dict:
                     self._fail(f"must be an object, got {_json_type(choice)}", f"choices[{ci}]")
                 index = choice.get("index", 0)
@@ -454,7 +457,9 @@ class StreamParser:
                                 f"choices[{ci}].delta.tool_calls",
                             )
                         by_index = turn.by_index
-                        for ti, entry in enumerate(tool_calls):
+                        ti = -1  # counted by hand, as ci
+                        for entry in tool_calls:
+                            ti += 1
                             # The hottest case inline: a continuation {"index": i, "function":
                             # {"arguments": "..."}} of a call already accumulating, routed by
                             # Turn.route's first rule (index, no id), within the limits
@@ -628,7 +633,8 @@ class StreamParser:
         return True
 
     def _texts(self, turn: Turn, delta: dict[str, Any], ci: int) -> bool:
-        """Apply content, reasoning and refusal; ``False`` when a limit ended the stream."""
+        """Apply content, reasoning, refusal and a legacy ``function_call``; ``False`` when a
+        limit ended the stream."""
         events = self._events
         index = turn.index
         content = delta.get("content")
@@ -667,7 +673,48 @@ class StreamParser:
                 if not self._text(turn, refusal, REFUSAL):
                     return False
                 events.append(_refusal_delta(index, refusal))
+        function_call = delta.get("function_call")
+        if function_call is not None:
+            return self._function_call(turn, function_call, ci)
         return True
+
+    def _function_call(self, turn: Turn, fc: Any, ci: int) -> bool:
+        """Apply a legacy ``delta.function_call`` (spec "Rules added in round 2"): the one call
+        of its choice, id ``""``, merged and appended like any call. ``False`` when a limit
+        ended the stream."""
+        path = f"choices[{ci}].delta.function_call"
+        if type(fc) is not dict:
+            self._fail(f"must be an object or null, got {_json_type(fc)}", path)
+        name = fc.get("name")
+        arguments = fc.get("arguments")
+        if name is not None and type(name) is not str:
+            self._fail(f"must be a string or null, got {_json_repr(name)}", f"{path}.name")
+        if arguments is not None and type(arguments) is not str:
+            self._fail(
+                f"must be a string or null, got {_json_repr(arguments)}", f"{path}.arguments"
+            )
+        call = turn.legacy_call
+        if call is None and turn.call_count:
+            self._fail(
+                "a choice cannot mix the legacy function_call with tool_calls (it already has "
+                "tool calls)",
+                path,
+            )
+        if call is None:
+            if not name and not arguments:
+                return True  # nothing to open a call with
+            call = self._open(turn, None, "", name or "", "", legacy=True)
+            if call is None:
+                return False
+        elif name and call.merge(None, name, None, self):
+            self._events.append(
+                ToolCallUpdated(
+                    choice=turn.index, ordinal=call.ordinal, index=None, id="", name=call.name
+                )
+            )
+        if arguments and call.over_limit is None:
+            self._arguments(call, arguments, _utf8_len(arguments))
+        return self._status is _OPEN
 
     def _bad_text(self, value: Any, field: str, ci: int) -> NoReturn:
         self._fail(
@@ -675,6 +722,12 @@ class StreamParser:
         )
 
     def _tool_delta(self, turn: Turn, entry: Any, ci: int, ti: int) -> None:
+        if turn.legacy_call is not None:
+            self._fail(
+                "a choice cannot mix tool_calls with the legacy function_call (it already has a "
+                "function_call)",
+                f"choices[{ci}].delta.tool_calls[{ti}]",
+            )
         if type(entry) is not dict:
             self._fail(
                 f"must be an object, got {_json_type(entry)}",
@@ -766,7 +819,7 @@ class StreamParser:
             self._blank_id(call)
 
     def _open(
-        self, turn: Turn, index: int | None, cid: str, name: str, typ: str
+        self, turn: Turn, index: int | None, cid: str, name: str, typ: str, legacy: bool = False
     ) -> ToolCall | None:
         if turn.call_count >= self.limits.max_tool_calls:
             self._limit(
@@ -793,7 +846,13 @@ class StreamParser:
             self._stream_limit()
             return None
         call = ToolCall(
-            choice=turn.index, ordinal=turn.call_count, index=index, id=cid, name=name, type=typ
+            choice=turn.index,
+            ordinal=turn.call_count,
+            index=index,
+            id=cid,
+            name=name,
+            type=typ,
+            legacy=legacy,
         )
         turn.add_call(call)
         self._events.append(
@@ -887,6 +946,7 @@ def _has_payload(delta: dict[str, Any]) -> bool:
         or delta.get("reasoning")
         or delta.get("refusal")
         or delta.get("tool_calls")
+        or delta.get("function_call")
     )
 
 

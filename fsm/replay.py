@@ -43,13 +43,13 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from fsm.errors import RemoteProtocolError
 from fsm.parser import ParseResult, StreamParser
@@ -310,6 +310,14 @@ class ReplayServer:
     Args:
         script: the turns, answered in order, one per accepted request.
         hold_timeout: the longest a ``hold_at`` turn waits for :meth:`release`, in seconds.
+        response_ids: ``"unique"`` (the default) gives every response its own id, as a real
+            provider does: each chunk's ``"id"`` equal to the recording's response id becomes
+            ``<recorded id>-<token>-<n>`` (``token``: 8 random hex digits drawn when the server
+            is made and at each :meth:`reset`; ``n``: the request's 1-based number among the accepted ones), so running the
+            same script twice against one store never meets the store's idempotency by accident.
+            ``"recorded"`` sends the recording byte for byte. Only the id is rewritten (the
+            framing, line endings and every other byte stay as recorded); ``cut_at``,
+            ``reset_at``, ``error_at`` and ``hold_at`` count bytes of the recording.
 
     Attributes:
         requests: every JSON body received, in order (``None`` for a body that is not JSON).
@@ -317,9 +325,20 @@ class ReplayServer:
         served: how many turns of the script have been answered.
     """
 
-    def __init__(self, script: Sequence[ReplayTurn], *, hold_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        script: Sequence[ReplayTurn],
+        *,
+        hold_timeout: float = 10.0,
+        response_ids: Literal["unique", "recorded"] = "unique",
+    ) -> None:
+        if response_ids not in ("unique", "recorded"):
+            raise ValueError(f"response_ids must be 'unique' or 'recorded', got {response_ids!r}")
         self.script: list[ReplayTurn] = list(script)
         self.hold_timeout = hold_timeout
+        self.response_ids = response_ids
+        #: the random part of this server's response ids (see ``response_ids``)
+        self._id_token = os.urandom(4).hex()
         self.requests: list[Any] = []
         self.failures: list[ReplayFailure] = []
         self.served = 0
@@ -403,7 +422,7 @@ class ReplayServer:
 
     def reset(self, script: Sequence[ReplayTurn]) -> None:
         """Start a new script on the running server: forget the previous turn, the requests and
-        the failures."""
+        the failures, and draw a new random part of the response ids."""
         with self._lock:
             self.script = list(script)
             self.served = 0
@@ -411,6 +430,7 @@ class ReplayServer:
             self.failures = []
             self._previous = None
             self._released.clear()
+            self._id_token = os.urandom(4).hex()
 
     # -- the request check ----------------------------------------------------------------------
     def check_request(self, body: Any, turn: ReplayTurn | None = None) -> str | None:
@@ -453,7 +473,7 @@ class ReplayServer:
             else:
                 self._connections.discard(conn)
 
-    def _decide(self, path: str, body: Any) -> tuple[ReplayTurn | None, str | None, int]:
+    def _decide(self, path: str, body: Any) -> tuple[ReplayTurn | None, str | None, int, int]:
         """Under the lock: record the request and choose the answer: ``(turn, rejection,
         status)``, a turn to answer or a rejection message, with the status to send."""
         with self._lock:
@@ -476,13 +496,13 @@ class ReplayServer:
                 problem = self.check_request(body, turn) if turn.check else None
             if problem is not None:
                 self.failures.append(ReplayFailure(number, problem))
-                return None, problem, status
+                return None, problem, status, self.served
             assert turn is not None
             self.served += 1
             if 200 <= turn.status < 300:
                 # What the next request is checked against: the bytes this turn sends.
                 self._previous = _read_sent(_what_is_sent(turn.data(), turn))
-            return turn, None, turn.status
+            return turn, None, turn.status, self.served
 
     def _handle(self, handler: _Handler) -> None:
         raw = handler.read_body()
@@ -491,7 +511,7 @@ class ReplayServer:
             body: Any = json.loads(raw)
         except ValueError:
             body = None
-        turn, problem, status = self._decide(path, body)
+        turn, problem, status, served = self._decide(path, body)
         if turn is None:
             assert problem is not None
             handler.send_error_json(status, problem, "invalid_request_error")
@@ -499,9 +519,12 @@ class ReplayServer:
             error_type = "invalid_request_error" if status < 500 else "server_error"
             handler.send_error_json(status, turn.error_message, error_type)
         else:
-            self._stream(handler, turn, turn.data())
+            self._stream(handler, turn, turn.data(), served)
 
-    def _stream(self, handler: _Handler, turn: ReplayTurn, data: bytes) -> None:
+    def _stream(self, handler: _Handler, turn: ReplayTurn, data: bytes, number: int) -> None:
+        rename = None
+        if self.response_ids == "unique":
+            rename = _id_renamer(data, f"{self._id_token}-{number}")
         handler.start_stream()
         error_at = _error_boundary(data, turn.error_at) if turn.error_at is not None else None
         stop = next((x for x in (turn.cut_at, turn.reset_at, error_at) if x is not None), len(data))
@@ -514,7 +537,7 @@ class ReplayServer:
             if not held and turn.hold_at is not None and sent >= turn.hold_at:
                 held = True
                 self._released.wait(self.hold_timeout)
-            handler.send_chunk(piece)
+            handler.send_chunk(piece if rename is None else rename(piece))
             sent += len(piece)
         if not held and turn.hold_at is not None and sent >= turn.hold_at:
             self._released.wait(self.hold_timeout)
@@ -525,6 +548,23 @@ class ReplayServer:
         if error_at is not None:
             handler.send_chunk(_error_event(turn.error_message))
         handler.end_stream()
+
+
+def _id_renamer(data: bytes, suffix: str) -> Callable[[bytes], bytes] | None:
+    """A function that gives the response id of the recording ``data`` the suffix ``suffix``
+    in a piece of it (each ``"id": "<response id>"``, as JSON-encoded in the recording), or
+    ``None`` when the recording has no response id."""
+    rid = _read_sent(data).result.response_id
+    if rid is None:
+        return None
+    recorded = json.dumps(rid).encode()
+    pattern = re.compile(rb'("id"\s*:\s*)' + re.escape(recorded))
+    renamed = json.dumps(f"{rid}-{suffix}").encode()
+
+    def rename(piece: bytes) -> bytes:
+        return pattern.sub(lambda m: m.group(1) + renamed, piece)
+
+    return rename
 
 
 def _pieces(data: bytes, stop: int, hold_at: int | None) -> Iterator[bytes]:

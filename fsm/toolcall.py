@@ -18,7 +18,7 @@ from fsm.events import (
 )
 from fsm.jsonutil import DEFAULT_MAX_JSON_DEPTH, JsonSyntax, is_json, loads_strict, repair_json
 from fsm.states import FINAL_EVENTS, FINAL_STATES, ToolCallState, fire
-from fsm.types import FunctionToolCall
+from fsm.types import FunctionCall, FunctionMessage, FunctionToolCall, ToolMessage
 
 __all__ = [
     "DEFAULT_MAX_JSON_DEPTH",
@@ -29,6 +29,7 @@ __all__ = [
     "loads_strict",
     "pair_surrogates",
     "repair_json",
+    "result_message",
 ]
 
 #: fragments kept apart before they are joined into one block (see ``ToolCall._parts``).
@@ -67,6 +68,11 @@ class ToolCall:
         repaired: whether opt-in JSON repair appended characters to the arguments.
         position: the call's place in the finished turn (by index, then opening order); ``-1``
             until the turn ends.
+        legacy: whether the call came as the deprecated ``delta.function_call`` (the functions
+            API): then it is the only call of its choice, its id is ``""`` and its index
+            ``None``; the assistant message carries it as ``function_call`` and its result is a
+            ``{"role": "function", "name": ..., "content": ...}`` message
+            (:func:`result_message`).
     """
 
     __slots__ = (
@@ -80,6 +86,7 @@ class ToolCall:
         "choice",
         "id",
         "index",
+        "legacy",
         "name",
         "ordinal",
         "over_limit",
@@ -90,9 +97,18 @@ class ToolCall:
     )
 
     def __init__(
-        self, *, choice: int, ordinal: int, index: int | None, id: str, name: str, type: str
+        self,
+        *,
+        choice: int,
+        ordinal: int,
+        index: int | None,
+        id: str,
+        name: str,
+        type: str,
+        legacy: bool = False,
     ) -> None:
         self.choice = choice
+        self.legacy = legacy
         self.ordinal = ordinal
         self.index = index
         self.id = id
@@ -153,6 +169,10 @@ class ToolCall:
             "type": self.type,  # type: ignore[typeddict-item]
             "function": {"name": self.name, "arguments": self.arguments},
         }
+
+    def to_function_call(self) -> FunctionCall:
+        """The call as the legacy ``function_call`` of an assistant message."""
+        return {"name": self.name, "arguments": self.arguments}
 
     def __repr__(self) -> str:
         return (
@@ -267,6 +287,15 @@ class ToolCall:
             id=self.id, name=self.name, arguments=self.arguments, reason=reason or "",
         )  # fmt: skip
         return event
+
+
+def result_message(call: ToolCall, content: Any) -> ToolMessage | FunctionMessage:
+    """The message that answers ``call`` with ``content``: ``{"role": "tool", "tool_call_id":
+    ..., "content": ...}``, or for a legacy call (:attr:`ToolCall.legacy`) ``{"role":
+    "function", "name": ..., "content": ...}``."""
+    if call.legacy:
+        return {"role": "function", "name": call.name, "content": content}
+    return {"role": "tool", "tool_call_id": call.id, "content": content}
 
 
 class HeaderSink(Protocol):

@@ -109,6 +109,7 @@ class Turn:
         "finish_seen",
         "incomplete_reason",
         "index",
+        "legacy_call",
         "text_bytes",
     )
 
@@ -152,6 +153,8 @@ class Turn:
         self._final_calls: list[ToolCall] | None = None
         #: whether a non-empty finish_reason arrived (later data is ``delta_after_finish``)
         self.finish_seen = False
+        #: the choice's one legacy ``function_call`` (:attr:`ToolCall.legacy`), else ``None``
+        self.legacy_call: ToolCall | None = None
 
     @property
     def content(self) -> str | None:
@@ -226,6 +229,8 @@ class Turn:
         """Register a newly opened call (the most recent one: continuations go to it)."""
         self._calls.append(call)
         self._last = call
+        if call.legacy:
+            self.legacy_call = call
         if call.index is not None:
             self.by_index[call.index] = call
         if call.id:
@@ -294,7 +299,8 @@ class Turn:
         return events
 
     def to_message(self, *, include_reasoning: bool = False) -> AssistantMessage:
-        """The OpenAI assistant message for this turn, ready to send back.
+        """The OpenAI assistant message for this turn, ready to send back (with
+        ``function_call`` instead of ``tool_calls`` for a legacy call).
 
         Only for a complete turn: any other raises :class:`~fsm.errors.IncompleteTurnError`, so an
         unfinished call can never be salvaged into history by accident. ``include_reasoning``
@@ -330,7 +336,9 @@ class Turn:
         if include_reasoning and self.reasoning is not None:
             message["reasoning_content"] = self.reasoning
         calls = self.tool_calls
-        if calls:
+        if self.legacy_call is not None:
+            message["function_call"] = self.legacy_call.to_function_call()
+        elif calls:
             message["tool_calls"] = [c.to_dict() for c in calls]
         return message
 
@@ -344,20 +352,7 @@ class Turn:
             "content": self.content,
             "reasoning": self.reasoning,
             "refusal": self.refusal,
-            "tool_calls": [
-                {
-                    "position": c.position,
-                    "index": c.index,
-                    "id": c.id,
-                    "type": c.type,
-                    "name": c.name,
-                    "arguments": c.arguments,
-                    "state": c.state.value,
-                    "reason": c.reason,
-                    "repaired": c.repaired,
-                }
-                for c in self.tool_calls
-            ],
+            "tool_calls": [_call_json(c) for c in self.tool_calls],
         }
 
     def __repr__(self) -> str:
@@ -365,6 +360,25 @@ class Turn:
             f"Turn(index={self.index}, finish_reason={self.finish_reason!r}, "
             f"complete={self.complete}, tool_calls={len(self._calls)})"
         )
+
+
+def _call_json(call: ToolCall) -> dict[str, Any]:
+    """A call as a ``tool_calls[]`` entry of ``fsm parse --json``; a legacy ``function_call``
+    also has ``"legacy": true`` (other calls have no ``legacy`` key)."""
+    out: dict[str, Any] = {
+        "position": call.position,
+        "index": call.index,
+        "id": call.id,
+        "type": call.type,
+        "name": call.name,
+        "arguments": call.arguments,
+        "state": call.state.value,
+        "reason": call.reason,
+        "repaired": call.repaired,
+    }
+    if call.legacy:
+        out["legacy"] = True
+    return out
 
 
 def _call_order(call: ToolCall) -> tuple[bool, int, int]:

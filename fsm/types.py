@@ -52,6 +52,7 @@ __all__ = [
     "FileFile",
     "FunctionCall",
     "FunctionDefinition",
+    "FunctionMessage",
     "FunctionToolCall",
     "FunctionToolCallFunction",
     "ImageURL",
@@ -172,7 +173,8 @@ class Audio(TypedDict, total=False):
 
 
 class FunctionCall(TypedDict, total=False):
-    """The deprecated ``function_call`` of an assistant message (fsm never returns one)."""
+    """The deprecated ``function_call`` of an assistant message (a legacy call's, see
+    :attr:`fsm.toolcall.ToolCall.legacy`)."""
 
     arguments: Required[str]
     name: Required[str]
@@ -230,8 +232,24 @@ class ToolMessage(TypedDict, total=False):
     tool_call_id: Required[str]
 
 
+class FunctionMessage(TypedDict, total=False):
+    """A ``function`` message: the result of a legacy ``function_call`` (the deprecated
+    functions API), named by its function."""
+
+    content: Required[str | None]
+    name: Required[str]
+    role: Required[Literal["function"]]
+
+
 #: A message of a conversation's history.
-Message: TypeAlias = SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage
+Message: TypeAlias = (
+    SystemMessage
+    | DeveloperMessage
+    | UserMessage
+    | AssistantMessage
+    | ToolMessage
+    | FunctionMessage
+)
 
 
 # -- tools -------------------------------------------------------------------------------------

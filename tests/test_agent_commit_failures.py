@@ -545,7 +545,7 @@ def test_a_reused_response_id_is_a_recorded_idempotency_mismatch(kind: str, url:
         store.append("conv", [USER])
         store.commit_turn("conv", earlier, ["3"])
         before = store.history("conv")
-    with ReplayServer(demo_script()) as server:
+    with ReplayServer(demo_script(), response_ids="recorded") as server:  # it reuses ids
         run = drive(kind, url, server)
     assert_recorded(
         run, cause=IdempotencyMismatchError, says="different turn", retryable=False,

@@ -253,7 +253,7 @@ def test_corpus_stream_over_http_matches_parse_file(
     require_corpus()
     assert name is not None
     expected = parse_file(CORPUS / name)
-    with ReplayServer([ReplayTurn(CORPUS / name)]) as server:
+    with ReplayServer([ReplayTurn(CORPUS / name)], response_ids="recorded") as server:
         out = consume(helper, clients, server)
     assert server.failures == []
     assert out.result is not None
@@ -421,7 +421,7 @@ def test_error_event_without_error_key_after_the_finish_is_still_an_error(
 def test_sdk_chunk_with_chunk_fields_and_a_message_stays_a_chunk(clients: Clients) -> None:
     """Only something with none of a chunk's fields is taken for an unrecognised error."""
     data = b'data: {"id": "c1", "message": "hello", "choices": []}\n\ndata: [DONE]\n\n'
-    with ReplayServer([ReplayTurn(data)]) as server:
+    with ReplayServer([ReplayTurn(data)], response_ids="recorded") as server:
         out = consume("openai", clients, server)
     assert out.result is not None
     assert out.result.end_how == "eof"

@@ -4,6 +4,7 @@ stored."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -101,6 +102,11 @@ def assert_stored(url: str, conversation: str) -> None:
                 ),
                 {"c": conversation},
             ).all()
+    # the replay server gives each response its own id: <recorded id>-<8 hex digits>-<n>
+    ids = [r[4] for r in rows if r[4] is not None]
+    assert len(ids) == 2
+    assert all(re.fullmatch(r"chatcmpl-fsmdemo000[12]-[0-9a-f]{8}-[12]", i) for i in ids), ids
+    rows = [(*r[:4], r[4] and r[4].rsplit("-", 2)[0], r[5]) for r in rows]
     assert [tuple(r) for r in rows] == [
         (0, "user", 0, None, None, None),
         (1, "assistant", 2, None, "chatcmpl-fsmdemo0001", "tool_calls"),

@@ -459,8 +459,15 @@ def test_parse_returns_an_aborted_result_when_the_transport_fails() -> None:
 
 def test_receive_chunk_accepts_dicts_json_and_pydantic_models() -> None:
     from openai.types.chat import ChatCompletionChunk
+    from pydantic import BaseModel
 
-    from fsm.wire import ChatCompletionChunk as WireChunk
+    class Choice(BaseModel):  # any pydantic model of a chunk (fsm.wire is gone: issue 11)
+        index: int
+        delta: dict[str, object]
+        finish_reason: str | None = None
+
+    class WireChunk(BaseModel):
+        choices: list[Choice]
 
     parser = StreamParser()
     parser.receive_chunk(chunk(tc(0, "a", "f", '{"x":')))

@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from fsm.api import parse_text
 from fsm.clients import iter_openai_events
 from fsm.sse import SSEFramer
 from fsm.testing import (
@@ -114,7 +115,7 @@ def test_split_events_on_the_corpus_gives_one_piece_per_event(name: str | None) 
 
 
 def test_stream_is_chunked_event_stream_one_http_chunk_per_event() -> None:
-    with ReplayServer([ReplayTurn(DEMO)]) as server:
+    with ReplayServer([ReplayTurn(DEMO)], response_ids="recorded") as server:
         head, raw = raw_exchange(server, body([USER]))
     lines = head.decode().lower().split("\r\n")
     assert lines[0] == "http/1.1 200 ok"
@@ -140,7 +141,7 @@ def test_every_corpus_stream_is_sent_byte_exact(http: httpx.Client) -> None:
     require_corpus()
     for name in corpus_files():
         data = (CORPUS / name).read_bytes()
-        with ReplayServer([ReplayTurn(CORPUS / name)]) as server:
+        with ReplayServer([ReplayTurn(CORPUS / name)], response_ids="recorded") as server:
             response = http.post(server.chat_url, json=body([USER]))
         assert response.status_code == 200
         assert response.content == data, name
@@ -150,7 +151,7 @@ def test_every_corpus_stream_is_sent_byte_exact(http: httpx.Client) -> None:
 # -- cuts and failures ------------------------------------------------------------------------------
 @pytest.mark.parametrize("offset", [0, 1, 200, len(DEMO_BYTES) // 2, len(DEMO_BYTES) - 1])
 def test_cut_at_sends_exactly_that_many_bytes_and_no_final_chunk(offset: int) -> None:
-    with ReplayServer([ReplayTurn(DEMO, cut_at=offset)]) as server:
+    with ReplayServer([ReplayTurn(DEMO, cut_at=offset)], response_ids="recorded") as server:
         _head, raw = raw_exchange(server, body([USER]))
     chunks, terminated = dechunk(raw)
     assert not terminated
@@ -188,7 +189,7 @@ def test_reset_at_drops_the_connection(http: httpx.Client) -> None:
 
 def test_hold_at_stalls_until_released(http: httpx.Client) -> None:
     hold = DEMO_BYTES.index(b"\n\n", DEMO_BYTES.index(b"tool_calls")) + 2
-    with ReplayServer([ReplayTurn(DEMO, hold_at=hold - 5)]) as server:
+    with ReplayServer([ReplayTurn(DEMO, hold_at=hold - 5)], response_ids="recorded") as server:
         received = b""
         with http.stream("POST", server.chat_url, json=body([USER])) as response:
             for data in response.iter_bytes():
@@ -199,12 +200,14 @@ def test_hold_at_stalls_until_released(http: httpx.Client) -> None:
 
 
 def test_hold_gives_up_after_hold_timeout(http: httpx.Client) -> None:
-    with ReplayServer([ReplayTurn(DEMO, hold_at=100)], hold_timeout=0.01) as server:
+    with ReplayServer(
+        [ReplayTurn(DEMO, hold_at=100)], hold_timeout=0.01, response_ids="recorded"
+    ) as server:
         assert http.post(server.chat_url, json=body([USER])).content == DEMO_BYTES
 
 
 def test_paced_stream_arrives_whole(http: httpx.Client) -> None:
-    with ReplayServer([ReplayTurn(FINAL, delay=0.001)]) as server:
+    with ReplayServer([ReplayTurn(FINAL, delay=0.001)], response_ids="recorded") as server:
         assert http.post(server.chat_url, json=body([USER])).content == FINAL.read_bytes()
 
 
@@ -222,7 +225,9 @@ def test_status_turn_answers_an_openai_error(client: openai.OpenAI) -> None:
 
 
 def test_turn_from_bytes_or_str_path(http: httpx.Client) -> None:
-    with ReplayServer([ReplayTurn(b"data: [DONE]\n\n"), ReplayTurn(str(FINAL))]) as server:
+    with ReplayServer(
+        [ReplayTurn(b"data: [DONE]\n\n"), ReplayTurn(str(FINAL))], response_ids="recorded"
+    ) as server:
         assert http.post(server.chat_url, json=body([USER])).content == b"data: [DONE]\n\n"
         assert http.post(server.chat_url, json=body([USER])).content == FINAL.read_bytes()
 
@@ -478,3 +483,28 @@ def test_importing_fsm_testing_loads_no_http_client() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_each_response_gets_its_own_id(http: httpx.Client) -> None:
+    """Two requests, two servers: four ids, each the recorded one plus its own suffix, and
+    nothing else of the recording changed (issue 12: a rerun must not meet idempotency)."""
+    ids = []
+    for _ in range(2):
+        with ReplayServer([ReplayTurn(FINAL), ReplayTurn(FINAL, check=False)]) as server:
+            for _ in range(2):
+                result = parse_text(http.post(server.chat_url, json=body([USER])).content)
+                assert result.complete
+                ids.append(result.response_id)
+    recorded = parse_text(FINAL.read_bytes()).response_id
+    assert recorded is not None
+    assert len(set(ids)) == 4
+    assert all(re.fullmatch(re.escape(recorded) + r"-[0-9a-f]{8}-[12]", i or "") for i in ids), ids
+    with ReplayServer([ReplayTurn(FINAL)]) as server:
+        sent = http.post(server.chat_url, json=body([USER])).content
+    new_id = parse_text(sent).response_id
+    assert new_id is not None
+    assert sent.replace(json.dumps(new_id).encode(), json.dumps(recorded).encode()) == (
+        FINAL.read_bytes()
+    )
+    with pytest.raises(ValueError, match="response_ids"):
+        ReplayServer([], response_ids="random")  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from fsm.errors import IncompleteTurnError
 from fsm.parser import Anomaly, ParseResult, Turn
@@ -40,7 +40,7 @@ from fsm.store.errors import (
     ResultsError,
     UnsupportedValueError,
 )
-from fsm.toolcall import ToolCall
+from fsm.toolcall import ToolCall, result_message
 
 __all__ = [
     "ATTEMPT_JSON_DEPTH",
@@ -440,8 +440,9 @@ def _normalize_results(
     return out
 
 
-def _tool_message(call_id: str, text: str | None, parts: list[Any] | None) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id, "content": text if parts is None else parts}
+def _tool_message(call: ToolCall, text: str | None, parts: list[Any] | None) -> dict[str, Any]:
+    """The result message of ``call`` (a ``function`` message for a legacy call)."""
+    return cast(dict[str, Any], result_message(call, text if parts is None else parts))
 
 
 def _attempt_row(

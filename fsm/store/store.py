@@ -954,6 +954,8 @@ class StoreCore:
                         "content": text,
                         "content_parts": parts,
                         "tool_call_id": call.id,
+                        # a legacy call's result is a "function" message: it keeps the name
+                        "name": call.name if call.legacy else None,
                         "assistant_seq": seq,
                         "call_position": p,
                         "slots_left": n - 1 - p,
@@ -964,7 +966,7 @@ class StoreCore:
                 ],
             )
         messages = [assistant] + [
-            _tool_message(call.id, text, parts)
+            _tool_message(call, text, parts)
             for call, (text, parts) in zip(calls, contents, strict=True)
         ]
         return CommittedTurn(
@@ -1201,6 +1203,9 @@ def _read(
     calls_of: dict[int, list[dict[str, Any]]] = {}
     #: for each assistant message with calls: its n_calls and its results' tool_call_ids
     blocks: dict[int, tuple[int, list[str]]] = {}
+    #: the assistant messages with calls, and those whose one call is a legacy function_call
+    assistants: dict[int, dict[str, Any]] = {}
+    legacy: dict[int, str] = {}  # assistant seq -> the name its function result carries
     expected: int | None = None
     block: int | None = None  # the assistant seq whose results are being read
     for (
@@ -1249,9 +1254,21 @@ def _read(
             if not isinstance(tool_call_id, str):
                 raise _Corrupt(f"message {seq} has tool_call_id {_show(tool_call_id)}")
             answered.append(tool_call_id)
+            block_seq = block
             if len(answered) == size:
                 block = None
-            message = {"role": role, "tool_call_id": tool_call_id, "content": content}
+            if name is not None:  # the result of a legacy function_call (see commit)
+                if not isinstance(name, str):
+                    raise _Corrupt(f"message {seq} has name {_show(name)}, not text")
+                if size != 1:
+                    raise _Corrupt(
+                        f"message {seq} is a function result in a block of {size} calls (a "
+                        "legacy function_call is the only call of its message)"
+                    )
+                legacy[block_seq] = name
+                message = {"role": "function", "name": name, "content": content}
+            else:
+                message = {"role": role, "tool_call_id": tool_call_id, "content": content}
         else:
             if block is not None:
                 size, answered = blocks[block]
@@ -1271,6 +1288,7 @@ def _read(
                     message[key] = value
             if n_calls:
                 calls_of[seq] = message["tool_calls"] = []
+                assistants[seq] = message
                 blocks[seq] = (n_calls, [])
                 block = seq
         if parts is not None:
@@ -1339,6 +1357,15 @@ def _read(
                 raise _Corrupt(
                     f"message {seq} has {blocks[seq][0]} tool call(s) but {len(found)} call row(s)"
                 )
+    for seq, answered_by in legacy.items():  # the legacy shape: "function_call", not "tool_calls"
+        assistant = assistants[seq]
+        function = assistant.pop("tool_calls")[0]["function"]
+        if function["name"] != answered_by:
+            raise _Corrupt(
+                f"message {seq + 1} answers function {_show(answered_by)}, but message {seq} "
+                f"calls {_show(function['name'])}"
+            )
+        assistant["function_call"] = function
     return messages
 
 
