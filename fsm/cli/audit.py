@@ -320,10 +320,23 @@ def stats(url: str | None, filters: dict[str, Any], by: str | None, output: Outp
     help="A progress bar on stderr (default: on a terminal, for stores of several batches).",
 )
 @count_option("--batch-size", default=10_000, minimum=1, help="Conversations checked per batch.")
+@click.option(
+    "--deep",
+    is_flag=True,
+    help="The engine's full check: SQLite integrity_check instead of quick_check (also every "
+    "index against its table), PostgreSQL amcheck with heapallindexed.",
+)
 @output_options
 @_pipe_safe
-def check(url: str | None, progress: bool | None, batch_size: int, output: OutputFormat) -> None:
+def check(
+    url: str | None, progress: bool | None, batch_size: int, deep: bool, output: OutputFormat
+) -> None:
     """Check that the whole store satisfies the history contract; exit 1 on any violation.
+
+    First the database engine's own integrity: SQLite PRAGMA quick_check (--deep:
+    integrity_check), PostgreSQL amcheck's bt_index_check over fsm's indexes when the amcheck
+    extension is installed (a note on stderr says when it is not). Damage found there is one
+    violation per problem, exit 7, and the contract is then not checked.
 
     Like fsck: re-verifies every conversation (dense seq from 0; each assistant message with N
     calls followed by exactly its N results in call order, nothing in between; each result's
@@ -335,7 +348,8 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
     dropped or NOT VALID) are found, and so is a schema that lost part of its enforcement
     (unenforced). Prints one row (one line) per violation: conversation, seq,
     kind, detail. A summary goes to stderr. Exit status: 0 clean, 1 violations found (whatever
-    the database holds), 2 when the store cannot be read.
+    the database holds), 7 the engine finds the database damaged, 2 when the store cannot be
+    read (4 when it cannot be reached).
 
     \b
     Kinds:
@@ -349,9 +363,10 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
     """
     import time
 
-    from fsm.cli.main import EXIT_UNUSABLE
+    from fsm.cli.main import EXIT_CORRUPT, EXIT_INCOMPLETE, EXIT_UNUSABLE, exit_code_for
     from fsm.errors import FsmError
     from fsm.store import audit as audit_api
+    from fsm.store.errors import DatabaseCorruptError
 
     bar: list[Any] = []
     stderr = sys.stderr
@@ -374,7 +389,11 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
 
             def dicts() -> Iterator[dict[str, Any]]:
                 for violation in audit_api.check(
-                    engine, progress=on_progress, batch_size=batch_size
+                    engine,
+                    progress=on_progress,
+                    batch_size=batch_size,
+                    deep=deep,
+                    note=lambda text: click.echo(f"note: {text}", err=True),
                 ):
                     counts[violation.kind] = counts.get(violation.kind, 0) + 1
                     yield violation.as_dict()
@@ -387,11 +406,14 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
     except FsmError as exc:
         # the store could not be checked: not "violations found" (1), so scripts can tell
         click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_UNUSABLE)
+        if isinstance(exc, DatabaseCorruptError):
+            sys.exit(EXIT_CORRUPT)
+        code = exit_code_for(exc)
+        sys.exit(EXIT_UNUSABLE if code == EXIT_INCOMPLETE else code)
     seconds = time.perf_counter() - started
     found = sum(counts.values())
     if found:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
         click.echo(f"{found} violation(s) in {seconds:.1f} s: {kinds}", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_CORRUPT if "corrupt" in counts else EXIT_INCOMPLETE)
     click.echo(f"no violations ({seconds:.1f} s)", err=True)

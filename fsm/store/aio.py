@@ -44,6 +44,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fsm.parser import Anomaly, ParseResult, Turn
+from fsm.store.deadline import DEFAULT_TIMEOUT, Deadline, check_timeout
 from fsm.store.engine import (
     BUSY_TIMEOUT_SECONDS,
     WRITE,
@@ -78,6 +79,9 @@ class AsyncConversationStore:
         busy_timeout: SQLite only: seconds a write waits for another writer before raising
             :class:`~fsm.store.errors.StoreBusyError` (the wait happens in aiosqlite's thread,
             never blocking the event loop).
+        timeout: PostgreSQL: the deadline of each operation in seconds (default 30; ``None``:
+            none), enforced by the server per transaction and by the client, as for
+            :class:`~fsm.store.ConversationStore`.
 
     Use it with ``async with`` (which checks the schema at once), or call :meth:`close` when
     done. Cancelling a task in the middle of a write rolls that write back: nothing is half
@@ -90,9 +94,13 @@ class AsyncConversationStore:
         *,
         auto_upgrade: bool | None = None,
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+        timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
         self._url = sync_url(url)
-        self._engine = create_async_engine(self._url, busy_timeout=busy_timeout)
+        self._timeout = check_timeout(timeout)
+        self._engine = create_async_engine(
+            self._url, busy_timeout=busy_timeout, timeout=self._timeout
+        )
         self._writer = self._engine.execution_options(**{WRITE: True})
         dialect = self._engine.dialect.name
         self._core = StoreCore(self._url, postgres=dialect == "postgresql")
@@ -169,7 +177,7 @@ class AsyncConversationStore:
         await self.open()
         with self._core.translate():
             try:
-                async with self._writer.begin() as conn:
+                async with self._write() as conn:
                     await conn.run_sync(self._core.insert_conversation, row)
             except sa_exc.IntegrityError as exc:
                 if exist_ok:
@@ -182,15 +190,16 @@ class AsyncConversationStore:
         self._core.check_conversation_id(conversation_id)
         await self.open()
         with self._core.translate():
-            async with self._writer.begin() as conn:
+            async with self._write() as conn:
                 return await conn.run_sync(self._core.delete_conversation, conversation_id)
 
     async def next_seq(self, conversation_id: str) -> int:
         """The seq the next message of the conversation will get (its number of messages)."""
         self._core.check_conversation_id(conversation_id)
         await self.open()
-        async with self._engine.connect() as conn:
-            return await conn.run_sync(self._core.next_seq, conversation_id)
+        with self._core.translate():
+            async with self._reader() as conn:
+                return await conn.run_sync(self._core.next_seq, conversation_id)
 
     # -- writes ------------------------------------------------------------------------------
     async def append(
@@ -205,7 +214,7 @@ class AsyncConversationStore:
         rows = self._core.plan_append(conversation_id, messages)
         await self.open()
         with self._core.translate():
-            async with self._writer.begin() as conn:
+            async with self._write() as conn:
                 return await conn.run_sync(self._core.append, conversation_id, rows, expected_seq)
 
     async def commit_turn(
@@ -224,7 +233,7 @@ class AsyncConversationStore:
         plan = self._core.plan_commit(conversation_id, turn, results, idempotency_key)
         await self.open()
         with self._core.translate():
-            async with self._writer.begin() as conn:
+            async with self._write() as conn:
                 return await conn.run_sync(
                     self._core.commit_turn, conversation_id, plan, expected_seq, idempotency_key
                 )
@@ -245,7 +254,7 @@ class AsyncConversationStore:
         plan = self._core.plan_record(conversation_id, attempt, anomalies, results, error)
         await self.open()
         with self._core.translate():
-            async with self._writer.begin() as conn:
+            async with self._write() as conn:
                 return await conn.run_sync(self._core.record_attempt, conversation_id, plan)
 
     # -- reads -------------------------------------------------------------------------------
@@ -279,5 +288,41 @@ class AsyncConversationStore:
         async with self._engine.connect() as conn:
             if self._core.postgres:
                 conn = await conn.execution_options(isolation_level=READ_SNAPSHOT)
-            async with conn.begin():
+            async with self._transaction(conn, write=False) as conn:
                 yield conn
+
+    @asynccontextmanager
+    async def _write(self) -> AsyncIterator[AsyncConnection]:
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite), under the deadline."""
+        async with (
+            self._writer.connect() as conn,
+            self._transaction(conn, write=True) as conn,
+        ):
+            yield conn
+
+    @asynccontextmanager
+    async def _transaction(
+        self, conn: AsyncConnection, *, write: bool
+    ) -> AsyncIterator[AsyncConnection]:
+        """Begin, run the body, commit, under the deadline, as the sync store's
+        ``_transaction`` (a lost connection is told apart by
+        :meth:`~fsm.store.store.StoreCore.failed`)."""
+        deadline = None
+        if self._core.postgres:
+            raw = await conn.get_raw_connection()
+            deadline = Deadline(self._timeout, raw.driver_connection)
+        try:
+            async with conn.begin():  # rolls back on any error, of COMMIT too
+                yield conn
+                if deadline is not None:
+                    deadline.committing = write
+        except BaseException as exc:
+            if deadline is not None and deadline.fired and not conn.invalidated:
+                await conn.invalidate()
+            typed = self._core.failed(exc, deadline)
+            if typed is None:
+                raise
+            raise typed from exc
+        finally:
+            if deadline is not None:
+                deadline.cancel()

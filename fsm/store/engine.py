@@ -29,13 +29,19 @@ raises ``ValueError`` instead of being stored invalid.
 
 PostgreSQL goes through psycopg 3 (``postgresql+psycopg://``; plain ``postgresql://`` URLs are
 mapped to it), with ``plan_cache_mode = force_custom_plan`` for every session (see
-:data:`_POSTGRES_SETTINGS`). Each kind's settings are one ``_Profile``; :func:`_build` and
+:data:`_POSTGRES_SETTINGS`). Every PostgreSQL connection made here has bounded waits (see
+:func:`postgres_connect_args`): a connect timeout, TCP keepalives and ``tcp_user_timeout``, so a
+dead server or route is noticed by the kernel; a store engine with a ``timeout`` also sets, per
+transaction with ``SET LOCAL`` (safe behind a transaction pooler),
+``statement_timeout``, ``lock_timeout`` and ``idle_in_transaction_session_timeout`` to it, so
+the server gives up on its own and frees a vanished client's locks. Each kind's settings are one ``_Profile``; :func:`_build` and
 :func:`_configure` are the only places an engine is made and set up.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,6 +52,7 @@ import sqlalchemy as sa
 from sqlalchemy import event, pool
 from sqlalchemy.engine import URL, Connection, Engine
 
+from fsm.store.deadline import DEFAULT_TIMEOUT
 from fsm.store.errors import AuditError, DatabaseNotFoundError
 
 if TYPE_CHECKING:
@@ -53,6 +60,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUSY_TIMEOUT_SECONDS",
+    "CONNECT_TIMEOUT_SECONDS",
+    "DEFAULT_TIMEOUT",
     "WRITE",
     "async_url",
     "create_async_engine",
@@ -63,11 +72,15 @@ __all__ = [
     "display_url",
     "dumps_json",
     "normalize_url",
+    "postgres_connect_args",
     "sync_url",
 ]
 
 #: how long (seconds) a SQLite writer waits for another writer's lock by default.
 BUSY_TIMEOUT_SECONDS = 30.0
+
+#: the longest a PostgreSQL connection attempt waits (seconds; less when the timeout is less).
+CONNECT_TIMEOUT_SECONDS = 10
 
 #: execution option that makes fsm begin a SQLite transaction with ``BEGIN IMMEDIATE``.
 WRITE = "fsm_write"
@@ -102,11 +115,16 @@ class _Profile:
     text_factory: Callable[[bytes], str] | None = None
     #: SQLite: begin a connection with the :data:`WRITE` option with ``BEGIN IMMEDIATE``
     immediate_writes: bool = True
+    #: PostgreSQL: the per-transaction deadline (``statement_timeout``, ``lock_timeout``,
+    #: ``idle_in_transaction_session_timeout``) in milliseconds, or ``None`` for none
+    postgres_deadline_ms: int | None = None
 
 
-def _store_profile(*, foreign_keys: bool, busy_timeout: float) -> _Profile:
+def _store_profile(
+    *, foreign_keys: bool, busy_timeout: float, timeout: float | None = None
+) -> _Profile:
     """The store's engines (sync and async): foreign keys, the busy timeout, WAL (readers never
-    block the writer), ``synchronous=NORMAL``."""
+    block the writer), ``synchronous=NORMAL``; on PostgreSQL the per-transaction deadline."""
     return _Profile(
         sqlite_pragmas=(
             f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}",
@@ -115,7 +133,28 @@ def _store_profile(*, foreign_keys: bool, busy_timeout: float) -> _Profile:
             "PRAGMA synchronous=NORMAL",
         ),
         postgres_settings=_POSTGRES_SETTINGS,
+        postgres_deadline_ms=None if timeout is None else max(1, math.ceil(timeout * 1000)),
     )
+
+
+def postgres_connect_args(timeout: float | None) -> dict[str, int]:
+    """The libpq settings of every PostgreSQL connection fsm makes, for a deadline of
+    ``timeout`` seconds (``None``: :data:`DEFAULT_TIMEOUT`).
+
+    ``connect_timeout`` (the timeout, at most :data:`CONNECT_TIMEOUT_SECONDS`, at least 2:
+    libpq's minimum), TCP keepalives (first probe after a third of the timeout, then every
+    sixth, three lost probes end the connection) and ``tcp_user_timeout`` (sent data not
+    acknowledged within the timeout ends the connection). A URL's own query parameters win.
+    """
+    seconds = DEFAULT_TIMEOUT if timeout is None else timeout
+    return {
+        "connect_timeout": max(2, math.ceil(min(seconds, CONNECT_TIMEOUT_SECONDS))),
+        "keepalives": 1,
+        "keepalives_idle": max(1, int(seconds // 3)),
+        "keepalives_interval": max(1, int(seconds // 6)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": max(1, math.ceil(seconds * 1000)),
+    }
 
 
 def _lenient_text(raw: bytes) -> str:
@@ -174,11 +213,16 @@ def create_engine(
     *,
     foreign_keys: bool = True,
     busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+    timeout: float | None = None,
     **kwargs: Any,
 ) -> Engine:
     """Create an engine for the store (``None`` means :func:`default_url`).
 
     ``busy_timeout``: how many seconds a SQLite writer waits for another writer's lock.
+    ``timeout``: PostgreSQL, the server-side deadline of every transaction in seconds
+    (``statement_timeout``, ``lock_timeout``, ``idle_in_transaction_session_timeout``, set with
+    ``SET LOCAL`` semantics), and the connect, keepalive and ``tcp_user_timeout`` bounds of
+    :func:`postgres_connect_args`; ``None``: no per-transaction deadline (migrations).
     ``foreign_keys=False`` leaves SQLite's foreign keys off (only migrations want that: Alembic's
     batch mode copies tables). Extra keyword arguments go to :func:`sqlalchemy.create_engine`.
     """
@@ -186,8 +230,8 @@ def create_engine(
     kwargs.setdefault("json_serializer", dumps_json)
     if parsed.get_backend_name() == "sqlite":
         _make_parent(parsed)
-    profile = _store_profile(foreign_keys=foreign_keys, busy_timeout=busy_timeout)
-    return _build(parsed, profile, kwargs, busy_timeout)
+    profile = _store_profile(foreign_keys=foreign_keys, busy_timeout=busy_timeout, timeout=timeout)
+    return _build(parsed, profile, _postgres_kwargs(parsed, kwargs, timeout), busy_timeout)
 
 
 def create_readonly_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
@@ -209,6 +253,9 @@ def create_readonly_engine(url: str | URL | None = None, **kwargs: Any) -> Engin
     if backend not in ("sqlite", "postgresql"):
         raise AuditError(f"fsm audits SQLite and PostgreSQL stores, not {backend} ({parsed})")
     target = _readonly_sqlite_url(parsed) if backend == "sqlite" else parsed
+    # no per-transaction deadline (a check of a large store scans for minutes), but bounded
+    # connects and a dead peer noticed
+    kwargs = _postgres_kwargs(target, kwargs, None)
     return _build(target, _READONLY_PROFILE, kwargs, BUSY_TIMEOUT_SECONDS)
 
 
@@ -216,9 +263,10 @@ def create_async_engine(
     url: str | URL | None = None,
     *,
     busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+    timeout: float | None = None,
     **kwargs: Any,
 ) -> AsyncEngine:
-    """An asyncio engine configured like :func:`create_engine`.
+    """An asyncio engine configured like :func:`create_engine` (``timeout`` as there).
 
     SQLite (``aiosqlite``): foreign keys on, WAL, ``synchronous=NORMAL``, the busy timeout, and
     transactions begun by fsm (``BEGIN IMMEDIATE`` for writes). PostgreSQL (psycopg):
@@ -234,9 +282,11 @@ def create_async_engine(
     if sqlite:
         _make_parent(parsed)
         kwargs = _sqlite_kwargs(kwargs, busy_timeout)
+    kwargs = _postgres_kwargs(parsed, kwargs, timeout)
     engine = sa_create_async_engine(parsed, **kwargs)
-    if sqlite or engine.dialect.driver == "psycopg":  # not asyncpg: its connections differ
-        _configure(engine.sync_engine, _store_profile(foreign_keys=True, busy_timeout=busy_timeout))
+    if sqlite or engine.dialect.driver.startswith("psycopg"):  # not asyncpg: it differs
+        profile = _store_profile(foreign_keys=True, busy_timeout=busy_timeout, timeout=timeout)
+        _configure(engine.sync_engine, profile)
     return engine
 
 
@@ -287,7 +337,7 @@ def _configure(engine: Engine, profile: _Profile) -> None:
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine, profile)
     elif engine.dialect.name == "postgresql":
-        _configure_postgres(engine, profile.postgres_settings)
+        _configure_postgres(engine, profile.postgres_settings, profile.postgres_deadline_ms)
 
 
 def _make_parent(parsed: URL) -> None:
@@ -301,6 +351,18 @@ def _sqlite_kwargs(kwargs: dict[str, Any], busy_timeout: float) -> dict[str, Any
     """``kwargs`` with the driver's own lock timeout set in ``connect_args`` (unless given)."""
     connect_args = dict(kwargs.pop("connect_args", {}))
     connect_args.setdefault("timeout", busy_timeout)
+    return {"connect_args": connect_args, **kwargs}
+
+
+def _postgres_kwargs(url: URL, kwargs: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    """``kwargs`` with :func:`postgres_connect_args` in ``connect_args`` for a psycopg URL
+    (what the URL's query or the caller's ``connect_args`` set is kept)."""
+    if url.get_backend_name() != "postgresql" or not url.get_driver_name().startswith("psycopg"):
+        return kwargs
+    connect_args = dict(kwargs.pop("connect_args", {}))
+    for key, value in postgres_connect_args(timeout).items():
+        if key not in url.query:
+            connect_args.setdefault(key, value)
     return {"connect_args": connect_args, **kwargs}
 
 
@@ -330,8 +392,31 @@ def _configure_sqlite(engine: Engine, profile: _Profile) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
-def _configure_postgres(engine: Engine, settings: Sequence[str]) -> None:
-    """Run ``settings`` (``SET`` statements) on every new session, outside any transaction."""
+def _configure_postgres(
+    engine: Engine, settings: Sequence[str], deadline_ms: int | None = None
+) -> None:
+    """Run ``settings`` (``SET`` statements) on every new session, outside any transaction;
+    with ``deadline_ms``, begin every transaction by setting its ``statement_timeout``,
+    ``lock_timeout`` and ``idle_in_transaction_session_timeout`` locally (one round trip)."""
+    if deadline_ms is not None:
+        # Several rows go in one INSERT ... VALUES statement, not through psycopg's pipelined
+        # executemany: after a pipeline the server does not arm its idle-in-transaction timer
+        # (PostgreSQL 15, seen with a black-holed client), so a client lost right after one
+        # would hold the conversation's lock until the server's TCP gives up.
+        engine.dialect.use_insertmanyvalues_wo_returning = True
+        # one round trip: without parameters psycopg sends the three as one simple query
+        local = "; ".join(
+            f"SET LOCAL {name} = {deadline_ms}"
+            for name in (
+                "statement_timeout",
+                "lock_timeout",
+                "idle_in_transaction_session_timeout",
+            )
+        )
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(connection: Connection) -> None:
+            connection.exec_driver_sql(local)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
