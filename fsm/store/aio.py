@@ -317,8 +317,6 @@ class AsyncConversationStore:
                 if deadline is not None:
                     deadline.committing = write
         except BaseException as exc:
-            if deadline is not None and deadline.fired and not conn.invalidated:
-                await conn.invalidate()
             typed = self._core.failed(exc, deadline)
             if typed is None:
                 raise
@@ -326,3 +324,6 @@ class AsyncConversationStore:
         finally:
             if deadline is not None:
                 deadline.cancel()
+                if deadline.fired and not conn.invalidated:
+                    # the deadline passed (maybe just as the call ended): the socket is shut
+                    await conn.invalidate()

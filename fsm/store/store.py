@@ -385,8 +385,6 @@ class ConversationStore:
                 if deadline is not None:
                     deadline.committing = write
         except BaseException as exc:
-            if deadline is not None and deadline.fired and not conn.invalidated:
-                conn.invalidate()
             typed = self._core.failed(exc, deadline)
             if typed is None:
                 raise
@@ -394,6 +392,9 @@ class ConversationStore:
         finally:
             if deadline is not None:
                 deadline.cancel()
+                if deadline.fired and not conn.invalidated:
+                    # the deadline passed (maybe just as the call ended): the socket is shut
+                    conn.invalidate()
 
 
 class StoreCore:
