@@ -50,8 +50,10 @@ from fsm.store.errors import (
     CorruptStoreError,
     IdempotencyMismatchError,
     ResultsError,
+    StorageFullError,
     StoreBusyError,
     StoreError,
+    StoreUnavailableError,
     UnsupportedValueError,
     ValueRejectedError,
 )
@@ -609,10 +611,10 @@ def _fill_the_disk(full: dict[str, bool]) -> Callable[[Any], None]:
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
-def test_a_full_disk_at_the_commit_is_a_recorded_driver_error(kind: str, url: str) -> None:
-    """SQLite: the store's connection may not grow the file: SQLITE_FULL, an
-    ``OperationalError`` the store does not type. PostgreSQL: a trigger fails the results'
-    insert with SQLSTATE 53100 (disk_full). The disk has room again for the attempt."""
+def test_a_full_disk_at_the_commit_is_a_recorded_storage_full_error(kind: str, url: str) -> None:
+    """SQLite: the store's connection may not grow the file: SQLITE_FULL. PostgreSQL: a
+    trigger fails the results' insert with SQLSTATE 53100 (disk_full). Both are typed as
+    StorageFullError (by code, issue 12). The disk has room again for the attempt."""
     pad = "." * 200_000  # results that need new pages
     full = {"on": False}
     faults = Faults(after={"commit_turn": lambda: full.update(on=False)})
@@ -624,9 +626,7 @@ def test_a_full_disk_at_the_commit_is_a_recorded_driver_error(kind: str, url: st
             kind, url, server, faults=faults, messages=[USER], pad=pad,
             after_tools=lambda: full.update(on=True), on_store=_fill_the_disk(full),
         )  # fmt: skip
-    assert_recorded(
-        run, cause=sa.exc.OperationalError, says="full", results=[r + pad for r in RESULTS]
-    )
+    assert_recorded(run, cause=StorageFullError, says="full", results=[r + pad for r in RESULTS])
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
@@ -644,9 +644,12 @@ def test_a_database_that_refuses_the_results_is_a_recorded_rejection(kind: str, 
 
 @POSTGRES_ONLY
 @pytest.mark.parametrize("kind", CLIENTS)
-def test_a_dropped_connection_at_the_commit_is_a_recorded_driver_error(kind: str, url: str) -> None:
+def test_a_dropped_connection_at_the_commit_is_a_recorded_unavailable_error(
+    kind: str, url: str
+) -> None:
     """``pg_terminate_backend`` on the store's connections once the tools ran: the commit gets
-    a dead connection; the attempt goes in on a new one."""
+    a dead connection before COMMIT (StoreUnavailableError: nothing written, retryable; issue
+    12); the attempt goes in on a new one."""
     name = f"fsm-agent-{uuid.uuid4().hex[:8]}"
     killed: list[int] = []
     with ReplayServer(demo_script()) as server:
@@ -655,7 +658,7 @@ def test_a_dropped_connection_at_the_commit_is_a_recorded_driver_error(kind: str
             after_tools=lambda: killed.append(terminate_backends(url, name)),
         )  # fmt: skip
     assert killed and killed[0] >= 1
-    assert_recorded(run, cause=sa.exc.OperationalError, says="OperationalError", retryable=False)
+    assert_recorded(run, cause=StoreUnavailableError, says="stopped answering", retryable=True)
 
 
 # -- when recording fails too --------------------------------------------------------------------
@@ -887,9 +890,12 @@ def test_a_write_lock_held_before_the_first_request_is_a_busy_error(kind: str, u
 
 @POSTGRES_ONLY
 @pytest.mark.parametrize("kind", CLIENTS)
-def test_a_dropped_connection_before_a_request_is_an_agent_store_error(kind: str, url: str) -> None:
+def test_a_dropped_connection_before_a_request_is_a_store_unavailable_error(
+    kind: str, url: str
+) -> None:
     """The store's connections are terminated once the first turn committed: reading the
-    history for request 2 fails with the driver's error, typed as AgentStoreError."""
+    history for request 2 fails with StoreUnavailableError (the driver's error typed by code,
+    issue 12), which the loop passes on as it is."""
     name = f"fsm-agent-{uuid.uuid4().hex[:8]}"
 
     def on_event(event: AgentEvent) -> None:
@@ -902,9 +908,8 @@ def test_a_dropped_connection_before_a_request_is_an_agent_store_error(kind: str
             on_event=on_event,
         )  # fmt: skip
     error = run.error
-    assert isinstance(error, AgentStoreError), repr(error)
-    assert (error.operation, error.step) == ("history", 2)
-    assert isinstance(error.__cause__, sa.exc.DBAPIError)
+    assert isinstance(error, StoreUnavailableError), repr(error)
+    assert error.retryable and "nothing was written" in str(error)
     assert len(run.history) == 4 and server.served == 1  # the first turn is safe
 
 

@@ -94,12 +94,16 @@ def _arg_filter(text: str) -> tuple[str, Any]:
     if not sep or not path.strip():
         raise click.BadParameter(f"{text!r} is not PATH=VALUE", param_hint="--arg")
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_not_json)
     except ValueError:
-        value = raw
+        value = raw  # not a JSON scalar (NaN and Infinity are not JSON either): text
     if isinstance(value, dict | list):
         value = raw  # an object or array literal is matched as the text it is
     return path.strip(), value
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def _kinds() -> str:
@@ -348,8 +352,9 @@ def check(
     dropped or NOT VALID) are found, and so is a schema that lost part of its enforcement
     (unenforced). Prints one row (one line) per violation: conversation, seq,
     kind, detail. A summary goes to stderr. Exit status: 0 clean, 1 violations found (whatever
-    the database holds), 7 the engine finds the database damaged, 2 when the store cannot be
-    read (4 when it cannot be reached).
+    the database holds), 7 the engine finds the database damaged, else the status of why the
+    store cannot be read (2 a bad --db, 3 no such database or no fsm schema, 4 the server
+    cannot be reached; see fsm --help).
 
     \b
     Kinds:
@@ -363,10 +368,9 @@ def check(
     """
     import time
 
-    from fsm.cli.main import EXIT_CORRUPT, EXIT_INCOMPLETE, EXIT_UNUSABLE, exit_code_for
+    from fsm.cli.main import EXIT_CORRUPT, EXIT_INCOMPLETE, exit_code_for
     from fsm.errors import FsmError
     from fsm.store import audit as audit_api
-    from fsm.store.errors import DatabaseCorruptError
 
     bar: list[Any] = []
     stderr = sys.stderr
@@ -405,11 +409,8 @@ def check(
                     bar[0].__exit__(None, None, None)
     except FsmError as exc:
         # the store could not be checked: not "violations found" (1), so scripts can tell
-        click.echo(f"error: {exc}", err=True)
-        if isinstance(exc, DatabaseCorruptError):
-            sys.exit(EXIT_CORRUPT)
-        code = exit_code_for(exc)
-        sys.exit(EXIT_UNUSABLE if code == EXIT_INCOMPLETE else code)
+        click.echo(f"error: {' '.join(str(exc).split())}", err=True)
+        sys.exit(exit_code_for(exc))
     seconds = time.perf_counter() - started
     found = sum(counts.values())
     if found:

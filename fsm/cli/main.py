@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
 
 from fsm import __version__
-from fsm.errors import FsmError, RemoteProtocolError
+from fsm.errors import FsmError
 
 __all__ = [
+    "EXIT_BY_CLASS",
     "EXIT_CORRUPT",
     "EXIT_FULL",
     "EXIT_INCOMPLETE",
@@ -27,6 +29,7 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_UNUSABLE",
     "cli",
+    "exit_code_for",
     "main",
 ]
 
@@ -44,7 +47,8 @@ EXIT_UNAVAILABLE = 4
 EXIT_OUTCOME_UNKNOWN = 5
 #: the disk or the database is full: nothing was written
 EXIT_FULL = 6
-#: the database file itself is corrupt (the engine's own integrity check failed)
+#: the database is corrupt: the engine's own integrity check failed, or the stored history
+#: breaks the contract the database enforces (it was edited with enforcement off)
 EXIT_CORRUPT = 7
 #: an unexpected internal error (a bug: please report it)
 EXIT_INTERNAL = 70
@@ -52,34 +56,89 @@ EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
 
 
+#: The exit status of each typed error, by class: the most specific class of an error's MRO
+#: listed here decides. Store classes are named by module path, so that the command line does
+#: not import the store (and SQLAlchemy) to start; a test checks every name resolves.
+EXIT_BY_CLASS: dict[str, int] = {
+    "fsm.errors.RemoteProtocolError": EXIT_UNUSABLE,
+    "fsm.errors.LocalProtocolError": EXIT_UNUSABLE,
+    "fsm.errors.IncompleteTurnError": EXIT_INCOMPLETE,
+    "fsm.store.errors.DatabaseUrlError": EXIT_UNUSABLE,
+    "fsm.store.errors.DriverMissingError": EXIT_UNUSABLE,
+    "fsm.store.errors.InvalidFilterError": EXIT_UNUSABLE,
+    "fsm.store.errors.UnknownRevisionError": EXIT_UNUSABLE,
+    "fsm.store.errors.CommitOutcomeUnknownError": EXIT_OUTCOME_UNKNOWN,
+    "fsm.store.errors.StoreUnavailableError": EXIT_UNAVAILABLE,
+    "fsm.store.errors.StoreBusyError": EXIT_UNAVAILABLE,
+    "fsm.store.errors.StorageFullError": EXIT_FULL,
+    "fsm.store.errors.DatabaseCorruptError": EXIT_CORRUPT,
+    "fsm.store.errors.CorruptStoreError": EXIT_CORRUPT,
+    "fsm.store.errors.StoreError": EXIT_STORE,
+    "fsm.errors.FsmError": EXIT_INCOMPLETE,
+}
+
+
 def exit_code_for(error: BaseException) -> int:
-    """The exit status a typed error maps to."""
-    if isinstance(error, RemoteProtocolError):
-        return EXIT_UNUSABLE
-    code = getattr(error, "exit_code", None)
-    return code if isinstance(code, int) else 1
+    """The exit status a typed error maps to (:data:`EXIT_BY_CLASS`; any other error is
+    :data:`EXIT_INTERNAL`)."""
+    for cls in type(error).__mro__:
+        code = EXIT_BY_CLASS.get(f"{cls.__module__}.{cls.__qualname__}")
+        if code is not None:
+            return code
+    return EXIT_INTERNAL
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 class FsmGroup(click.Group):
-    """A click group that prints typed errors without a traceback."""
+    """A click group that prints every error as one line on stderr, with its exit status:
+    typed errors, usage errors, and Ctrl-C (130); never a traceback."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as exc:
+            hint = ""
+            if exc.ctx is not None:
+                hint = f" (see: {exc.ctx.command_path} --help)"
+            click.echo(f"error: {_one_line(exc.format_message())}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"error: {_one_line(exc.format_message())}", err=True)
+            sys.exit(exc.exit_code)
+        except (click.Abort, KeyboardInterrupt):
+            click.echo("error: interrupted (Ctrl-C): nothing more was done", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.Abort, click.ClickException):
+        except (click.exceptions.Exit, click.Abort, click.ClickException, KeyboardInterrupt):
             raise
         except FsmError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {_one_line(str(exc))}", err=True)
             ctx.exit(exit_code_for(exc))
         except OSError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {_one_line(str(exc))}", err=True)
             ctx.exit(EXIT_UNUSABLE)
         except Exception as exc:
             if os.environ.get("FSM_DEBUG"):
                 raise
             click.echo(
-                f"internal error: {type(exc).__name__}: {exc} (set FSM_DEBUG=1 for the traceback; "
-                "please report it)",
+                f"internal error: {type(exc).__name__}: {_one_line(str(exc))} (set FSM_DEBUG=1 "
+                "for the traceback; please report it)",
                 err=True,
             )
             ctx.exit(EXIT_INTERNAL)

@@ -10,7 +10,8 @@
 * :func:`output_options`: ``--table``, ``--json``, ``--nl``, ``--csv``, ``--tsv``,
   ``--no-headers``, ``--max-width``, handed over as one :class:`~fsm.cli.output.OutputFormat`;
   :func:`json_document_option` is the ``--json`` of a command that prints one document;
-* :func:`count_option`: an option that takes a whole number ``N``.
+* :func:`count_option`: an option that takes a whole number ``N``; :func:`whole_number` is its
+  type (at most :data:`INT64_MAX`, so that no number overflows the database's integers).
 
 Choices come from the definitions, not from lists kept here: the states from
 :class:`~fsm.states.ToolCallState` (:data:`STATES`, :data:`FAILED_STATES`). Help that lists what
@@ -39,6 +40,7 @@ from fsm.states import ToolCallState
 
 __all__ = [
     "FAILED_STATES",
+    "INT64_MAX",
     "STATES",
     "TIME_HELP",
     "GeneratedHelpCommand",
@@ -49,6 +51,7 @@ __all__ = [
     "json_document_option",
     "output_options",
     "paging_options",
+    "whole_number",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -93,11 +96,21 @@ def db_option(note: str = "") -> Decorator[Any]:
     return click.option("--db", "url", metavar="URL", default=None, help=text)
 
 
+#: the largest whole number an option takes: what both engines hold in a 64-bit integer.
+INT64_MAX = 2**63 - 1
+
+
+def whole_number(minimum: int = 0) -> click.IntRange:
+    """The type of an option that takes a whole number from ``minimum`` to :data:`INT64_MAX`
+    (a larger one would overflow the database's integers: refused as a usage error)."""
+    return click.IntRange(min=minimum, max=INT64_MAX)
+
+
 def count_option(flag: str, *, default: int, help: str, minimum: int = 0) -> Decorator[Any]:
     """An option that takes a whole number ``N`` of at least ``minimum``, default shown."""
     return click.option(
         flag,
-        type=click.IntRange(min=minimum),
+        type=whole_number(minimum),
         default=default,
         show_default=True,
         metavar="N",
@@ -171,7 +184,7 @@ class Page:
             key = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
         except (ValueError, binascii.Error):
             key = None
-        if not isinstance(key, list) or len(key) != size:
+        if not isinstance(key, list) or len(key) != size or not all(map(_key_part, key)):
             raise click.BadParameter(
                 f"{text!r} is not a cursor of this command", param_hint="--after"
             )
@@ -189,6 +202,15 @@ class Page:
             click.echo(f"more rows may follow: add --after {self.cursor(last_key)}", err=True)
 
 
+def _key_part(value: Any) -> bool:
+    """Whether ``value`` can be part of a row key: text, or a whole number the engines hold."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return -INT64_MAX - 1 <= value <= INT64_MAX
+    return value is None or isinstance(value, str)
+
+
 def paging_options(function: F) -> F:
     """``--limit``, ``--offset``, ``--after``; the command receives them as ``page: Page``."""
 
@@ -204,7 +226,7 @@ def paging_options(function: F) -> F:
                 help="At most N rows (0: all of them, read a page at a time).",
             ),
             click.option(
-                "--offset", type=click.IntRange(min=0), default=0, metavar="N", help="Skip N rows."
+                "--offset", type=whole_number(), default=0, metavar="N", help="Skip N rows."
             ),
             click.option(
                 "--after",

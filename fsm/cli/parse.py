@@ -10,9 +10,16 @@ import click
 import orjson
 
 from fsm.api import parse_text
-from fsm.parser import ParseResult, Turn
+from fsm.parser import ParseResult, StreamParser, Turn
 
-__all__ = ["parse_command", "render_result"]
+__all__ = [
+    "INTERRUPTED",
+    "not_a_stream",
+    "parse_command",
+    "parse_input",
+    "read_input",
+    "render_result",
+]
 
 _PREVIEW = 200
 #: exit status for unusable input (``fsm.cli.main.EXIT_UNUSABLE``; not imported: main imports us)
@@ -83,11 +90,71 @@ def render_json(result: ParseResult) -> str:
         return json.dumps(payload, indent=2, ensure_ascii=True)
 
 
-def _read(source: str) -> bytes:
-    if source == "-":
-        return sys.stdin.buffer.read()
-    with open(source, "rb") as handle:
-        return handle.read()
+#: the abort reason of a stream cut by Ctrl-C while it was read from stdin.
+INTERRUPTED = "interrupted (Ctrl-C)"
+#: exit status of Ctrl-C (``fsm.cli.main.EXIT_INTERRUPTED``)
+_EXIT_INTERRUPTED = 130
+
+
+def read_input(source: str) -> tuple[bytes, bool]:
+    """The bytes of ``source`` (a path, or ``-`` for stdin) and whether Ctrl-C ended reading.
+
+    Stdin is read as it comes, so that Ctrl-C (while a producer still writes, or on a
+    terminal) keeps every byte received so far; a file is read whole (Ctrl-C then interrupts
+    the command as usual).
+    """
+    if source != "-":
+        with open(source, "rb") as handle:
+            return handle.read(), False
+    stdin = sys.stdin.buffer
+    read = getattr(stdin, "read1", stdin.read)
+    received = bytearray()
+    try:
+        while piece := read(1 << 16):
+            received += piece
+    except KeyboardInterrupt:
+        return bytes(received), True
+    return bytes(received), False
+
+
+def parse_input(data: bytes, *, interrupted: bool, repair_json: bool) -> ParseResult:
+    """:func:`fsm.api.parse_text` of ``data``; for input cut by Ctrl-C (``interrupted``), the
+    stream is aborted with reason :data:`INTERRUPTED` instead of ended by EOF (its open calls
+    become ``aborted``), and a last JSON line cut in the middle is left out."""
+    if not interrupted:
+        return parse_text(data, repair_json=repair_json)
+    parser = StreamParser(repair_json=repair_json)
+    body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
+    if body.lstrip()[:1] == b"{":  # JSON lines, as parse_text tells them
+        lines = body.splitlines()
+        if lines and not body.endswith((b"\n", b"\r")):
+            lines.pop()
+        for line in lines:
+            if line.strip():
+                parser.receive_chunk(line)
+    else:
+        parser.receive_data(data)
+    parser.abort(INTERRUPTED)
+    return parser.result()
+
+
+def not_a_stream(result: ParseResult) -> str | None:
+    """Why the parsed input is not a stream at all (``None``: it is one): it held no SSE event
+    and no JSON chunk, or none of its events was a Chat Completions chunk (no choice, id,
+    model, usage, error or ``[DONE]``: Markdown, a JSON document, a binary file)."""
+    if result.event_count == 0:
+        return "it holds no SSE event and no JSON chunk"
+    recognised = (
+        result.turns
+        or result.response_id is not None
+        or result.model is not None
+        or result.usage is not None
+        or result.error is not None
+        or result.end_how in ("done", "error")
+    )
+    if recognised:
+        return None
+    return f"none of its {result.event_count} event(s) is a Chat Completions chunk"
 
 
 @click.command(name="parse")
@@ -102,8 +169,9 @@ def parse_command(file: str, as_json: bool, repair_json: bool) -> None:
     """Parse a recorded stream FILE (SSE text, or JSON lines of chunks; '-' for stdin).
 
     Exit status: 0 when every choice is a complete turn, 1 when any is not, 2 when the input is
-    not a stream at all (invalid chunks, or no SSE event and no chunk in it: the reason is
-    printed on stderr).
+    not a stream at all (invalid chunks, no SSE event or chunk in it, or none that is a Chat
+    Completions chunk: the reason is printed on stderr), 130 on Ctrl-C (reading stdin, the
+    partial result is still printed, its open calls aborted as interrupted).
 
     \b
     Examples:
@@ -111,16 +179,23 @@ def parse_command(file: str, as_json: bool, repair_json: bool) -> None:
       fsm parse --json response.sse | jq '.choices[0].tool_calls'
       curl -sN ... | fsm parse --json -
     """
-    result = parse_text(_read(file), repair_json=repair_json)
-    if result.event_count == 0:
+    data, interrupted = read_input(file)
+    result = parse_input(data, interrupted=interrupted, repair_json=repair_json)
+    why = None if interrupted else not_a_stream(result)
+    if why is not None:
         name = "stdin" if file == "-" else file
-        click.echo(
-            f"error: {name} is not a stream: it holds no SSE event and no JSON chunk", err=True
-        )
+        click.echo(f"error: {name} is not a stream: {why}", err=True)
         sys.exit(_EXIT_UNUSABLE)
     if as_json:
         click.echo(render_json(result))
     else:
         click.echo(render_result(result))
+    if interrupted:
+        click.echo(
+            f"error: {INTERRUPTED} while reading stdin: the result above is what arrived "
+            f"before ({len(data)} bytes)",
+            err=True,
+        )
+        sys.exit(_EXIT_INTERRUPTED)
     if not result.complete:
         sys.exit(1)

@@ -18,6 +18,10 @@ from fsm.cli import options
 __all__ = ["db", "history", "ingest"]
 
 db_option = options.db_option()
+#: exit status of Ctrl-C (``fsm.cli.main.EXIT_INTERRUPTED``; not imported: main imports us)
+_EXIT_INTERRUPTED = 130
+#: exit status of unusable input (``fsm.cli.main.EXIT_UNUSABLE``)
+_EXIT_UNUSABLE = 2
 
 
 @click.group(name="db")
@@ -45,10 +49,19 @@ def db_upgrade(url: str | None, revision: str) -> None:
       fsm db upgrade --db sqlite:///chat.db
       FSM_DB_URL=postgresql+psycopg://app@localhost/app fsm db upgrade
     """
-    from fsm.store.engine import display_url, normalize_url
-    from fsm.store.migrate import current_revision, upgrade
+    from fsm.store.engine import normalize_url, removed_if_failed
+    from fsm.store.migrate import check_revision
 
     target = normalize_url(url)
+    check_revision(revision)
+    with removed_if_failed(target):
+        _upgrade(target, revision)
+
+
+def _upgrade(target: Any, revision: str) -> None:
+    from fsm.store.engine import display_url
+    from fsm.store.migrate import current_revision, upgrade
+
     before = current_revision(target)
     upgrade(target, revision)
     after = current_revision(target)
@@ -116,11 +129,17 @@ def _load_results(path: str | None) -> Any:
     "or an object keyed by call id.",
 )
 @click.option(
-    "--choice", type=int, default=None, help="Choice to commit when the stream has several."
+    "--choice",
+    type=options.whole_number(),
+    default=None,
+    help="Choice to commit when the stream has several.",
 )
 @click.option("--idempotency-key", default=None, help="Commit at most once under this key.")
 @click.option(
-    "--expected-seq", type=int, default=None, help="Fail if the turn would not land at this seq."
+    "--expected-seq",
+    type=options.whole_number(),
+    default=None,
+    help="Fail if the turn would not land at this seq.",
 )
 @click.option("--repair-json", is_flag=True, help="Parse with opt-in append-only JSON repair.")
 def ingest(
@@ -138,20 +157,32 @@ def ingest(
 
     A turn that is not complete (a call truncated or aborted, a stream cut short) goes to the
     conversation's attempts instead, never to history, and the exit status is 1. Committing the
-    same response again writes nothing (idempotent).
+    same response again writes nothing (idempotent). A new or empty SQLite file gets the schema
+    first. Input that is not a stream exits 2 with nothing written; Ctrl-C while reading stdin
+    records what arrived as an attempt and exits 130; store errors have their own statuses
+    (fsm --help).
 
     \b
     Examples:
       fsm ingest --db sqlite:///chat.db --conversation c1 response.sse --results results.json
       echo '["18 C, sunny"]' > r.json && fsm ingest --conversation c1 weather.sse --results r.json
     """
-    from fsm.api import parse_text
+    from fsm.cli.parse import not_a_stream, parse_input, read_input
     from fsm.parser import Turn
     from fsm.store import ConversationStore
+    from fsm.store.engine import normalize_url
 
-    data = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+    normalize_url(url)  # a --db that is no URL or path is told before anything is read
     results = _load_results(results_path)
-    parsed = parse_text(data, repair_json=repair_json)
+    data, interrupted = read_input(file)
+    parsed = parse_input(data, interrupted=interrupted, repair_json=repair_json)
+    if interrupted:
+        _record_interrupted(url, conversation_id, parsed, choice, len(data))
+    why = not_a_stream(parsed)
+    if why is not None:
+        name = "stdin" if file == "-" else file
+        click.echo(f"error: {name} is not a stream: {why}; nothing written", err=True)
+        sys.exit(_EXIT_UNUSABLE)
     if choice is None and len(parsed.turns) > 1:
         raise click.UsageError(
             f"the stream has {len(parsed.turns)} choices "
@@ -201,6 +232,34 @@ def ingest(
         )
 
 
+def _record_interrupted(
+    url: str | None, conversation_id: str, parsed: Any, choice: int | None, size: int
+) -> None:
+    """Ctrl-C while reading stdin: record what arrived as an attempt (all its choices, or the
+    one of ``--choice``), say so, and exit 130."""
+    from fsm.cli.parse import INTERRUPTED
+    from fsm.store import ConversationStore
+
+    if parsed.event_count == 0:
+        click.echo(f"error: {INTERRUPTED} before any event arrived: nothing recorded", err=True)
+        sys.exit(_EXIT_INTERRUPTED)
+    chosen = [t for t in parsed.turns if t.index == choice]
+    with ConversationStore(url) as store:
+        store.create_conversation(conversation_id, exist_ok=True)
+        ids = (
+            store.record_attempt(conversation_id, chosen[0], anomalies=parsed.anomalies)
+            if chosen
+            else store.record_attempt(conversation_id, parsed)
+        )
+    click.echo(
+        f"error: {INTERRUPTED} while reading stdin ({size} bytes arrived): nothing added to "
+        f"history; recorded as attempt {', '.join(map(str, ids))} of conversation "
+        f"{conversation_id!r}",
+        err=True,
+    )
+    sys.exit(_EXIT_INTERRUPTED)
+
+
 def _why(parsed: Any, turn: Any) -> str:
     if turn is None:
         return f"no choice in the stream; it ended {parsed.end_how or 'early'}"
@@ -224,7 +283,7 @@ def _preview(value: Any, limit: int = 120) -> str:
 @options.json_document_option("Print the OpenAI messages list as JSON.")
 @click.option(
     "--last",
-    type=click.IntRange(min=0),
+    type=options.whole_number(),
     default=None,
     help="Only the last N messages (never starting inside a tool block).",
 )
@@ -253,9 +312,11 @@ def history(
       fsm history --db sqlite:///chat.db c1 --mermaid > c1.mmd
     """
     from fsm.store import ConversationStore
+    from fsm.store.engine import normalize_url, require_existing
 
     if as_json and mermaid:
         raise click.UsageError("choose --json or --mermaid, not both")
+    require_existing(normalize_url(url), "fsm history")
     with ConversationStore(url) as store:
         messages = store.history(conversation_id, last=last, include_reasoning=include_reasoning)
         first = store.next_seq(conversation_id) - len(messages)

@@ -52,6 +52,9 @@ from fsm.store.engine import (
     create_async_engine,
     create_engine,
     display_url,
+    new_sqlite_file,
+    removed_if_failed,
+    sqlite_file,
     sync_url,
 )
 from fsm.store.errors import ConversationExistsError
@@ -71,11 +74,14 @@ class AsyncConversationStore:
     :class:`~fsm.store.errors.ConflictError`.
 
     Args:
-        url: a SQLAlchemy URL; ``None`` means the embedded default (``$FSM_DB_URL``, else the
-            SQLite file ``$FSM_DB``, else ``./fsm.db``).
+        url: a SQLAlchemy URL, or a filesystem path taken as a SQLite file; ``None`` means the
+            embedded default (``$FSM_DB_URL``, else the SQLite file ``$FSM_DB``, else
+            ``./fsm.db``). A string that is neither raises
+            :class:`~fsm.store.errors.DatabaseUrlError`.
         auto_upgrade: migrate the schema to the current revision on first use. The default
-            (``None``) does so only for the embedded default database; any other database not at
-            the current revision raises :class:`~fsm.store.errors.SchemaNotAtHeadError`.
+            (``None``) does so for the embedded default database, and creates the schema in a
+            new or empty SQLite file; any other database not at the current revision raises
+            :class:`~fsm.store.errors.SchemaNotAtHeadError`.
         busy_timeout: SQLite only: seconds a write waits for another writer before raising
             :class:`~fsm.store.errors.StoreBusyError` (the wait happens in aiosqlite's thread,
             never blocking the event loop).
@@ -98,12 +104,15 @@ class AsyncConversationStore:
     ) -> None:
         self._url = sync_url(url)
         self._timeout = check_timeout(timeout)
+        # the file (and its directory) appear with the engine; a failed open() removes them
+        self._new_file = new_sqlite_file(self._url)
         self._engine = create_async_engine(
             self._url, busy_timeout=busy_timeout, timeout=self._timeout
         )
         self._writer = self._engine.execution_options(**{WRITE: True})
         dialect = self._engine.dialect.name
         self._core = StoreCore(self._url, postgres=dialect == "postgresql")
+        self._upgrade_empty = auto_upgrade is None and sqlite_file(self._url) is not None
         self._auto_upgrade = self._core.auto_upgrade(url is not None, dialect, auto_upgrade)
         self._busy_timeout = busy_timeout
         self._ready = False
@@ -135,11 +144,16 @@ class AsyncConversationStore:
         return self
 
     def _check_schema(self) -> None:
-        engine = create_engine(self._url, busy_timeout=self._busy_timeout, poolclass=pool.NullPool)
-        try:
-            ensure_at_head(engine, auto_upgrade=self._auto_upgrade)
-        finally:
-            engine.dispose()
+        with removed_if_failed(self._url, self._new_file):
+            engine = create_engine(
+                self._url, busy_timeout=self._busy_timeout, poolclass=pool.NullPool
+            )
+            try:
+                ensure_at_head(
+                    engine, auto_upgrade=self._auto_upgrade, upgrade_empty=self._upgrade_empty
+                )
+            finally:
+                engine.dispose()
 
     async def close(self) -> None:
         """Release the store's connections."""

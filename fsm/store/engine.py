@@ -40,29 +40,40 @@ the server gives up on its own and frees a vanished client's locks. Each kind's 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event, pool
 from sqlalchemy.engine import URL, Connection, Engine
 
+from fsm.store import faults
 from fsm.store.deadline import DEFAULT_TIMEOUT
-from fsm.store.errors import AuditError, DatabaseNotFoundError
+from fsm.store.errors import (
+    AuditError,
+    DatabaseNotFoundError,
+    DatabaseUrlError,
+    DriverMissingError,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+
+_E = TypeVar("_E")
 
 __all__ = [
     "BUSY_TIMEOUT_SECONDS",
     "CONNECT_TIMEOUT_SECONDS",
     "DEFAULT_TIMEOUT",
     "WRITE",
+    "NewFile",
     "async_url",
     "create_async_engine",
     "create_engine",
@@ -71,8 +82,12 @@ __all__ = [
     "default_url",
     "display_url",
     "dumps_json",
+    "new_sqlite_file",
     "normalize_url",
     "postgres_connect_args",
+    "removed_if_failed",
+    "require_existing",
+    "sqlite_file",
     "sync_url",
 ]
 
@@ -194,13 +209,140 @@ def default_url() -> str:
     return f"sqlite:///{Path(path).expanduser().resolve()}"
 
 
-def normalize_url(url: str | URL | None) -> URL:
+#: what a valid ``--db`` looks like, for the messages of :class:`DatabaseUrlError`.
+_URL_FORMS: Final = (
+    "give a SQLite file path (chat.db), a sqlite:///path.db URL or a "
+    "postgresql+psycopg://user@host/db URL"
+)
+
+
+def normalize_url(url: str | os.PathLike[str] | URL | None) -> URL:
     """Parse ``url`` (``None`` means :func:`default_url`); ``postgresql://`` and
-    ``postgres://`` select the psycopg 3 driver."""
-    parsed = sa.make_url(default_url() if url is None else url)
+    ``postgres://`` select the psycopg 3 driver.
+
+    A filesystem path (``chat.db``, ``./x.db``, ``/abs/x.sqlite``, ``~/x.db``, a
+    :class:`~pathlib.Path`) is taken as a SQLite file (made absolute, ``~`` expanded). Anything
+    else that is not a URL of SQLite or PostgreSQL raises
+    :class:`~fsm.store.errors.DatabaseUrlError`, whose message shows the valid forms.
+    """
+    if url is None:
+        url = default_url()
+    if isinstance(url, os.PathLike):
+        return _path_url(os.fspath(url))
+    if isinstance(url, str):
+        text = url.strip()
+        if not text or "\x00" in text or "\n" in text:
+            raise DatabaseUrlError(f"{url!r} is not a database URL or file path: {_URL_FORMS}")
+        if "://" not in text:
+            if _looks_like_path(text):
+                return _path_url(text)
+            raise DatabaseUrlError(f"{url!r} is not a database URL or file path: {_URL_FORMS}")
+        try:
+            parsed = sa.make_url(text)
+        except (sa.exc.ArgumentError, ValueError) as exc:
+            raise DatabaseUrlError(f"{url!r} is not a valid database URL: {_URL_FORMS}") from exc
+    elif isinstance(url, URL):
+        parsed = url
+    else:
+        raise DatabaseUrlError(
+            f"a database URL is a str, a path or a sqlalchemy URL, not {type(url).__name__}"
+        )
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise DatabaseUrlError(
+            f"fsm stores to SQLite and PostgreSQL, not {backend} "
+            f"({parsed.render_as_string(hide_password=True)}): {_URL_FORMS}"
+        )
     return parsed
+
+
+def _looks_like_path(text: str) -> bool:
+    """Whether ``text`` (no ``://``) reads as a file path: no ``scheme:`` prefix and no
+    ``user@host`` before the first ``/`` (those are URLs with a typo)."""
+    if ":" in text:
+        return False
+    head = text.split("/", 1)[0]
+    return "@" not in head
+
+
+def _path_url(path: str) -> URL:
+    return URL.create("sqlite", database=str(Path(path).expanduser().resolve()))
+
+
+def sqlite_file(url: str | URL) -> Path | None:
+    """The file of a SQLite URL (``None``: another engine, or an in-memory database)."""
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    database = parsed.database or ""
+    if not database or database == ":memory:" or "mode=memory" in database:
+        return None
+    if database.startswith("file:"):
+        database = database[len("file:") :].split("?", 1)[0]
+    return Path(database).expanduser()
+
+
+def require_existing(url: str | URL, reader: str) -> None:
+    """Raise :class:`~fsm.store.errors.DatabaseNotFoundError` if ``url`` is a SQLite file that
+    does not exist (``reader`` names who reads it, for the message): reading never creates a
+    database."""
+    path = sqlite_file(url)
+    if path is not None and not path.exists():
+        raise DatabaseNotFoundError(
+            f"no SQLite database at {path.resolve()}: {reader} reads a store and never creates "
+            f"one; check --db, or create it with: fsm db upgrade --db '{path.resolve()}'"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NewFile:
+    """A SQLite file that does not exist yet, and the directories to be made for it."""
+
+    path: Path
+    #: the directories that do not exist yet, deepest first
+    directories: tuple[Path, ...]
+
+
+def new_sqlite_file(url: str | URL) -> NewFile | None:
+    """The SQLite file of ``url`` if it does not exist yet (``None``: it exists, or ``url`` is
+    not a SQLite file)."""
+    path = sqlite_file(url)
+    if path is None or path.exists():
+        return None
+    made: list[Path] = []
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        made.append(parent)
+        parent = parent.parent
+    return NewFile(path, tuple(made))
+
+
+@contextmanager
+def removed_if_failed(url: URL, new: NewFile | None = None) -> Iterator[None]:
+    """Around opening a store on ``url``: a SQLite file that does not exist yet (``new``, as
+    :func:`new_sqlite_file` found it before the engine was made; by default, now) is removed
+    again, with its ``-wal``, ``-shm`` and ``-journal`` files and the directories made for it,
+    if the body raises: a failed open leaves nothing behind. Dispose of the engine inside the
+    body."""
+    if new is None:
+        new = new_sqlite_file(url)
+    if new is None:
+        yield
+        return
+    try:
+        yield
+    except BaseException:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(OSError):
+                Path(f"{new.path}{suffix}").unlink(missing_ok=True)
+        for directory in new.directories:
+            try:
+                directory.rmdir()
+            except OSError:
+                break
+        raise
 
 
 def display_url(url: str | URL) -> str:
@@ -283,17 +425,20 @@ def create_async_engine(
         _make_parent(parsed)
         kwargs = _sqlite_kwargs(kwargs, busy_timeout)
     kwargs = _postgres_kwargs(parsed, kwargs, timeout)
-    engine = sa_create_async_engine(parsed, **kwargs)
+    engine = _sa_engine(sa_create_async_engine, parsed, kwargs)
     if sqlite or engine.dialect.driver.startswith("psycopg"):  # not asyncpg: it differs
         profile = _store_profile(foreign_keys=True, busy_timeout=busy_timeout, timeout=timeout)
         _configure(engine.sync_engine, profile)
+    faults.hook(engine.sync_engine)
     return engine
 
 
 def create_probe_engine(url: str | URL | None = None) -> Engine:
     """An engine with no settings and no pool, for looking at a database without changing it
     (no journal mode, no foreign keys, no directory created): reading its revision."""
-    return sa.create_engine(normalize_url(url), poolclass=pool.NullPool)
+    engine = _sa_engine(sa.create_engine, normalize_url(url), {"poolclass": pool.NullPool})
+    faults.hook(engine)
+    return engine
 
 
 def async_url(url: str | URL | None) -> URL:
@@ -326,9 +471,32 @@ def _build(url: URL, profile: _Profile, kwargs: dict[str, Any], busy_timeout: fl
     """The one place a synchronous engine is made and set up."""
     if url.get_backend_name() == "sqlite":
         kwargs = _sqlite_kwargs(kwargs, busy_timeout)
-    engine = sa.create_engine(url, **kwargs)
+    engine = _sa_engine(sa.create_engine, url, kwargs)
     _configure(engine, profile)
+    faults.hook(engine, readonly=profile is _READONLY_PROFILE)
     return engine
+
+
+#: the package that provides each driver fsm uses, for :class:`DriverMissingError`.
+_DRIVER_PACKAGES: Final = {
+    "psycopg": ("psycopg", "pip install 'fsm[postgres]'"),
+    "psycopg_async": ("psycopg", "pip install 'fsm[postgres]'"),
+    "aiosqlite": ("aiosqlite", "pip install 'fsm[async]'"),
+}
+
+
+def _sa_engine(factory: Callable[..., _E], url: URL, kwargs: dict[str, Any]) -> _E:
+    """``factory(url, **kwargs)``; a driver that is not installed raises
+    :class:`~fsm.store.errors.DriverMissingError` naming the package to install."""
+    try:
+        return factory(url, **kwargs)
+    except ImportError as exc:
+        driver = url.get_driver_name()
+        package, fix = _DRIVER_PACKAGES.get(driver, (driver, f"pip install {driver}"))
+        raise DriverMissingError(
+            f"the database driver {package} is not installed, and "
+            f"{url.render_as_string(hide_password=True)} needs it: {fix}"
+        ) from exc
 
 
 def _configure(engine: Engine, profile: _Profile) -> None:

@@ -15,11 +15,16 @@ from fsm.errors import FsmError
 
 __all__ = [
     "AuditError",
+    "CommitOutcomeUnknownError",
     "ConflictError",
     "ConversationExistsError",
     "ConversationNotFoundError",
     "CorruptStoreError",
+    "DatabaseCorruptError",
+    "DatabaseFileError",
     "DatabaseNotFoundError",
+    "DatabaseUrlError",
+    "DriverMissingError",
     "IdempotencyMismatchError",
     "InvalidConversationIdError",
     "InvalidFilterError",
@@ -30,15 +35,11 @@ __all__ = [
     "ResultsError",
     "RetryableStoreError",
     "SchemaNotAtHeadError",
-    "CommitOutcomeUnknownError",
-    "DatabaseCorruptError",
-    "DatabaseFileError",
-    "DatabaseUrlError",
-    "DriverMissingError",
     "StorageFullError",
     "StoreBusyError",
     "StoreError",
     "StoreUnavailableError",
+    "UnknownRevisionError",
     "UnsupportedValueError",
     "ValueRejectedError",
 ]
@@ -223,8 +224,9 @@ class CorruptStoreError(StoreError):
 class SchemaNotAtHeadError(StoreError):
     """The database schema is not at the revision this version of fsm needs.
 
-    The message names the command that fixes it (``fsm db upgrade --db URL``), or says to
-    upgrade fsm when the database was migrated by a newer fsm (``unknown=True``).
+    The message names the command that fixes it (``fsm db upgrade --db URL``) and the Python
+    call (``fsm.store.upgrade(URL)``), or says to upgrade fsm when the database was migrated by
+    a newer fsm (``unknown=True``).
     """
 
     def __init__(self, url: str, current: str | None, head: str, *, unknown: bool = False) -> None:
@@ -238,8 +240,15 @@ class SchemaNotAtHeadError(StoreError):
                 "upgrade fsm"
             )
         else:
-            fix = f"run: fsm db upgrade --db '{url}'  (or: alembic -x db='{url}' upgrade head)"
+            fix = (
+                f"run: fsm db upgrade --db '{url}' (from Python: fsm.store.upgrade('{url}'); "
+                f"or: alembic -x db='{url}' upgrade head)"
+            )
         super().__init__(f"the database {url} {state}, but this fsm needs revision {head}; {fix}")
+
+
+class UnknownRevisionError(StoreError, ValueError):
+    """A schema revision to upgrade to is not in fsm's migrations (the message lists them)."""
 
 
 class MigrationsNotFoundError(StoreError):
@@ -252,7 +261,8 @@ class AuditError(StoreError):
 
 
 class DatabaseNotFoundError(AuditError, FileNotFoundError):
-    """The SQLite file to audit does not exist (audits open it read-only and never create it)."""
+    """The database to read does not exist: a SQLite file that reading commands and audits
+    never create, or a PostgreSQL database missing on its server."""
 
 
 class InvalidFilterError(AuditError, ValueError):

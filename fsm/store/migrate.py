@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -21,10 +22,15 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL, Connection, Engine
 
 from fsm.store.engine import create_probe_engine, display_url, normalize_url
-from fsm.store.errors import MigrationsNotFoundError, SchemaNotAtHeadError
+from fsm.store.errors import (
+    MigrationsNotFoundError,
+    SchemaNotAtHeadError,
+    UnknownRevisionError,
+)
 
 __all__ = [
     "alembic_config",
+    "check_revision",
     "current_revision",
     "downgrade",
     "ensure_at_head",
@@ -78,9 +84,21 @@ def _known_revisions() -> set[str]:
     return {rev.revision for rev in script.walk_revisions()}
 
 
+def check_revision(revision: str) -> str:
+    """``revision`` if Alembic can upgrade to it (``head``, ``heads``, or a revision id of
+    fsm's history), else :class:`~fsm.store.errors.UnknownRevisionError`."""
+    if revision in ("head", "heads") or revision in _known_revisions():
+        return revision
+    known = ", ".join(sorted(_known_revisions()))
+    raise UnknownRevisionError(
+        f"no revision {revision!r} in fsm's migrations: give head (the default) or one of {known}"
+    )
+
+
 def upgrade(url: str | URL | None = None, revision: str = "head") -> None:
-    """Upgrade the database at ``url`` (``None``: the default) to ``revision``."""
-    command.upgrade(alembic_config(url), revision)
+    """Upgrade the database at ``url`` (``None``: the default) to ``revision``
+    (:class:`~fsm.store.errors.UnknownRevisionError` for one fsm does not know)."""
+    command.upgrade(alembic_config(url), check_revision(revision))
 
 
 def downgrade(url: str | URL | None, revision: str) -> None:
@@ -111,19 +129,22 @@ def current_revision(url: str | URL | None = None) -> str | None:
         engine.dispose()
 
 
-def ensure_at_head(engine: Engine, *, auto_upgrade: bool) -> None:
+def ensure_at_head(engine: Engine, *, auto_upgrade: bool, upgrade_empty: bool = False) -> None:
     """Check that ``engine``'s database is at :func:`head_revision`.
 
-    If it is not and ``auto_upgrade`` is true, upgrade it; otherwise raise
-    :class:`~fsm.store.errors.SchemaNotAtHeadError` naming the command to run.
+    If it is not and ``auto_upgrade`` is true, upgrade it; if it is empty (no table at all) and
+    ``upgrade_empty`` is true, create the schema; otherwise raise
+    :class:`~fsm.store.errors.SchemaNotAtHeadError` naming the command (and the Python call)
+    to run.
     """
     head = head_revision()
     with engine.connect() as connection:
         current = _current(connection)
+        empty = current is None and upgrade_empty and not sa.inspect(connection).get_table_names()
     if current == head:
         return
     unknown = current is not None and current not in _known_revisions()
-    if auto_upgrade and not unknown:
+    if (auto_upgrade and not unknown) or empty:
         upgrade(engine.url)
         return
     raise SchemaNotAtHeadError(display_url(engine.url), current, head, unknown=unknown)

@@ -45,6 +45,8 @@ from fsm.store.engine import (
     create_engine,
     display_url,
     normalize_url,
+    removed_if_failed,
+    sqlite_file,
 )
 from fsm.store.errors import (
     CommitOutcomeUnknownError,
@@ -102,14 +104,19 @@ class ConversationStore:
     """Conversation history in SQLite or PostgreSQL, valid by construction.
 
     Args:
-        url: a SQLAlchemy URL (``sqlite:///path.db``, ``postgresql+psycopg://user@host/db``).
+        url: a SQLAlchemy URL (``sqlite:///path.db``, ``postgresql+psycopg://user@host/db``),
+            or a filesystem path, taken as a SQLite file (``"chat.db"``, ``Path("~/x.db")``).
             ``None`` means the embedded default: ``$FSM_DB_URL`` if set, else the SQLite file
-            ``$FSM_DB``, else ``./fsm.db``.
+            ``$FSM_DB``, else ``./fsm.db``. A string that is neither raises
+            :class:`~fsm.store.errors.DatabaseUrlError`; a driver that is not installed
+            :class:`~fsm.store.errors.DriverMissingError`.
         auto_upgrade: migrate the schema to the current revision when opening. The default
-            (``None``) does so only for the embedded default database (``url=None`` resolving to
-            SQLite); any other database not at the current revision raises
-            :class:`~fsm.store.errors.SchemaNotAtHeadError`, which names the command to run
-            (``fsm db upgrade --db URL``).
+            (``None``) does so for the embedded default database (``url=None`` resolving to
+            SQLite), and creates the schema in a new or empty SQLite file; any other database
+            not at the current revision raises :class:`~fsm.store.errors.SchemaNotAtHeadError`,
+            which names the command to run (``fsm db upgrade --db URL``) and the Python call
+            (``fsm.store.upgrade(URL)``). A SQLite file this constructor created is removed
+            again if opening fails.
         busy_timeout: SQLite only: seconds a write waits for another process's write to finish
             before raising :class:`~fsm.store.errors.StoreBusyError` (retryable).
         timeout: PostgreSQL: the deadline of each operation in seconds (default 30; ``None``:
@@ -133,17 +140,21 @@ class ConversationStore:
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
         self._url = normalize_url(url)
-        self._timeout = check_timeout(timeout)
-        self._engine = create_engine(self._url, busy_timeout=busy_timeout, timeout=self._timeout)
-        self._writer = self._engine.execution_options(**{WRITE: True})
-        dialect = self._engine.dialect.name
-        self._core = StoreCore(self._url, postgres=dialect == "postgresql")
-        auto_upgrade = self._core.auto_upgrade(url is not None, dialect, auto_upgrade)
-        try:
-            ensure_at_head(self._engine, auto_upgrade=auto_upgrade)
-        except BaseException:
-            self._engine.dispose()
-            raise
+        with removed_if_failed(self._url):
+            self._timeout = check_timeout(timeout)
+            self._engine = create_engine(
+                self._url, busy_timeout=busy_timeout, timeout=self._timeout
+            )
+            self._writer = self._engine.execution_options(**{WRITE: True})
+            dialect = self._engine.dialect.name
+            self._core = StoreCore(self._url, postgres=dialect == "postgresql")
+            upgrade_empty = auto_upgrade is None and sqlite_file(self._url) is not None
+            auto_upgrade = self._core.auto_upgrade(url is not None, dialect, auto_upgrade)
+            try:
+                ensure_at_head(self._engine, auto_upgrade=auto_upgrade, upgrade_empty=upgrade_empty)
+            except BaseException:
+                self._engine.dispose()
+                raise
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property

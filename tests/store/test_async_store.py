@@ -26,6 +26,7 @@ from fsm.store import (
     StoreBusyError,
 )
 from fsm.store.aio import AsyncConversationStore, async_url, sync_url
+from fsm.store.migrate import upgrade
 from tests.helpers import CORPUS, corpus_expected, require_corpus
 from tests.helpers.store import assert_blocks_whole, assert_openai_accepts, make_turn
 
@@ -218,6 +219,9 @@ def test_history_round_trips_every_complete_corpus_turn(url: str) -> None:
 
 
 def test_a_database_not_at_head_is_an_error(empty_url: sa.URL) -> None:
+    if empty_url.get_backend_name() == "sqlite":
+        upgrade(empty_url, "0002")  # a new or empty SQLite file gets the schema by itself
+
     async def body() -> None:
         store = AsyncConversationStore(empty_url)
         try:

@@ -693,9 +693,9 @@ def test_a_mismatch_of_marked_ids_is_shown_decoded(own_url: sa.URL) -> None:
 
 
 # -- the command's errors --------------------------------------------------------------------------
-def test_check_exits_2_with_one_line_when_the_store_cannot_be_read(tmp_path: Any) -> None:
+def test_check_exits_3_with_one_line_when_the_store_cannot_be_read(tmp_path: Any) -> None:
     result = run("audit", "check", "--db", f"sqlite:///{tmp_path / 'missing.db'}")
-    assert result.exit_code == 2
+    assert result.exit_code == 3  # EXIT_STORE: no such database, as in every command (issue 12)
     assert result.stdout == ""
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and "Traceback" not in result.stderr

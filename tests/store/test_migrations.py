@@ -118,9 +118,13 @@ def test_alembic_command_line_with_the_repository_ini(tmp_path: Path) -> None:
 
 
 def test_a_store_not_at_head_names_the_command(empty_url: sa.URL) -> None:
+    if empty_url.get_backend_name() == "sqlite":
+        upgrade(empty_url, "0002")  # a new or empty SQLite file gets the schema by itself
     with pytest.raises(SchemaNotAtHeadError, match="run: fsm db upgrade --db") as caught:
         ConversationStore(empty_url)
-    assert caught.value.current is None and caught.value.head == head_revision()
+    assert caught.value.head == head_revision()
+    assert caught.value.current == ("0002" if empty_url.get_backend_name() == "sqlite" else None)
+    assert "from Python: fsm.store.upgrade(" in str(caught.value)
     assert (empty_url.password or "\0") not in str(caught.value)
     upgrade(empty_url)
     engine = sa.create_engine(empty_url, poolclass=sa.pool.NullPool)
@@ -143,9 +147,16 @@ def test_the_embedded_default_upgrades_itself(
         store.append(cid, [{"role": "user", "content": "hi"}])
         assert store.url.endswith("default.db")
     assert current_revision(f"sqlite:///{tmp_path / 'sub' / 'default.db'}") == head_revision()
-    # an explicit URL is never upgraded behind the caller's back
+    # a new SQLite file named explicitly gets the schema (issue 12) ...
+    with ConversationStore(f"sqlite:///{tmp_path / 'other.db'}") as store:
+        store.create_conversation("c")
+    assert current_revision(f"sqlite:///{tmp_path / 'other.db'}") == head_revision()
+    # ... but an explicit database of an older revision is never upgraded behind the caller's back
+    older = f"sqlite:///{tmp_path / 'older.db'}"
+    upgrade(older, "0002")
     with pytest.raises(SchemaNotAtHeadError):
-        ConversationStore(f"sqlite:///{tmp_path / 'other.db'}")
+        ConversationStore(older)
+    assert current_revision(older) == "0002"
 
 
 # -- revision 0003 ---------------------------------------------------------------------------

@@ -45,7 +45,15 @@ def _utc(value: datetime | date | str | None, what: str) -> datetime | None:
             ) from None
     if not isinstance(value, datetime):
         value = datetime(value.year, value.month, value.day)
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        # a time whose UTC falls outside years 1-9999 (0001-01-01T00:00+01:00): the nearest
+        # time a datetime holds bounds the same rows (nothing is stored outside that range)
+        nearest = datetime.min if value.year == 1 else datetime.max
+        return nearest.replace(tzinfo=UTC)
 
 
 def _time_bound(conn: Connection, column: sa.ColumnElement[Any], value: datetime) -> Any:

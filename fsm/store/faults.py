@@ -1,0 +1,307 @@
+"""Driver errors turned into the store's typed errors: one table, by code, never by message.
+
+Every engine fsm builds (:mod:`fsm.store.engine`: the store's, the read-only, the async and the
+probe engines) has a SQLAlchemy ``handle_error`` hook that calls :func:`translate` once for each
+driver error, on connect and on every statement, sync or async. When the error has a typed
+meaning the hook raises the typed error instead, with the driver's own error chained as
+``__cause__``; otherwise the SQLAlchemy error goes on as it is (the store's own
+``StoreCore.translate`` then types a refused value, a constraint or a lost race).
+
+The decision is made by code, never by the message text:
+
+* **SQLite**: the result code of the ``sqlite3`` exception (``sqlite_errorcode``; its primary
+  code, the low byte), in :data:`SQLITE_FAULTS`;
+* **PostgreSQL**: the SQLSTATE of the psycopg exception (``sqlstate``), exact codes in
+  :data:`SQLSTATE_FAULTS`, then whole classes (the first two characters) in
+  :data:`SQLSTATE_CLASS_FAULTS`. A failed *connect* has no SQLSTATE (libpq reports it before
+  any session exists): it is :class:`~fsm.store.errors.StoreUnavailableError`, unless a probe of
+  the server's ``postgres`` database shows that the database named in the URL does not exist
+  (:class:`~fsm.store.errors.DatabaseNotFoundError`).
+
+A connection lost on a statement-less operation of an open connection (COMMIT or ROLLBACK) is
+left untyped here: whether a COMMIT in flight was stored is its own question (issue 20).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+from fsm.store.errors import (
+    DatabaseCorruptError,
+    DatabaseFileError,
+    DatabaseNotFoundError,
+    DatabaseUrlError,
+    StorageFullError,
+    StoreBusyError,
+    StoreError,
+    StoreUnavailableError,
+)
+
+__all__ = [
+    "SQLITE_FAULTS",
+    "SQLSTATE_CLASS_FAULTS",
+    "SQLSTATE_FAULTS",
+    "Fault",
+    "driver_error",
+    "hook",
+    "translate",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """What :func:`translate` knows of one driver error when it builds the typed error."""
+
+    #: the database URL, password masked
+    url: str
+    #: the SQLite file (``None``: PostgreSQL, or an in-memory database)
+    path: Path | None
+    #: the driver's message, on one line
+    reason: str
+    #: whether the error came from opening a connection (no session yet)
+    connecting: bool
+
+
+Make = Callable[[Fault], StoreError]
+
+
+# -- the typed errors, one builder per outcome -----------------------------------------------
+def _busy(fault: Fault) -> StoreError:
+    return StoreBusyError(
+        f"the database {fault.url} stayed locked by another writer ({fault.reason}); retry later"
+    )
+
+
+def _unavailable(fault: Fault) -> StoreError:
+    where = "could not be reached" if fault.connecting else "stopped answering"
+    return StoreUnavailableError(
+        f"the database {fault.url} {where} ({fault.reason}): nothing was written; check that "
+        "the server is running and the URL is right, then retry"
+    )
+
+
+def _full(fault: Fault) -> StoreError:
+    return StorageFullError(
+        f"the database {fault.url} is full ({fault.reason}): nothing was written; free disk "
+        "space, then retry"
+    )
+
+
+def _corrupt(fault: Fault) -> StoreError:
+    return DatabaseCorruptError(
+        f"the database {fault.url} is corrupt ({fault.reason}): restore it from a backup "
+        f"(fsm audit check --db '{fault.url}' lists what can still be read)"
+    )
+
+
+def _not_a_database(fault: Fault) -> StoreError:
+    path = fault.path or fault.url
+    return DatabaseFileError(
+        f"{path} is not a SQLite database ({fault.reason}): give the path of an fsm database, "
+        "or a new file name to create one",
+        path=None if fault.path is None else str(fault.path),
+    )
+
+
+def _cannot_open(fault: Fault) -> StoreError:
+    path = fault.path
+    if path is None:
+        return _unavailable(fault)
+    if path.is_dir():
+        why = "it is a directory"
+    elif not path.exists():
+        why = "it does not exist and its directory cannot be written"
+    else:
+        why = "it cannot be opened"
+    return DatabaseFileError(
+        f"cannot open the SQLite database {path}: {why} ({fault.reason}); give a file path "
+        "you can write",
+        path=str(path),
+    )
+
+
+def _read_only(fault: Fault) -> StoreError:
+    path = fault.path or fault.url
+    return DatabaseFileError(
+        f"the SQLite database {path} is read-only ({fault.reason}): nothing was written; make "
+        "the file and its directory writable, or give another --db",
+        path=None if fault.path is None else str(fault.path),
+    )
+
+
+def _login_refused(fault: Fault) -> StoreError:
+    return DatabaseUrlError(
+        f"the server refused the login of {fault.url} ({fault.reason}): check the user and "
+        "password in the URL"
+    )
+
+
+def _missing_database(fault: Fault) -> StoreError:
+    return DatabaseNotFoundError(
+        f"the database {fault.url} does not exist ({fault.reason}): create it "
+        "(createdb NAME), or fix the database name in the URL"
+    )
+
+
+# -- the table -------------------------------------------------------------------------------
+#: SQLite primary result codes (``sqlite_errorcode & 0xFF``) and what they mean.
+SQLITE_FAULTS: Final[Mapping[int, Make]] = {
+    5: _busy,  # SQLITE_BUSY
+    6: _busy,  # SQLITE_LOCKED
+    8: _read_only,  # SQLITE_READONLY
+    11: _corrupt,  # SQLITE_CORRUPT
+    13: _full,  # SQLITE_FULL
+    14: _cannot_open,  # SQLITE_CANTOPEN
+    26: _not_a_database,  # SQLITE_NOTADB
+}
+#: SQLite codes a read-only engine leaves untyped (its refusal of writes is the point).
+_READONLY_EXPECTED: Final = frozenset({8})
+
+#: PostgreSQL SQLSTATEs, exact.
+SQLSTATE_FAULTS: Final[Mapping[str, Make]] = {
+    "3D000": _missing_database,  # invalid_catalog_name
+    "40001": _busy,  # serialization_failure
+    "40P01": _busy,  # deadlock_detected
+    "55P03": _busy,  # lock_not_available
+    "53000": _full,  # insufficient_resources
+    "53100": _full,  # disk_full
+    "53200": _full,  # out_of_memory
+    "53300": _unavailable,  # too_many_connections
+    "57014": _unavailable,  # query_canceled (statement_timeout)
+    "57P01": _unavailable,  # admin_shutdown
+    "57P02": _unavailable,  # crash_shutdown
+    "57P03": _unavailable,  # cannot_connect_now
+    "57P05": _unavailable,  # idle_session_timeout
+    "XX001": _corrupt,  # data_corrupted
+    "XX002": _corrupt,  # index_corrupted
+}
+#: PostgreSQL SQLSTATE classes (the first two characters), when no exact code matched.
+SQLSTATE_CLASS_FAULTS: Final[Mapping[str, Make]] = {
+    "08": _unavailable,  # connection_exception
+    "28": _login_refused,  # invalid_authorization_specification, invalid_password
+}
+#: the outcomes that mean "the connection is gone" (left untyped on COMMIT / ROLLBACK).
+_CONNECTION_LOST: Final = frozenset({_unavailable})
+
+
+# -- the translation -------------------------------------------------------------------------
+def driver_error(exc: BaseException) -> BaseException:
+    """The driver's own exception behind ``exc`` (``exc.orig`` of a SQLAlchemy error, followed
+    through an async adapter's chain to the exception that carries the code)."""
+    error: BaseException = getattr(exc, "orig", None) or exc
+    seen = 0
+    while seen < 5 and not _has_code(error):
+        inner = error.__cause__ or error.__context__
+        if inner is None:
+            break
+        error, seen = inner, seen + 1
+    return error if _has_code(error) else getattr(exc, "orig", None) or exc
+
+
+def _has_code(error: BaseException) -> bool:
+    return (
+        getattr(error, "sqlite_errorcode", None) is not None
+        or getattr(error, "sqlstate", None) is not None
+    )
+
+
+def translate(
+    exc: sa.exc.DBAPIError,
+    url: str | URL,
+    *,
+    connecting: bool = False,
+    readonly: bool = False,
+) -> StoreError | None:
+    """The typed store error ``exc`` means, or ``None`` to let it go on as it is.
+
+    ``url`` is the engine's URL; ``connecting`` says the error came from opening a connection;
+    ``readonly`` that the engine refuses writes on purpose (its SQLITE_READONLY stays untyped).
+    The caller raises the result ``from`` the driver's error.
+    """
+    parsed = sa.make_url(url)
+    orig = driver_error(exc)
+    fault = Fault(
+        url=parsed.render_as_string(hide_password=True),
+        path=_sqlite_path(parsed),
+        reason=" ".join(str(orig).split()) or type(orig).__name__,
+        connecting=connecting,
+    )
+    make = _lookup(orig, parsed, connecting=connecting, readonly=readonly)
+    if make is None:
+        return None
+    if make in _CONNECTION_LOST and exc.statement is None and not connecting:
+        return None  # COMMIT / ROLLBACK on a lost connection: not decided here (issue 20)
+    return make(fault)
+
+
+def _lookup(orig: BaseException, url: URL, *, connecting: bool, readonly: bool) -> Make | None:
+    code = getattr(orig, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        primary = code & 0xFF
+        if readonly and primary in _READONLY_EXPECTED:
+            return None
+        return SQLITE_FAULTS.get(primary)
+    sqlstate = getattr(orig, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate:
+        return SQLSTATE_FAULTS.get(sqlstate) or SQLSTATE_CLASS_FAULTS.get(sqlstate[:2])
+    if url.get_backend_name() == "postgresql" and _is_operational(orig):
+        if connecting and _database_missing(url):
+            return _missing_database
+        return _unavailable  # no session, no SQLSTATE: refused, unreachable, reset
+    return None
+
+
+def _is_operational(orig: BaseException) -> bool:
+    return type(orig).__name__ == "OperationalError" or any(
+        cls.__name__ == "OperationalError" for cls in type(orig).__mro__
+    )
+
+
+def _sqlite_path(url: URL) -> Path | None:
+    from fsm.store.engine import sqlite_file  # engine imports this module
+
+    return sqlite_file(url)
+
+
+def _database_missing(url: URL) -> bool:
+    """Whether the server answers on its ``postgres`` database and has no database named as
+    in ``url`` (a failed connect says nothing machine-readable about why)."""
+    name = url.database
+    if not name or name == "postgres":
+        return False
+    probe = sa.create_engine(
+        url.set(database="postgres").update_query_dict({"connect_timeout": "5"}),
+        poolclass=sa.pool.NullPool,
+    )
+    try:
+        with probe.connect() as conn:
+            found = conn.execute(
+                sa.text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name}
+            ).first()
+    except Exception:  # the probe is best effort: the server is then unavailable
+        return False
+    finally:
+        probe.dispose()
+    return found is None
+
+
+def hook(engine: sa.Engine, *, readonly: bool = False) -> None:
+    """Install the ``handle_error`` hook on ``engine`` (an async engine's ``sync_engine``)."""
+
+    @sa.event.listens_for(engine, "handle_error")
+    def _on_error(context: Any) -> StoreError | None:
+        error = context.sqlalchemy_exception
+        if not isinstance(error, sa.exc.DBAPIError):
+            return None
+        return translate(
+            error,
+            engine.url,
+            connecting=context.connection is None,
+            readonly=readonly,
+        )
