@@ -34,7 +34,12 @@ from fsm.store.audit.read import (
     _Row,
     _text,
 )
-from fsm.store.errors import DatabaseCorruptError, DatabaseFileError, InvalidFilterError
+from fsm.store.errors import (
+    DatabaseCorruptError,
+    DatabaseFileError,
+    InvalidFilterError,
+    StoreError,
+)
 from fsm.store.migrate import head_revision
 
 #: ``progress(done, total)``, in conversations.
@@ -753,22 +758,38 @@ def engine_check(bind: Bind, *, deep: bool = False, note: Note | None = None) ->
                 ]
             elif conn.dialect.name == "postgresql":
                 found = _amcheck(conn, deep, note)
-    except (DatabaseCorruptError, DatabaseFileError) as exc:
-        found = [Violation(None, None, "corrupt", f"the database cannot be read: {exc}")]
-    except sa.exc.DBAPIError as exc:
+    except (sa.exc.DBAPIError, DatabaseCorruptError, DatabaseFileError) as exc:
         if _damage_code(exc) is None:
             raise
-        detail = " ".join(str(exc.orig).split())
-        found = [Violation(None, None, "corrupt", f"the database cannot be read: {detail}")]
+        found = [Violation(None, None, "corrupt", f"the database cannot be read: {_reason(exc)}")]
     return found
 
 
-def _damage_code(exc: sa.exc.DBAPIError) -> int | str | None:
+def _driver(exc: BaseException) -> BaseException:
+    """The driver's exception behind ``exc`` (a SQLAlchemy error's ``orig``, or the cause of a
+    typed store error), or ``exc`` itself."""
+    error: BaseException | None = exc
+    for _ in range(6):
+        if error is None:
+            break
+        if getattr(error, "sqlite_errorcode", None) is not None or getattr(error, "sqlstate", None):
+            return error
+        error = getattr(error, "orig", None) or error.__cause__
+    return exc
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's message of ``exc``, on one line."""
+    return " ".join(str(_driver(exc)).split())
+
+
+def _damage_code(exc: BaseException) -> int | str | None:
     """The engine's code of a damaged-storage error, or ``None`` for any other error."""
-    code = getattr(exc.orig, "sqlite_errorcode", None)
+    driver = _driver(exc)
+    code = getattr(driver, "sqlite_errorcode", None)
     if isinstance(code, int) and code & 0xFF in _SQLITE_DAMAGED:
         return code
-    sqlstate = getattr(exc.orig, "sqlstate", None)
+    sqlstate = getattr(driver, "sqlstate", None)
     return sqlstate if sqlstate in _POSTGRES_DAMAGED else None
 
 
@@ -805,12 +826,13 @@ def _amcheck(conn: Connection, deep: bool, note: Note | None) -> list[Violation]
                     sa.text(f"SELECT {function}(CAST(:index AS regclass), :deep)"),
                     {"index": index, "deep": deep},
                 )
-        except sa.exc.DBAPIError as exc:
-            detail = " ".join(str(exc.orig).split())
+        except (sa.exc.DBAPIError, StoreError) as exc:
             if _damage_code(exc) is not None:
-                found.append(Violation(None, None, "corrupt", f"amcheck of {index}: {detail}"))
+                found.append(
+                    Violation(None, None, "corrupt", f"amcheck of {index}: {_reason(exc)}")
+                )
                 continue
-            if getattr(exc.orig, "sqlstate", None) == "42501":  # insufficient_privilege
+            if getattr(_driver(exc), "sqlstate", None) == "42501":  # insufficient_privilege
                 if note is not None:
                     note(
                         "PostgreSQL's index check was skipped: this role may not run amcheck "
