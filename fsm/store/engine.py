@@ -33,8 +33,9 @@ mapped to it), with ``plan_cache_mode = force_custom_plan`` for every session (s
 :func:`postgres_connect_args`): a connect timeout, TCP keepalives and ``tcp_user_timeout``, so a
 dead server or route is noticed by the kernel; a store engine with a ``timeout`` also sets, per
 transaction with ``SET LOCAL`` (safe behind a transaction pooler),
-``statement_timeout``, ``lock_timeout`` and ``idle_in_transaction_session_timeout`` to it, so
-the server gives up on its own and frees a vanished client's locks. Each kind's settings are one ``_Profile``; :func:`_build` and
+``statement_timeout``, ``lock_timeout`` and ``idle_in_transaction_session_timeout`` to it (less
+a margin: :func:`server_deadline_ms`), so the server gives up on its own and frees a vanished
+client's locks. Each kind's settings are one ``_Profile``; :func:`_build` and
 :func:`_configure` are the only places an engine is made and set up.
 """
 
@@ -87,6 +88,7 @@ __all__ = [
     "postgres_connect_args",
     "removed_if_failed",
     "require_existing",
+    "server_deadline_ms",
     "sqlite_file",
     "sync_url",
 ]
@@ -148,8 +150,16 @@ def _store_profile(
             "PRAGMA synchronous=NORMAL",
         ),
         postgres_settings=_POSTGRES_SETTINGS,
-        postgres_deadline_ms=None if timeout is None else max(1, math.ceil(timeout * 1000)),
+        postgres_deadline_ms=None if timeout is None else server_deadline_ms(timeout),
     )
+
+
+def server_deadline_ms(timeout: float) -> int:
+    """The server's per-transaction deadline for a store ``timeout`` (seconds), in ms: the
+    timeout less a margin (a fifth, at most 1 s), so that a server that is reachable answers
+    with its own error (``lock_timeout``: :class:`~fsm.store.errors.StoreBusyError`;
+    ``statement_timeout``) before the client's deadline gives up on the connection."""
+    return max(1, math.ceil((timeout - min(1.0, timeout / 5)) * 1000))
 
 
 def postgres_connect_args(timeout: float | None) -> dict[str, int]:
@@ -573,13 +583,13 @@ def _configure_postgres(
         # would hold the conversation's lock until the server's TCP gives up.
         engine.dialect.use_insertmanyvalues_wo_returning = True
         # one round trip: without parameters psycopg sends the three as one simple query
-        local = "; ".join(
-            f"SET LOCAL {name} = {deadline_ms}"
-            for name in (
-                "statement_timeout",
-                "lock_timeout",
-                "idle_in_transaction_session_timeout",
-            )
+        # lock_timeout a little shorter: a wait for a lock then ends as a lock timeout
+        # (StoreBusyError), not as the statement's timeout
+        lock_ms = max(1, deadline_ms * 9 // 10)
+        local = (
+            f"SET LOCAL statement_timeout = {deadline_ms}; "
+            f"SET LOCAL lock_timeout = {lock_ms}; "
+            f"SET LOCAL idle_in_transaction_session_timeout = {deadline_ms}"
         )
 
         @event.listens_for(engine, "begin")

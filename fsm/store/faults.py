@@ -182,6 +182,13 @@ def _io_error(fault: Fault) -> StoreError:
     )
 
 
+def _timed_out(fault: Fault) -> StoreError:
+    return StoreUnavailableError(
+        f"the database {fault.url} did not finish within the store's deadline ({fault.reason}): "
+        "nothing was written; retry later, or give the store a longer timeout="
+    )
+
+
 def _login_refused(fault: Fault) -> StoreError:
     return DatabaseUrlError(
         f"the server refused the login of {fault.url} ({fault.reason}): check the user and "
@@ -221,7 +228,7 @@ SQLSTATE_FAULTS: Final[Mapping[str, Make]] = {
     "53100": _full,  # disk_full
     "53200": _full,  # out_of_memory
     "53300": _unavailable,  # too_many_connections
-    "57014": _unavailable,  # query_canceled (statement_timeout)
+    "57014": _timed_out,  # query_canceled (statement_timeout)
     "57P01": _unavailable,  # admin_shutdown
     "57P02": _unavailable,  # crash_shutdown
     "57P03": _unavailable,  # cannot_connect_now
