@@ -43,6 +43,7 @@ __all__ = [
     "Proxy",
     "flip_bytes",
     "free_port",
+    "pg_tool",
     "postgres_unavailable",
     "small_disk",
 ]
@@ -55,11 +56,27 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def pg_tool(tool: str) -> str | None:
+    """The path of a PostgreSQL server program: on ``PATH``, else in Debian's
+    ``/usr/lib/postgresql/<version>/bin`` (the newest), else ``None``."""
+    found = shutil.which(tool)
+    if found is not None:
+        return found
+    candidates = sorted(
+        Path("/usr/lib/postgresql").glob(f"*/bin/{tool}"),
+        key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0,
+    )
+    return str(candidates[-1]) if candidates else None
+
+
 def postgres_unavailable() -> str | None:
     """Why a private PostgreSQL cluster cannot run on this machine, or ``None`` if it can."""
     for tool in ("initdb", "pg_ctl", "postgres"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not on PATH (install the PostgreSQL server binaries)"
+        if pg_tool(tool) is None:
+            return (
+                f"{tool} is neither on PATH nor in /usr/lib/postgresql/*/bin (install the "
+                "PostgreSQL server binaries)"
+            )
     if os.geteuid() == 0:
         try:
             pwd.getpwnam("postgres")
@@ -90,7 +107,7 @@ class PrivatePostgres:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        command = list(args)
+        command = [pg_tool(args[0]) or args[0], *args[1:]]
         if os.geteuid() == 0:
             command = ["runuser", "-u", "postgres", "--", *command]
         return subprocess.run(command, check=check, capture_output=True, text=True, timeout=120)
@@ -234,8 +251,10 @@ class Proxy:
         self.target = (host, port)
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
-        self._open = threading.Event()
+        self._open = threading.Event()  # client -> server
         self._open.set()
+        self._open_replies = threading.Event()  # server -> client
+        self._open_replies.set()
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._closed = False
@@ -253,12 +272,19 @@ class Proxy:
         )
 
     def forward(self) -> None:
-        if not self._open.is_set():
+        if not (self._open.is_set() and self._open_replies.is_set()):
             self.reset()
         self._open.set()
+        self._open_replies.set()
 
     def blackhole(self) -> None:
         self._open.clear()
+        self._open_replies.clear()
+
+    def blackhole_replies(self) -> None:
+        """Lose only what the server sends: its requests still reach it (a COMMIT is
+        committed), its answers never come back (the client cannot know)."""
+        self._open_replies.clear()
 
     def reset(self) -> int:
         """RST every open connection; returns how many were reset."""
@@ -279,6 +305,7 @@ class Proxy:
     def close(self) -> None:
         self._closed = True
         self._open.set()
+        self._open_replies.set()
         with contextlib.suppress(OSError):
             self._listener.close()
         self.reset()
@@ -303,10 +330,13 @@ class Proxy:
                 continue
             with self._lock:
                 self._pairs.append((client, server))
-            for src, dst in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            for src, dst, gate in (
+                (client, server, self._open),
+                (server, client, self._open_replies),
+            ):
+                threading.Thread(target=self._pump, args=(src, dst, gate), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, gate: threading.Event) -> None:
         try:
             while True:
                 data = src.recv(65536)
@@ -314,7 +344,7 @@ class Proxy:
                     break
                 # a black hole holds the bytes (and the sockets) until forwarding resumes, or
                 # the connection is reset
-                while not self._open.wait(0.05):
+                while not gate.wait(0.05):
                     if src.fileno() < 0 or dst.fileno() < 0:
                         return
                 if dst.fileno() < 0:

@@ -13,7 +13,12 @@ the file rots; every error is typed, no turn is lost or half written, and the st
 * **Disk full** (SQLite): a small tmpfs, or ``RLIMIT_FSIZE`` in a subprocess with SIGXFSZ
   ignored: ``StorageFullError``, every committed turn whole, writes work again once there is room.
 * **Rotten file** (SQLite): 4 KiB of flipped bytes in a copy of a store: ``fsm audit check``
-  reports ``corrupt`` (exit 7), reads that touch the damage raise ``DatabaseCorruptError``.
+  reports ``corrupt`` (exit 7), reads that touch the damage raise ``DatabaseCorruptError``;
+  (PostgreSQL): a page of an index file overwritten while the server is stopped: amcheck in
+  ``fsm audit check`` reports it.
+* **Unusable file** (SQLite): a file that is not a database, a read-only file or folder
+  (``chattr +i`` as root, whom permission bits do not stop; ``chmod`` otherwise): a one-line
+  typed error naming the path, in ``history``, ``audit`` and ``ingest``.
 
 Each test adds a row to the results table (:data:`RESULTS`): fault, engine, faults injected,
 errors by type, turns lost, half turns, untyped errors, seconds to recover or to raise. With
@@ -449,6 +454,43 @@ def test_async_store_black_hole_and_crash(
         result.half = half_turns(store, conv_ids)
         assert result.half == 0
         assert_clean(store.engine)
+    assert result.untyped == 0
+
+
+def test_commit_stored_but_its_answer_lost(
+    pg: PrivatePostgres, proxy: Proxy, outcome: Callable[[str, str], Outcome]
+) -> None:
+    """The other side of an unknown outcome: COMMIT reaches the server and is committed, its
+    answer is lost (replies black-holed). The client cannot tell this from a COMMIT that never
+    arrived: CommitOutcomeUnknownError; the retry with the same key finds the stored turn and
+    writes nothing (``created=False``): exactly one turn."""
+    result = outcome("answer to COMMIT lost (COMMIT stored)", "postgresql")
+    with (
+        ConversationStore(proxy.url(pg.url), timeout=DEADLINE) as store,
+        ConversationStore(pg.url, timeout=10) as direct,
+    ):
+        conv = store.create_conversation()
+        n = len(statements_of_a_commit(store, conv))
+        turn = make_turn(CALLS, response_id="answer-lost")
+        with at_statement(store.engine, n, proxy.blackhole_replies):
+            started = time.monotonic()
+            with pytest.raises(CommitOutcomeUnknownError) as failed:
+                store.commit_turn(conv, turn, TOOL_RESULTS)
+        result.injected += 1
+        result.error(failed.value)
+        result.raised.append(time.monotonic() - started)
+        assert turns_by_key(direct.engine, conv)["answer-lost"] == 1  # it was committed
+        proxy.forward()
+        started = time.monotonic()
+        retried = store.commit_turn(conv, turn, TOOL_RESULTS)
+        result.recovered.append(time.monotonic() - started)
+        assert not retried.created  # the stored copy, not a second turn
+        counts = turns_by_key(direct.engine, conv)
+        result.lost = int(counts["answer-lost"] == 0)
+        assert counts["answer-lost"] == 1
+        result.half = half_turns(direct, [conv])
+        assert result.half == 0
+        assert_clean(direct.engine)
     assert result.untyped == 0
 
 
