@@ -575,37 +575,57 @@ def _configure_postgres(
 ) -> None:
     """Run ``settings`` (``SET`` statements) on every new session, outside any transaction;
     with ``deadline_ms``, begin every transaction by setting its ``statement_timeout``,
-    ``lock_timeout`` and ``idle_in_transaction_session_timeout`` locally (one round trip)."""
+    ``lock_timeout`` and ``idle_in_transaction_session_timeout`` locally (one round trip).
+
+    A session whose own value is shorter (set for the role or the database, or in the URL's
+    ``options=-c lock_timeout=...``) keeps it: the deadline only ever shortens a wait."""
+    wanted: dict[str, int] = {}
     if deadline_ms is not None:
         # Several rows go in one INSERT ... VALUES statement, not through psycopg's pipelined
         # executemany: after a pipeline the server does not arm its idle-in-transaction timer
         # (PostgreSQL 15, seen with a black-holed client), so a client lost right after one
         # would hold the conversation's lock until the server's TCP gives up.
         engine.dialect.use_insertmanyvalues_wo_returning = True
-        # one round trip: without parameters psycopg sends the three as one simple query
-        # lock_timeout a little shorter: a wait for a lock then ends as a lock timeout
-        # (StoreBusyError), not as the statement's timeout
-        lock_ms = max(1, deadline_ms * 9 // 10)
-        local = (
-            f"SET LOCAL statement_timeout = {deadline_ms}; "
-            f"SET LOCAL lock_timeout = {lock_ms}; "
-            f"SET LOCAL idle_in_transaction_session_timeout = {deadline_ms}"
-        )
+        wanted = {
+            "statement_timeout": deadline_ms,
+            # a little shorter: a wait for a lock then ends as a lock timeout (StoreBusyError),
+            # not as the statement's timeout
+            "lock_timeout": max(1, deadline_ms * 9 // 10),
+            "idle_in_transaction_session_timeout": deadline_ms,
+        }
 
         @event.listens_for(engine, "begin")
         def _on_begin(connection: Connection) -> None:
-            connection.exec_driver_sql(local)
+            local = connection.connection.info.get(_LOCAL_DEADLINE)
+            if local:
+                connection.exec_driver_sql(local)
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    def _on_connect(dbapi_connection: Any, record: Any) -> None:
         autocommit = dbapi_connection.autocommit
         dbapi_connection.autocommit = True
         try:
             with dbapi_connection.cursor() as cursor:
                 for setting in settings:
                     cursor.execute(setting)
+                if wanted:
+                    cursor.execute(
+                        "SELECT name, setting::bigint FROM pg_settings WHERE name = ANY(%s)",
+                        (list(wanted),),
+                    )
+                    session = {str(name): int(value) for name, value in cursor.fetchall()}
+                    # one round trip: without parameters psycopg sends them as one query
+                    record.info[_LOCAL_DEADLINE] = "; ".join(
+                        f"SET LOCAL {name} = {ms}"
+                        for name, ms in wanted.items()
+                        if not 0 < session.get(name, 0) <= ms
+                    )
         finally:
             dbapi_connection.autocommit = autocommit
+
+
+#: key of a pooled PostgreSQL connection's ``info``: its per-transaction ``SET LOCAL``s
+_LOCAL_DEADLINE: Final = "fsm_local_deadline"
 
 
 def _readonly_sqlite_url(parsed: URL) -> URL:

@@ -167,3 +167,19 @@ def test_a_lock_held_elsewhere_ends_in_a_retryable_error_within_the_deadline(
         finally:
             holder.dispose()
         assert store.commit_turn(conv, make_turn(response_id="r1"), ["ok"]).created
+
+
+@pytest.mark.parametrize("engine_name", POSTGRES, indirect=True)
+def test_a_shorter_wait_of_the_session_is_kept(db_url: sa.URL) -> None:
+    """A ``lock_timeout`` the URL gives the session (``options=-c lock_timeout=...``) that is
+    shorter than the store's deadline stays in force; the other two still get the deadline."""
+    options = db_url.query.get("options", "")
+    options = options if isinstance(options, str) else " ".join(options)
+    url = db_url.update_query_dict({"options": f"{options} -c lock_timeout=200ms".strip()})
+    with ConversationStore(url, timeout=10) as store, store.engine.connect() as conn:
+        shown = {n: conn.exec_driver_sql(f"SHOW {n}").scalar() for n in LOCAL_SETTINGS}
+    assert shown == {
+        "statement_timeout": "9s",
+        "lock_timeout": "200ms",
+        "idle_in_transaction_session_timeout": "9s",
+    }, shown
