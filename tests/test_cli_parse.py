@@ -103,3 +103,29 @@ def test_every_command_has_help_with_examples() -> None:
             assert "Example" in out, f"fsm {' '.join(path)} --help shows no example"
 
     walk(cli, [])
+
+
+def test_input_with_no_chat_completions_chunk_is_not_a_stream() -> None:
+    """Issue 12: a JSON document, or SSE events of JSON objects that are not chunks, exit 2
+    ("not a stream"), not 1 ("incomplete")."""
+    for data in (b'{"name": "x", "version": "1.0.0"}\n', b'data: {"foo": 1}\n\ndata: {}\n\n'):
+        code, out, err = run(["parse", "-"], stdin=data)
+        events = data.count(b"\n\n") or 1
+        assert (code, out) == (2, "")
+        assert err == (
+            f"error: stdin is not a stream: none of its {events} event(s) is a Chat Completions "
+            "chunk\n"
+        )
+    # a stream with no choice but a real chunk (an id, [DONE]) is a stream: incomplete, 1
+    code, _, err = run(
+        ["parse", "-"], stdin=b'data: {"id": "r", "choices": []}\n\ndata: [DONE]\n\n'
+    )
+    assert (code, err) == (1, "")
+
+
+def test_a_usage_error_is_one_line() -> None:
+    code, out, err = run(["parse", "--jsn", "x.sse"])
+    assert (code, out) == (2, "")
+    # in process the program is not called fsm; the subprocess catalog pins the whole line
+    assert err.startswith("error: No such option '--jsn'. Did you mean '--json'? (see: ")
+    assert err.endswith(" parse --help)\n") and err.count("\n") == 1

@@ -634,7 +634,8 @@ def _write_table() -> Iterator[None]:
         return
     lines = ["| mistake | message (first line) | exit status |", "|---|---|---|"]
     for mistake, (line, status, engines) in TABLE.items():
-        where = " (PostgreSQL)" if engines == {"postgresql"} else ""
+        alone = engines == {"postgresql"} and "PostgreSQL" not in mistake
+        where = " (PostgreSQL)" if alone else ""
         shown = line.replace("|", "\\|")
         lines.append(f"| {mistake}{where} | `{shown}` | {status} |")
     Path(target).write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -755,19 +756,22 @@ def test_ctrl_c_on_parse_stdin_prints_the_partial_result_and_exits_130(tmp_path:
     result = json.loads(proc.stdout)
     assert result["end"] == {"how": "aborted", "reason": "interrupted (Ctrl-C)"}
     calls = result["choices"][0]["tool_calls"]
-    assert (
-        calls
-        and calls[-1]["state"] == "aborted"
-        and calls[-1]["reason"] == ("interrupted (Ctrl-C)")
+    assert calls and (calls[-1]["state"], calls[-1]["reason"]) == (
+        "aborted",
+        "interrupted (Ctrl-C)",
     )
-    assert (
-        proc.stderr.decode()
-        .splitlines()[0]
-        .startswith(
-            "error: interrupted (Ctrl-C) while reading stdin: the result above is what arrived"
-        )
+    size = len(_half_a_stream())
+    first = proc.stderr.decode().splitlines()[0]
+    assert first == (
+        "error: interrupted (Ctrl-C) while reading stdin: the result above is what arrived "
+        f"before ({size} bytes)"
     )
     assert b"Traceback" not in proc.stderr
+    TABLE["Ctrl-C during `fsm parse -` (the partial result is printed)"] = (
+        first.replace(str(size), "N"),
+        130,
+        {"sqlite"},
+    )
 
 
 def test_ctrl_c_on_ingest_stdin_records_the_partial_turn_and_exits_130(
@@ -779,15 +783,21 @@ def test_ctrl_c_on_ingest_stdin_records_the_partial_turn_and_exits_130(
         ["ingest", "--db", url, "--conversation", "c1", "-"], data, tmp_path
     )
     assert proc.returncode == 130, proc.stderr
-    assert proc.stderr.decode().splitlines() == [
-        f"error: interrupted (Ctrl-C) while reading stdin ({len(data)} bytes arrived): nothing "
-        "added to history; recorded as attempt 1 of conversation 'c1'"
-    ]
     with ConversationStore(url) as store:
         assert store.history("c1") == []
         [attempt] = store.attempts("c1")
+    assert proc.stderr.decode().splitlines() == [
+        f"error: interrupted (Ctrl-C) while reading stdin ({len(data)} bytes arrived): nothing "
+        f"added to history; recorded as attempt {attempt['id']} of conversation 'c1'"
+    ]
     assert (attempt["end_how"], attempt["end_reason"]) == ("aborted", "interrupted (Ctrl-C)")
     assert attempt["tool_calls"][-1]["state"] == "aborted"
+    line = proc.stderr.decode().splitlines()[0].replace(str(len(data)), "N")
+    TABLE["Ctrl-C during `fsm ingest -` (the partial turn is recorded)"] = (
+        line.replace(f"attempt {attempt['id']} ", "attempt 1 "),
+        130,
+        {"sqlite"},
+    )
 
 
 def test_ctrl_c_in_any_command_exits_130(tmp_path: Path) -> None:
@@ -814,6 +824,7 @@ def test_ctrl_c_in_any_command_exits_130(tmp_path: Path) -> None:
     assert child.returncode == 130, err
     lines = [line for line in err.decode().splitlines() if line.strip()]
     assert lines == ["error: interrupted (Ctrl-C): nothing more was done"], err
+    TABLE["Ctrl-C in any other command (`fsm demo`)"] = (lines[0], 130, {"sqlite"})
 
 
 # -- the Python API ------------------------------------------------------------------------------
@@ -934,3 +945,63 @@ def test_the_postgres_probe_does_not_mistake_a_down_server(tmp_path: Path) -> No
     ctx = make_ctx(tmp_path, "postgresql", server, server)
     proc = fsm(ctx, ("history", "--db", down.render_as_string(hide_password=False), "c1"))
     assert proc.returncode == 4, proc.stderr
+
+
+def test_the_help_lists_every_exit_status() -> None:
+    from fsm.cli import main
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsm", "--help"], capture_output=True, text=True, env=repo_env()
+    )
+    listed = {
+        int(line.split()[0]) for line in proc.stdout.splitlines() if line[:6].strip().isdigit()
+    }
+    names = [name for name in main.__all__ if name.startswith("EXIT_") and name != "EXIT_BY_CLASS"]
+    assert listed == {0} | {getattr(main, name) for name in names}
+
+
+def test_the_async_engines_raise_the_same_typed_errors(tmp_path: Path) -> None:
+    """The ``handle_error`` hook is on the async engines too (aiosqlite, psycopg async)."""
+    import sqlite3
+
+    from fsm.store import DatabaseFileError, StoreUnavailableError
+    from fsm.store.engine import create_async_engine
+
+    notes = tmp_path / "notes.md"
+    notes.write_text("# Notes\n")
+
+    async def body() -> None:
+        engine = create_async_engine(f"sqlite:///{notes}")
+        try:
+            with pytest.raises(DatabaseFileError) as caught:
+                async with engine.connect() as conn:
+                    await conn.execute(sa.text("SELECT * FROM sqlite_master"))
+        finally:
+            await engine.dispose()
+        assert caught.value.path == str(notes)
+        assert isinstance(caught.value.__cause__, sqlite3.DatabaseError)
+        if not os.environ.get("FSM_TEST_POSTGRES_URL"):
+            return
+        down = create_async_engine("postgresql+psycopg://postgres@127.0.0.1:1/test")
+        try:
+            with pytest.raises(StoreUnavailableError, match="could not be reached"):
+                async with down.connect():
+                    pass
+        finally:
+            await down.dispose()
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("args", [[], ["db"], ["audit"]])
+def test_a_group_without_its_command_shows_its_help(args: list[str]) -> None:
+    """Not a one-line error: the help, as click shows it (exit 2)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsm", *args], capture_output=True, text=True, env=repo_env()
+    )
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.splitlines()[0]
+        == f"Usage: {' '.join(['fsm', *args])} [OPTIONS] COMMAND [ARGS]..."
+    )
+    assert "Commands:" in proc.stderr and "Traceback" not in proc.stderr

@@ -88,6 +88,12 @@ def exit_code_for(error: BaseException) -> int:
     return EXIT_INTERNAL
 
 
+#: the usage error of a group called without a command (click 8.2+), which shows the help
+_NO_ARGS_IS_HELP: type[click.UsageError] = getattr(
+    click.exceptions, "NoArgsIsHelpError", type("_NeverRaised", (click.UsageError,), {})
+)
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -108,6 +114,9 @@ class FsmGroup(click.Group):
             return super().main(args, prog_name, complete_var, False, **extra)
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)
+        except _NO_ARGS_IS_HELP as exc:  # `fsm` or `fsm audit` alone: the help, as click shows it
+            exc.show()
+            sys.exit(exc.exit_code)
         except click.UsageError as exc:
             hint = ""
             if exc.ctx is not None:
@@ -153,6 +162,22 @@ def cli() -> None:
     Examples:
       fsm parse stream.sse
       fsm parse --json - < stream.sse
+
+    \b
+    Exit status (the same for every command):
+      0    done
+      1    done, and the result is incomplete or not clean (a turn that is not
+           complete, recorded as an attempt; violations found; schema not at head)
+      2    a usage error or unusable input (an option, a --db URL, a missing
+           driver, input that is not a stream)
+      3    the store refused (no such database, schema not at head, not found,
+           conflict, a value or a file it cannot use)
+      4    the database cannot be reached or stayed busy: nothing written, retry
+      5    the connection was lost during COMMIT: retry with the same key
+      6    the disk or the database is full: nothing written
+      7    the database is corrupt
+      70   an internal error (a bug: please report it)
+      130  interrupted (Ctrl-C)
     """
 
 

@@ -63,8 +63,8 @@ STATES: tuple[str, ...] = tuple(state.value for state in ToolCallState)
 FAILED_STATES: tuple[str, ...] = tuple(state.value for state in states.FAILED_STATES)
 
 _DB_HELP = (
-    "Database URL (sqlite:///path.db, postgresql+psycopg://user@host/db). Default: $FSM_DB_URL, "
-    "else the SQLite file $FSM_DB, else ./fsm.db."
+    "Database URL (sqlite:///path.db, postgresql+psycopg://user@host/db) or SQLite file path "
+    "(chat.db). Default: $FSM_DB_URL, else the SQLite file $FSM_DB, else ./fsm.db."
 )
 TIME_HELP = "ISO 8601 date or time; naive times are UTC."
 

@@ -145,6 +145,12 @@ def ensure_at_head(engine: Engine, *, auto_upgrade: bool, upgrade_empty: bool = 
         return
     unknown = current is not None and current not in _known_revisions()
     if (auto_upgrade and not unknown) or empty:
-        upgrade(engine.url)
+        try:
+            upgrade(engine.url)
+        except Exception:
+            # another process opening the same new database may have upgraded it first
+            with engine.connect() as connection:
+                if _current(connection) != head:
+                    raise
         return
     raise SchemaNotAtHeadError(display_url(engine.url), current, head, unknown=unknown)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from fsm.cli import store as store_cli
 from fsm.cli.main import cli
-from fsm.store import ConversationStore
+from fsm.store import ConversationNotFoundError, ConversationStore
 from tests.helpers import CORPUS, require_corpus
 
 PARALLEL = "openai/openai-gpt-4o_parallel_two_calls.sse"
@@ -155,3 +155,28 @@ def test_shared_options_and_generated_help_come_from_the_definitions() -> None:
     assert all(
         isinstance(p, click.Option) and (p.help or "").startswith("Database URL") for p in db_helps
     )
+
+
+def test_ingest_of_input_that_is_not_a_stream_writes_nothing(url: str, tmp_path: Path) -> None:
+    notes = tmp_path / "notes.md"
+    notes.write_text("# Notes\n\nnot a stream\n")
+    result = run("ingest", "--db", url, "--conversation", "c9", str(notes))
+    assert result.exit_code == 2  # EXIT_UNUSABLE, not 1 ("recorded as an attempt")
+    assert_one_line_error(result)
+    assert "is not a stream" in result.stderr and "nothing written" in result.stderr
+    with ConversationStore(url) as store, pytest.raises(ConversationNotFoundError):
+        store.history("c9")
+
+
+def test_ingest_into_a_new_sqlite_path_creates_it_and_history_never_does(tmp_path: Path) -> None:
+    require_corpus()
+    missing = tmp_path / "nowhere.db"
+    shown = run("history", "--db", str(missing), "c1")
+    assert shown.exit_code == 3  # EXIT_STORE: DatabaseNotFoundError
+    assert_one_line_error(shown)
+    assert not missing.exists()
+    new = tmp_path / "sub" / "new.db"
+    done = run("ingest", "--db", str(new), "--conversation", "c1", str(CORPUS / TRUNCATED))
+    assert done.exit_code == 1, done.stderr  # recorded as an attempt, in a new file at head
+    with ConversationStore(new) as store:
+        assert len(store.attempts("c1")) == 1
