@@ -336,10 +336,23 @@ def stats(url: str | None, filters: dict[str, Any], by: str | None, output: Outp
     help="A progress bar on stderr (default: on a terminal, for stores of several batches).",
 )
 @count_option("--batch-size", default=10_000, minimum=1, help="Conversations checked per batch.")
+@click.option(
+    "--deep",
+    is_flag=True,
+    help="The engine's full check: SQLite integrity_check instead of quick_check (also every "
+    "index against its table), PostgreSQL amcheck with heapallindexed.",
+)
 @output_options
 @_pipe_safe
-def check(url: str | None, progress: bool | None, batch_size: int, output: OutputFormat) -> None:
+def check(
+    url: str | None, progress: bool | None, batch_size: int, deep: bool, output: OutputFormat
+) -> None:
     """Check that the whole store satisfies the history contract; exit 1 on any violation.
+
+    First the database engine's own integrity: SQLite PRAGMA quick_check (--deep:
+    integrity_check), PostgreSQL amcheck's bt_index_check over fsm's indexes when the amcheck
+    extension is installed (a note on stderr says when it is not). Damage found there is one
+    violation per problem, exit 7, and the contract is then not checked.
 
     Like fsck: re-verifies every conversation (dense seq from 0; each assistant message with N
     calls followed by exactly its N results in call order, nothing in between; each result's
@@ -351,8 +364,9 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
     dropped or NOT VALID) are found, and so is a schema that lost part of its enforcement
     (unenforced). Prints one row (one line) per violation: conversation, seq,
     kind, detail. A summary goes to stderr. Exit status: 0 clean, 1 violations found (whatever
-    the database holds), else the status of why the store cannot be read (2 a bad --db, 3 no
-    such database or no fsm schema, 4 the server cannot be reached; see fsm --help).
+    the database holds), 7 the engine finds the database damaged, else the status of why the
+    store cannot be read (2 a bad --db, 3 no such database or no fsm schema, 4 the server
+    cannot be reached; see fsm --help).
 
     \b
     Kinds:
@@ -366,7 +380,7 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
     """
     import time
 
-    from fsm.cli.main import exit_code_for
+    from fsm.cli.main import EXIT_CORRUPT, EXIT_INCOMPLETE, exit_code_for
     from fsm.errors import FsmError
     from fsm.store import audit as audit_api
 
@@ -391,7 +405,11 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
 
             def dicts() -> Iterator[dict[str, Any]]:
                 for violation in audit_api.check(
-                    engine, progress=on_progress, batch_size=batch_size
+                    engine,
+                    progress=on_progress,
+                    batch_size=batch_size,
+                    deep=deep,
+                    note=lambda text: click.echo(f"note: {text}", err=True),
                 ):
                     counts[violation.kind] = counts.get(violation.kind, 0) + 1
                     yield violation.as_dict()
@@ -410,5 +428,5 @@ def check(url: str | None, progress: bool | None, batch_size: int, output: Outpu
     if found:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
         click.echo(f"{found} violation(s) in {seconds:.1f} s: {kinds}", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_CORRUPT if "corrupt" in counts else EXIT_INCOMPLETE)
     click.echo(f"no violations ({seconds:.1f} s)", err=True)

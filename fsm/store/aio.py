@@ -46,6 +46,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fsm.parser import Anomaly, ParseResult, Turn
+from fsm.store.deadline import DEFAULT_TIMEOUT, Deadline, check_timeout
 from fsm.store.engine import (
     BUSY_TIMEOUT_SECONDS,
     WRITE,
@@ -112,6 +113,9 @@ class AsyncConversationStore:
             transactions.
         schema: PostgreSQL only: the schema holding fsm's tables (``None``: ``$FSM_SCHEMA``, else
             the connection's ``search_path``).
+        timeout: PostgreSQL: the deadline of each operation in seconds (default 30; ``None``:
+            none), enforced by the server per transaction and by the client, as for
+            :class:`~fsm.store.ConversationStore`.
 
     Use it with ``async with`` (which checks the schema at once), or call :meth:`close` when
     done. Cancelling a task in the middle of a write rolls that write back: nothing is half
@@ -126,7 +130,9 @@ class AsyncConversationStore:
         auto_upgrade: bool | None = None,
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
         schema: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
+        self._timeout = check_timeout(timeout)
         if engine is not None:
             if url is not None:
                 raise TypeError("AsyncConversationStore takes a url or an engine, not both")
@@ -147,7 +153,9 @@ class AsyncConversationStore:
             self._url = sync_url(url)
             # the file (and its directory) appear with the engine; a failed open() removes them
             self._new_file = new_sqlite_file(self._url)
-            self._engine = create_async_engine(self._url, busy_timeout=busy_timeout, schema=schema)
+            self._engine = create_async_engine(
+                self._url, busy_timeout=busy_timeout, schema=schema, timeout=self._timeout
+            )
         self._owns_engine = engine is None
         self._schema = schema
         self._writer = self._engine.execution_options(**{WRITE: True})
@@ -284,7 +292,7 @@ class AsyncConversationStore:
         await self.open()
         with self._core.translate():
             try:
-                async with self._writer.begin() as conn:
+                async with self._write() as conn:
                     await conn.run_sync(self._core.insert_conversation, row)
             except sa_exc.IntegrityError as exc:
                 if exist_ok:
@@ -297,7 +305,7 @@ class AsyncConversationStore:
         self._core.check_conversation_id(conversation_id)
         await self.open()
         with self._core.translate():
-            async with self._writer.begin() as conn:
+            async with self._write() as conn:
                 return await conn.run_sync(self._core.delete_conversation, conversation_id)
 
     async def list_conversations(
@@ -315,8 +323,9 @@ class AsyncConversationStore:
         """The seq the next message of the conversation will get (its number of messages)."""
         self._core.check_conversation_id(conversation_id)
         await self.open()
-        async with self._engine.connect() as conn:
-            return await conn.run_sync(self._core.next_seq, conversation_id)
+        with self._core.translate():
+            async with self._reader() as conn:
+                return await conn.run_sync(self._core.next_seq, conversation_id)
 
     # -- writes ------------------------------------------------------------------------------
     @store_write("append")
@@ -332,7 +341,7 @@ class AsyncConversationStore:
         rows = self._core.plan_append(conversation_id, messages)
         await self.open()
         with self._core.translate():
-            async with self._writer.begin() as conn:
+            async with self._write() as conn:
                 return await conn.run_sync(self._core.append, conversation_id, rows, expected_seq)
 
     @store_write("commit_turn")
@@ -352,7 +361,7 @@ class AsyncConversationStore:
         plan = self._core.plan_commit(conversation_id, turn, results, idempotency_key)
         await self.open()
         with self._core.translate():
-            async with self._writer.begin() as conn:
+            async with self._write() as conn:
                 return await conn.run_sync(
                     self._core.commit_turn, conversation_id, plan, expected_seq, idempotency_key
                 )
@@ -374,7 +383,7 @@ class AsyncConversationStore:
         plan = self._core.plan_record(conversation_id, attempt, anomalies, results, error)
         await self.open()
         with self._core.translate():
-            async with self._writer.begin() as conn:
+            async with self._write() as conn:
                 return await conn.run_sync(self._core.record_attempt, conversation_id, plan)
 
     # -- reads -------------------------------------------------------------------------------
@@ -408,9 +417,45 @@ class AsyncConversationStore:
         async with self._engine.connect() as conn:
             if self._core.postgres:
                 conn = await conn.execution_options(isolation_level=READ_SNAPSHOT)
-            async with conn.begin():
+            async with self._transaction(conn, write=False) as conn:
                 yield conn
 
+    @asynccontextmanager
+    async def _write(self) -> AsyncIterator[AsyncConnection]:
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite), under the deadline."""
+        async with (
+            self._writer.connect() as conn,
+            self._transaction(conn, write=True) as conn,
+        ):
+            yield conn
+
+    @asynccontextmanager
+    async def _transaction(
+        self, conn: AsyncConnection, *, write: bool
+    ) -> AsyncIterator[AsyncConnection]:
+        """Begin, run the body, commit, under the deadline, as the sync store's
+        ``_transaction`` (a lost connection is told apart by
+        :meth:`~fsm.store.store.StoreCore.failed`)."""
+        deadline = None
+        if self._core.postgres:
+            raw = await conn.get_raw_connection()
+            deadline = Deadline(self._timeout, raw.driver_connection)
+        try:
+            async with conn.begin():  # rolls back on any error, of COMMIT too
+                yield conn
+                if deadline is not None:
+                    deadline.committing = write
+        except BaseException as exc:
+            typed = self._core.failed(exc, deadline)
+            if typed is None:
+                raise
+            raise typed from exc
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+                if deadline.fired and not conn.invalidated:
+                    # the deadline passed (maybe just as the call ended): the socket is shut
+                    await conn.invalidate()
 
 class AsyncBoundStore:
     """An async store's view inside a caller's

@@ -31,9 +31,14 @@ PostgreSQL goes through psycopg 3 (``postgresql+psycopg://``; plain ``postgresql
 mapped to it). Nothing is set per session: a setting made when a connection opens does not
 survive a transaction-pooling proxy (PgBouncer's ``pool_mode = transaction`` hands each
 transaction whatever server connection is free), so what fsm needs is set inside its own
-transactions (``SET LOCAL``, ``SET TRANSACTION``; see :data:`_POSTGRES_SETTINGS`). Each kind's
-settings are one ``_Profile``; :func:`_build` and :func:`_configure` are the only places an engine
-is made and set up.
+transactions (``SET LOCAL``, ``SET TRANSACTION``; see :data:`_POSTGRES_SETTINGS`). Every
+PostgreSQL connection made here has bounded waits (see :func:`postgres_connect_args`): a connect
+timeout, TCP keepalives and ``tcp_user_timeout``, so a dead server or route is noticed by the
+kernel; a store engine with a ``timeout`` also sets, per transaction with ``SET LOCAL``,
+``statement_timeout``, ``lock_timeout`` and ``idle_in_transaction_session_timeout`` to it (less
+a margin: :func:`server_deadline_ms`), so the server gives up on its own and frees a vanished
+client's locks. Each kind's settings are one ``_Profile``; :func:`_build` and
+:func:`_configure` are the only places an engine is made and set up.
 
 A host application's own engine is set up for fsm by :func:`configure_engine` (SQLite: the same
 pragmas and transaction handling as fsm's engines; PostgreSQL: nothing to do), which
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import weakref
@@ -58,6 +64,7 @@ from sqlalchemy import event, pool
 from sqlalchemy.engine import URL, Connection, Engine
 
 from fsm.store import faults
+from fsm.store.deadline import DEFAULT_TIMEOUT
 from fsm.store.errors import (
     AuditError,
     DatabaseNotFoundError,
@@ -77,6 +84,8 @@ _T = TypeVar("_T")
 
 __all__ = [
     "BUSY_TIMEOUT_SECONDS",
+    "CONNECT_TIMEOUT_SECONDS",
+    "DEFAULT_TIMEOUT",
     "SCHEMA_ENV",
     "WRITE",
     "EngineNotConfiguredError",
@@ -93,9 +102,11 @@ __all__ = [
     "is_configured",
     "new_sqlite_file",
     "normalize_url",
+    "postgres_connect_args",
     "removed_if_failed",
     "require_existing",
     "schema_of",
+    "server_deadline_ms",
     "sqlite_file",
     "store_schema",
     "sync_url",
@@ -103,6 +114,9 @@ __all__ = [
 
 #: how long (seconds) a SQLite writer waits for another writer's lock by default.
 BUSY_TIMEOUT_SECONDS = 30.0
+
+#: the longest a PostgreSQL connection attempt waits (seconds; less when the timeout is less).
+CONNECT_TIMEOUT_SECONDS = 10
 
 #: execution option that makes fsm begin a SQLite transaction with ``BEGIN IMMEDIATE``.
 WRITE = "fsm_write"
@@ -156,11 +170,16 @@ class _Profile:
     text_factory: Callable[[bytes], str] | None = None
     #: SQLite: begin a connection with the :data:`WRITE` option with ``BEGIN IMMEDIATE``
     immediate_writes: bool = True
+    #: PostgreSQL: the per-transaction deadline (``statement_timeout``, ``lock_timeout``,
+    #: ``idle_in_transaction_session_timeout``) in milliseconds, or ``None`` for none
+    postgres_deadline_ms: int | None = None
 
 
-def _store_profile(*, foreign_keys: bool, busy_timeout: float, wal: bool = True) -> _Profile:
+def _store_profile(
+    *, foreign_keys: bool, busy_timeout: float, wal: bool = True, timeout: float | None = None
+) -> _Profile:
     """The store's engines (sync and async): foreign keys, the busy timeout, WAL (readers never
-    block the writer), ``synchronous=NORMAL``."""
+    block the writer), ``synchronous=NORMAL``; on PostgreSQL the per-transaction deadline."""
     journal = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL") if wal else ()
     return _Profile(
         sqlite_pragmas=(
@@ -171,7 +190,36 @@ def _store_profile(*, foreign_keys: bool, busy_timeout: float, wal: bool = True)
         postgres_settings=_POSTGRES_SETTINGS,
         postgres_transaction=_POSTGRES_WRITE_TRANSACTION,
         postgres_writes_only=True,
+        postgres_deadline_ms=None if timeout is None else server_deadline_ms(timeout),
     )
+
+
+def server_deadline_ms(timeout: float) -> int:
+    """The server's per-transaction deadline for a store ``timeout`` (seconds), in ms: the
+    timeout less a margin (a fifth, at most 1 s), so that a server that is reachable answers
+    with its own error (``lock_timeout``: :class:`~fsm.store.errors.StoreBusyError`;
+    ``statement_timeout``) before the client's deadline gives up on the connection."""
+    return max(1, math.ceil((timeout - min(1.0, timeout / 5)) * 1000))
+
+
+def postgres_connect_args(timeout: float | None) -> dict[str, int]:
+    """The libpq settings of every PostgreSQL connection fsm makes, for a deadline of
+    ``timeout`` seconds (``None``: :data:`DEFAULT_TIMEOUT`).
+
+    ``connect_timeout`` (the timeout, at most :data:`CONNECT_TIMEOUT_SECONDS`, at least 2:
+    libpq's minimum), TCP keepalives (first probe after a third of the timeout, then every
+    sixth, three lost probes end the connection) and ``tcp_user_timeout`` (sent data not
+    acknowledged within the timeout ends the connection). A URL's own query parameters win.
+    """
+    seconds = DEFAULT_TIMEOUT if timeout is None else timeout
+    return {
+        "connect_timeout": max(2, math.ceil(min(seconds, CONNECT_TIMEOUT_SECONDS))),
+        "keepalives": 1,
+        "keepalives_idle": max(1, int(seconds // 3)),
+        "keepalives_interval": max(1, int(seconds // 6)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": max(1, math.ceil(seconds * 1000)),
+    }
 
 
 def _lenient_text(raw: bytes) -> str:
@@ -409,11 +457,16 @@ def create_engine(
     foreign_keys: bool = True,
     busy_timeout: float = BUSY_TIMEOUT_SECONDS,
     schema: str | None = None,
+    timeout: float | None = None,
     **kwargs: Any,
 ) -> Engine:
     """Create an engine for the store (``None`` means :func:`default_url`).
 
     ``busy_timeout``: how many seconds a SQLite writer waits for another writer's lock.
+    ``timeout``: PostgreSQL, the server-side deadline of every transaction in seconds
+    (``statement_timeout``, ``lock_timeout``, ``idle_in_transaction_session_timeout``, set with
+    ``SET LOCAL`` semantics), and the connect, keepalive and ``tcp_user_timeout`` bounds of
+    :func:`postgres_connect_args`; ``None``: no per-transaction deadline (migrations).
     ``foreign_keys=False`` leaves SQLite's foreign keys off (only migrations want that: Alembic's
     batch mode copies tables). ``schema``: the PostgreSQL schema of fsm's tables (see
     :func:`store_schema`; applied as a ``schema_translate_map``, nothing is set on the session).
@@ -424,8 +477,9 @@ def create_engine(
     kwargs.setdefault("json_serializer", dumps_json)
     if parsed.get_backend_name() == "sqlite":
         _make_parent(parsed)
-    profile = _store_profile(foreign_keys=foreign_keys, busy_timeout=busy_timeout)
-    return _in_schema(_build(parsed, profile, kwargs, busy_timeout), in_schema)
+    profile = _store_profile(foreign_keys=foreign_keys, busy_timeout=busy_timeout, timeout=timeout)
+    engine = _build(parsed, profile, _postgres_kwargs(parsed, kwargs, timeout), busy_timeout)
+    return _in_schema(engine, in_schema)
 
 
 def create_readonly_engine(
@@ -454,6 +508,9 @@ def create_readonly_engine(
         raise AuditError(f"fsm audits SQLite and PostgreSQL stores, not {backend} ({parsed})")
     in_schema = store_schema(schema, parsed)
     target = _readonly_sqlite_url(parsed) if backend == "sqlite" else parsed
+    # no per-transaction deadline (a check of a large store scans for minutes), but bounded
+    # connects and a dead peer noticed
+    kwargs = _postgres_kwargs(target, kwargs, None)
     engine = _build(target, _READONLY_PROFILE, kwargs, BUSY_TIMEOUT_SECONDS)
     if in_schema is not None:
         _search_path_per_transaction(engine, in_schema)
@@ -465,9 +522,10 @@ def create_async_engine(
     *,
     busy_timeout: float = BUSY_TIMEOUT_SECONDS,
     schema: str | None = None,
+    timeout: float | None = None,
     **kwargs: Any,
 ) -> AsyncEngine:
-    """An asyncio engine configured like :func:`create_engine`.
+    """An asyncio engine configured like :func:`create_engine` (``timeout`` as there).
 
     SQLite (``aiosqlite``): foreign keys on, WAL, ``synchronous=NORMAL``, the busy timeout, and
     transactions begun by fsm (``BEGIN IMMEDIATE`` for writes). PostgreSQL (psycopg): no
@@ -485,9 +543,11 @@ def create_async_engine(
     if sqlite:
         _make_parent(parsed)
         kwargs = _sqlite_kwargs(kwargs, busy_timeout)
+    kwargs = _postgres_kwargs(parsed, kwargs, timeout)
     engine = _sa_engine(sa_create_async_engine, parsed, kwargs)
-    if sqlite or engine.dialect.driver == "psycopg":  # not asyncpg: its connections differ
-        _configure(engine.sync_engine, _store_profile(foreign_keys=True, busy_timeout=busy_timeout))
+    if sqlite or engine.dialect.driver.startswith("psycopg"):  # not asyncpg: it differs
+        profile = _store_profile(foreign_keys=True, busy_timeout=busy_timeout, timeout=timeout)
+        _configure(engine.sync_engine, profile)
     faults.hook(engine.sync_engine)
     if in_schema is not None:
         engine = engine.execution_options(schema_translate_map={None: in_schema})
@@ -642,6 +702,18 @@ def _sqlite_kwargs(kwargs: dict[str, Any], busy_timeout: float) -> dict[str, Any
     return {"connect_args": connect_args, **kwargs}
 
 
+def _postgres_kwargs(url: URL, kwargs: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    """``kwargs`` with :func:`postgres_connect_args` in ``connect_args`` for a psycopg URL
+    (what the URL's query or the caller's ``connect_args`` set is kept)."""
+    if url.get_backend_name() != "postgresql" or not url.get_driver_name().startswith("psycopg"):
+        return kwargs
+    connect_args = dict(kwargs.pop("connect_args", {}))
+    for key, value in postgres_connect_args(timeout).items():
+        if key not in url.query:
+            connect_args.setdefault(key, value)
+    return {"connect_args": connect_args, **kwargs}
+
+
 def _configure_sqlite(engine: Engine, profile: _Profile) -> None:
     """Run the profile's pragmas on every new connection, and let fsm begin every transaction
     itself: ``BEGIN IMMEDIATE`` for a connection with the :data:`WRITE` option (when the profile
@@ -670,21 +742,54 @@ def _configure_sqlite(engine: Engine, profile: _Profile) -> None:
 
 
 def _configure_postgres(engine: Engine, profile: _Profile) -> None:
-    """Run the profile's ``SET`` statements on every new session (outside any transaction), and
-    its transaction statement first in every transaction (or every write transaction)."""
+    """Set up every PostgreSQL session of ``engine`` as ``profile`` says.
+
+    Nothing is set on the session itself unless the profile has ``postgres_settings`` (none of
+    fsm's profiles do: a session-level ``SET`` does not survive a transaction pooler). Every
+    transaction (or, with ``postgres_writes_only``, every write transaction) begins with the
+    profile's ``postgres_transaction``, and with ``postgres_deadline_ms`` also sets its
+    ``statement_timeout``, ``lock_timeout`` and ``idle_in_transaction_session_timeout``
+    locally: one round trip for all of them.
+
+    A session whose own value is shorter (set for the role or the database, or in the URL's
+    ``options=-c lock_timeout=...``) keeps it: the deadline only ever shortens a wait."""
     settings: Sequence[str] = profile.postgres_settings
     transaction, writes_only = profile.postgres_transaction, profile.postgres_writes_only
-    if transaction is not None:
+    deadline_ms = profile.postgres_deadline_ms
+    wanted: dict[str, int] = {}
+    if deadline_ms is not None:
+        # Several rows go in one INSERT ... VALUES statement, not through psycopg's pipelined
+        # executemany: after a pipeline the server does not arm its idle-in-transaction timer
+        # (PostgreSQL 15, seen with a black-holed client), so a client lost right after one
+        # would hold the conversation's lock until the server's TCP gives up.
+        engine.dialect.use_insertmanyvalues_wo_returning = True
+        wanted = {
+            "statement_timeout": deadline_ms,
+            # a little shorter: a wait for a lock then ends as a lock timeout (StoreBusyError),
+            # not as the statement's timeout
+            "lock_timeout": max(1, deadline_ms * 9 // 10),
+            "idle_in_transaction_session_timeout": deadline_ms,
+        }
+    if transaction is not None or wanted:
 
         @event.listens_for(engine, "begin")
         def _on_begin(connection: Connection) -> None:
-            if not writes_only or connection.get_execution_options().get(WRITE, False):
-                connection.exec_driver_sql(transaction)
+            statements = []
+            if transaction is not None and (
+                not writes_only or connection.get_execution_options().get(WRITE, False)
+            ):
+                statements.append(transaction)
+            local = connection.connection.info.get(_LOCAL_DEADLINE)
+            if local:
+                statements.append(local)
+            if statements:
+                # one round trip: without parameters psycopg sends them as one query
+                connection.exec_driver_sql("; ".join(statements))
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, record: Any) -> None:
         record.info[_CONFIGURED] = True
-        if not settings:
+        if not settings and not wanted:
             return
         autocommit = dbapi_connection.autocommit
         dbapi_connection.autocommit = True
@@ -692,6 +797,18 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
             with dbapi_connection.cursor() as cursor:
                 for setting in settings:
                     cursor.execute(setting)
+                if wanted:
+                    cursor.execute(
+                        "SELECT name, setting::bigint FROM pg_settings WHERE name = ANY(%s)",
+                        (list(wanted),),
+                    )
+                    session = {str(name): int(value) for name, value in cursor.fetchall()}
+                    # one round trip: without parameters psycopg sends them as one query
+                    record.info[_LOCAL_DEADLINE] = "; ".join(
+                        f"SET LOCAL {name} = {ms}"
+                        for name, ms in wanted.items()
+                        if not 0 < session.get(name, 0) <= ms
+                    )
         finally:
             dbapi_connection.autocommit = autocommit
 
@@ -703,6 +820,10 @@ def _search_path_per_transaction(engine: Engine, schema: str) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
         connection.exec_driver_sql(f"SELECT set_config('search_path', '\"{schema}\"', true)")
+
+
+#: key of a pooled PostgreSQL connection's ``info``: its per-transaction ``SET LOCAL``s
+_LOCAL_DEADLINE: Final = "fsm_local_deadline"
 
 
 def _readonly_sqlite_url(parsed: URL) -> URL:

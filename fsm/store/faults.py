@@ -10,7 +10,9 @@ meaning the hook raises the typed error instead, with the driver's own error cha
 The decision is made by code, never by the message text:
 
 * **SQLite**: the result code of the ``sqlite3`` exception (``sqlite_errorcode``; its primary
-  code, the low byte), in :data:`SQLITE_FAULTS`;
+  code, the low byte), in :data:`SQLITE_FAULTS`; an I/O error (``SQLITE_IOERR``) is a full
+  store when the file size limit or the filesystem's free space says so (the ``EFBIG`` of a
+  write past ``RLIMIT_FSIZE`` reaches SQLite as an I/O error), else a file that cannot be used;
 * **PostgreSQL**: the SQLSTATE of the psycopg exception (``sqlstate``), exact codes in
   :data:`SQLSTATE_FAULTS`, then whole classes (the first two characters) in
   :data:`SQLSTATE_CLASS_FAULTS`. A failed *connect* has no SQLSTATE (libpq reports it before
@@ -24,6 +26,8 @@ left untyped here: whether a COMMIT in flight was stored is its own question (is
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +139,56 @@ def _read_only(fault: Fault) -> StoreError:
     )
 
 
+#: below this many free bytes a filesystem counts as full (SQLite writes pages of up to 64 KiB)
+_NO_ROOM: Final = 64 * 1024
+
+
+def _no_room(path: Path) -> str | None:
+    """Why a write to the SQLite file ``path`` (or its WAL / journal) could not get room, or
+    ``None``: the process's file size limit (``RLIMIT_FSIZE``: SQLite reports the ``EFBIG``
+    of a write past it as an I/O error, not as ``SQLITE_FULL``) or a filesystem out of space
+    for this user."""
+    import resource
+
+    sizes = []
+    for suffix in ("", "-wal", "-journal"):
+        with contextlib.suppress(OSError):
+            sizes.append(Path(f"{path}{suffix}").stat().st_size)
+    soft, _hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != resource.RLIM_INFINITY and sizes and max(sizes) + _NO_ROOM >= soft:
+        return f"the file size limit of {soft} bytes (ulimit -f) is reached"
+    with contextlib.suppress(OSError):
+        stat = os.statvfs(path.parent)
+        if stat.f_bavail * stat.f_frsize < _NO_ROOM:
+            return f"the filesystem of {path.parent} has no space left"
+    return None
+
+
+def _io_error(fault: Fault) -> StoreError:
+    """SQLITE_IOERR: :class:`StorageFullError` when :func:`_no_room` finds why, else
+    :class:`DatabaseFileError` (the file could not be read or written)."""
+    if fault.path is not None:
+        why = _no_room(fault.path)
+        if why is not None:
+            return StorageFullError(
+                f"the database {fault.url} is full: {why} ({fault.reason}); nothing was "
+                "written; make room (or raise the limit), then retry"
+            )
+    path = fault.path or fault.url
+    return DatabaseFileError(
+        f"the SQLite database {path} could not be read or written ({fault.reason}): check the "
+        "disk and the file system, then retry",
+        path=None if fault.path is None else str(fault.path),
+    )
+
+
+def _timed_out(fault: Fault) -> StoreError:
+    return StoreUnavailableError(
+        f"the database {fault.url} did not finish within the store's deadline ({fault.reason}): "
+        "nothing was written; retry later, or give the store a longer timeout="
+    )
+
+
 def _login_refused(fault: Fault) -> StoreError:
     return DatabaseUrlError(
         f"the server refused the login of {fault.url} ({fault.reason}): check the user and "
@@ -155,6 +209,7 @@ SQLITE_FAULTS: Final[Mapping[int, Make]] = {
     5: _busy,  # SQLITE_BUSY
     6: _busy,  # SQLITE_LOCKED
     8: _read_only,  # SQLITE_READONLY
+    10: _io_error,  # SQLITE_IOERR (full when the file size limit or the disk says so)
     11: _corrupt,  # SQLITE_CORRUPT
     13: _full,  # SQLITE_FULL
     14: _cannot_open,  # SQLITE_CANTOPEN
@@ -173,7 +228,7 @@ SQLSTATE_FAULTS: Final[Mapping[str, Make]] = {
     "53100": _full,  # disk_full
     "53200": _full,  # out_of_memory
     "53300": _unavailable,  # too_many_connections
-    "57014": _unavailable,  # query_canceled (statement_timeout)
+    "57014": _timed_out,  # query_canceled (statement_timeout)
     "57P01": _unavailable,  # admin_shutdown
     "57P02": _unavailable,  # crash_shutdown
     "57P03": _unavailable,  # cannot_connect_now

@@ -13,6 +13,14 @@ database at a time, across processes) and take the conversation row's lock (``SE
 UPDATE``) on PostgreSQL. Inside, the next ``seq`` is read, ``expected_seq`` is checked, and the
 rows are inserted; the database's constraints (see :mod:`fsm.store.models`) reject anything that
 breaks the contract, so even a bug here could not store an invalid history.
+
+Every operation runs under a deadline (``timeout=``, :data:`~fsm.store.deadline.DEFAULT_TIMEOUT`
+seconds by default; PostgreSQL): the server is told it per transaction, and the client arms a
+:class:`~fsm.store.deadline.Deadline` on the connection, so a silent network fails the call in
+time. A failed write says whether it may have been stored: a connection lost before COMMIT was
+sent raises :class:`~fsm.store.errors.StoreUnavailableError` (nothing was written), one lost
+while COMMIT was in flight :class:`~fsm.store.errors.CommitOutcomeUnknownError` (retry with the
+same idempotency key: the turn lands exactly once).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from fsm.parser import Anomaly, ParseResult, Turn
 from fsm.states import ToolCallState
 from fsm.store import plans
+from fsm.store.deadline import DEFAULT_TIMEOUT, Deadline, check_timeout
 from fsm.store.engine import (
     BUSY_TIMEOUT_SECONDS,
     WRITE,
@@ -43,12 +52,15 @@ from fsm.store.engine import (
     store_schema,
 )
 from fsm.store.errors import (
+    CommitOutcomeUnknownError,
     ConflictError,
     ConversationExistsError,
     ConversationNotFoundError,
     CorruptStoreError,
     IdempotencyMismatchError,
     StoreBusyError,
+    StoreError,
+    StoreUnavailableError,
     ValueRejectedError,
 )
 from fsm.store.migrate import ensure_at_head
@@ -169,6 +181,12 @@ class ConversationStore:
             before raising :class:`~fsm.store.errors.StoreBusyError` (retryable).
         schema: PostgreSQL only: the schema holding fsm's tables (``None``: ``$FSM_SCHEMA``, else
             the connection's ``search_path``); see :func:`fsm.store.engine.store_schema`.
+        timeout: PostgreSQL: the deadline of each operation in seconds (default 30; ``None``:
+            none). The server gets it per transaction (``statement_timeout``, ``lock_timeout``,
+            ``idle_in_transaction_session_timeout``), the client enforces it too (a silent
+            network fails the call in time with
+            :class:`~fsm.store.errors.StoreUnavailableError`), and it bounds connecting, TCP
+            keepalives and ``tcp_user_timeout``.
 
     A store built from a URL owns its engine; call :meth:`close` (or use it as a context
     manager) when done. Methods are safe to call from several threads and processes at once.
@@ -184,7 +202,9 @@ class ConversationStore:
         auto_upgrade: bool | None = None,
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
         schema: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
+        self._timeout = check_timeout(timeout)
         if engine is not None:
             if url is not None:
                 raise TypeError("ConversationStore takes a url or an engine, not both")
@@ -206,7 +226,9 @@ class ConversationStore:
         self._url = normalize_url(url)
         self._owns_engine = True
         with removed_if_failed(self._url):
-            self._engine = create_engine(self._url, busy_timeout=busy_timeout, schema=schema)
+            self._engine = create_engine(
+                self._url, busy_timeout=busy_timeout, schema=schema, timeout=self._timeout
+            )
             self._writer = self._engine.execution_options(**{WRITE: True})
             dialect = self._engine.dialect.name
             self._core = StoreCore(self._url, postgres=dialect == "postgresql")
@@ -301,7 +323,7 @@ class ConversationStore:
         row = self._core.conversation_row(conversation_id, metadata)
         with self._core.translate():
             try:
-                with self._writer.begin() as conn:
+                with self._write() as conn:
                     self._core.insert_conversation(conn, row)
             except sa_exc.IntegrityError as exc:
                 if exist_ok:
@@ -329,7 +351,7 @@ class ConversationStore:
         Returns whether it existed.
         """
         self._core.check_conversation_id(conversation_id)
-        with self._core.translate(), self._writer.begin() as conn:
+        with self._core.translate(), self._write() as conn:
             return self._core.delete_conversation(conn, conversation_id)
 
     def next_seq(self, conversation_id: str) -> int:
@@ -338,7 +360,7 @@ class ConversationStore:
         Pass it as ``expected_seq`` to a later write to detect that someone wrote in between.
         """
         self._core.check_conversation_id(conversation_id)
-        with self._engine.connect() as conn:
+        with self._core.translate(), self._reader() as conn:
             return self._core.next_seq(conn, conversation_id)
 
     # -- writes ------------------------------------------------------------------------------
@@ -363,7 +385,7 @@ class ConversationStore:
         Returns the conversation's next seq after the write.
         """
         rows = self._core.plan_append(conversation_id, messages)
-        with self._core.translate(), self._writer.begin() as conn:
+        with self._core.translate(), self._write() as conn:
             return self._core.append(conn, conversation_id, rows, expected_seq)
 
     @store_write("commit_turn")
@@ -403,7 +425,7 @@ class ConversationStore:
         first, :class:`~fsm.store.errors.ConflictError` (retryable) is raised.
         """
         plan = self._core.plan_commit(conversation_id, turn, results, idempotency_key)
-        with self._core.translate(), self._writer.begin() as conn:
+        with self._core.translate(), self._write() as conn:
             return self._core.commit_turn(
                 conn, conversation_id, plan, expected_seq, idempotency_key
             )
@@ -437,7 +459,7 @@ class ConversationStore:
         (NaN, infinities, integers beyond 64 bits, nesting deeper than 32) are kept as strings.
         """
         plan = self._core.plan_record(conversation_id, attempt, anomalies, results, error)
-        with self._core.translate(), self._writer.begin() as conn:
+        with self._core.translate(), self._write() as conn:
             return self._core.record_attempt(conn, conversation_id, plan)
 
     # -- reads -------------------------------------------------------------------------------
@@ -499,12 +521,46 @@ class ConversationStore:
     @contextmanager
     def _reader(self) -> Iterator[Connection]:
         """A read transaction with one snapshot for all its statements (SQLite gives that to
-        every transaction; PostgreSQL needs REPEATABLE READ)."""
+        every transaction; PostgreSQL needs REPEATABLE READ), under the deadline."""
         with self._engine.connect() as conn:
             if self._core.postgres:
                 conn = conn.execution_options(isolation_level=READ_SNAPSHOT)
-            with conn.begin():
+            with self._transaction(conn, write=False) as conn:
                 yield conn
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite), under the deadline."""
+        with self._writer.connect() as conn, self._transaction(conn, write=True) as conn:
+            yield conn
+
+    @contextmanager
+    def _transaction(self, conn: Connection, *, write: bool) -> Iterator[Connection]:
+        """Begin, run the body, commit, all under the deadline; a failure that lost the
+        connection raises :class:`~fsm.store.errors.StoreUnavailableError` before COMMIT and
+        :class:`~fsm.store.errors.CommitOutcomeUnknownError` while the COMMIT of a ``write``
+        was in flight (see :meth:`StoreCore.failed`)."""
+        deadline = (
+            Deadline(self._timeout, conn.connection.driver_connection)
+            if self._core.postgres
+            else None
+        )
+        try:
+            with conn.begin():  # rolls back on any error, of COMMIT too
+                yield conn
+                if deadline is not None:
+                    deadline.committing = write
+        except BaseException as exc:
+            typed = self._core.failed(exc, deadline)
+            if typed is None:
+                raise
+            raise typed from exc
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+                if deadline.fired and not conn.invalidated:
+                    # the deadline passed (maybe just as the call ended): the socket is shut
+                    conn.invalidate()
 
 
 class BoundStore:
@@ -731,6 +787,44 @@ class StoreCore:
             raise ValueRejectedError(
                 f"a value could not be written to {self.url}: {_first_line(exc.orig)}"
             ) from exc
+
+    def failed(self, exc: BaseException, deadline: Deadline | None) -> StoreError | None:
+        """The error a failed transaction raises instead of ``exc``, or ``None`` to keep it.
+
+        Only a lost connection is decided here (anything else keeps its own error): on
+        PostgreSQL, lost while COMMIT was in flight (``deadline.committing``) it is
+        :class:`~fsm.store.errors.CommitOutcomeUnknownError`, whatever the driver said, since
+        the server may have committed before the connection went; lost earlier, and through
+        the client's deadline, it is :class:`~fsm.store.errors.StoreUnavailableError` naming
+        the deadline. (SQLite commits in-process: a failed COMMIT there is never unknown.)
+        """
+        if deadline is None or isinstance(exc, CommitOutcomeUnknownError):
+            return None
+        lost = (
+            deadline.fired
+            or isinstance(exc, StoreUnavailableError)
+            or (isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated)
+        )
+        if not lost:
+            return None
+        cause = (
+            f"no answer within the deadline of {deadline.seconds:g} s (timeout=)"
+            if deadline.fired
+            else _first_line(exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc)
+        )
+        if deadline.committing:
+            return CommitOutcomeUnknownError(
+                f"the connection to {self.url} was lost while COMMIT was in flight ({cause}): "
+                "the write may or may not be stored; retry the same call with the same "
+                "idempotency key (response id or idempotency_key), which stores it exactly once"
+            )
+        if deadline.fired:
+            return StoreUnavailableError(
+                f"the database {self.url} did not answer within {deadline.seconds:g} s "
+                "(the network or the server is down or overloaded): nothing was written; "
+                "retry later"
+            )
+        return None
 
     def _rejected(self, exc: sa_exc.DBAPIError) -> ValueRejectedError:
         diag = getattr(exc.orig, "diag", None)

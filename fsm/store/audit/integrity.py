@@ -33,11 +33,18 @@ from fsm.store.audit.read import (
     _Row,
     _text,
 )
-from fsm.store.errors import InvalidFilterError
+from fsm.store.errors import (
+    DatabaseCorruptError,
+    DatabaseFileError,
+    InvalidFilterError,
+    StoreError,
+)
 from fsm.store.migrate import head_revision, revision_of
 
 #: ``progress(done, total)``, in conversations.
 Progress: TypeAlias = Callable[[int, int], None]
+#: ``note(text)``: what the check could not do (amcheck missing, say), for the user.
+Note: TypeAlias = Callable[[str], None]
 
 
 # -- the integrity check -----------------------------------------------------------------------
@@ -84,6 +91,10 @@ VIOLATION_KINDS: Final[dict[str, str]] = {
     "bookkeeping": "the columns through which the database enforces the contract (prev_seq, "
     "prev_slots_left, slots_left, block_end_seq, assistant_n_calls, raw_arguments) disagree with "
     "the rows: later writes would not be checked right",
+    "corrupt": "the database engine finds its own storage damaged: SQLite's PRAGMA quick_check "
+    "(--deep: integrity_check) reports a broken page, b-tree or index, or the file cannot be "
+    "read; PostgreSQL's amcheck (bt_index_check) finds an fsm index corrupt; the history "
+    "contract is then not checked (its rows cannot be trusted): restore from a backup",
 }
 
 
@@ -609,8 +620,15 @@ def check(
     progress: Progress | None = None,
     batch_size: int = 10_000,
     workers: int | None = None,
+    deep: bool = False,
+    note: Note | None = None,
 ) -> Iterator[Violation]:
     """Re-verify the history contract over the whole store; yield every violation found.
+
+    First the engine's own integrity (:func:`engine_check`: SQLite ``PRAGMA quick_check``, with
+    ``deep`` ``integrity_check``; PostgreSQL ``amcheck`` over fsm's indexes when the extension
+    is installed, else ``note`` is told so): damage there yields ``corrupt`` violations and
+    stops the check, since rows read from a damaged file cannot be trusted.
 
     The rules of ``spec/store.md`` ("The contract" 1-5), and every rule the database enforces:
     seq dense from 0, every assistant message with N calls followed by exactly its N results
@@ -647,6 +665,10 @@ def check(
         raise InvalidFilterError("batch_size must be at least 1")
     if workers is not None and workers < 1:
         raise InvalidFilterError("workers must be at least 1")
+    damaged = engine_check(bind, deep=deep, note=note)
+    if damaged:
+        yield from damaged
+        return
     with _connect(bind, snapshot=True) as conn:
         total = int(conn.execute(sa.text("SELECT count(*) FROM conversations")).scalar_one())
         # batches are ranges of text ids (an id of another type, which only raw SQL on SQLite
@@ -697,6 +719,131 @@ def check(
                 finally:
                     pool.shutdown(cancel_futures=True)
         yield from _check_global(conn, shape)
+
+
+#: SQLite result codes of a damaged file: SQLITE_CORRUPT, SQLITE_NOTADB
+_SQLITE_DAMAGED: Final = (11, 26)
+#: PostgreSQL SQLSTATEs of damaged storage: data_corrupted, index_corrupted
+_POSTGRES_DAMAGED: Final = ("XX001", "XX002")
+#: at most this many problems are listed by SQLite's checks
+_SQLITE_MAX_ERRORS: Final = 100
+
+
+def engine_check(bind: Bind, *, deep: bool = False, note: Note | None = None) -> list[Violation]:
+    """The database engine's own integrity check; a ``corrupt`` violation per problem found.
+
+    SQLite: ``PRAGMA quick_check`` (b-trees, pages, record formats, ``NOT NULL``; linear in the
+    file), or with ``deep`` ``PRAGMA integrity_check`` (also that every index matches its
+    table), at most 100 problems; a file SQLite cannot read at all (not a database, a damaged
+    header or schema) is one violation. PostgreSQL: ``bt_index_check`` of the ``amcheck``
+    extension on every b-tree index of fsm's tables (with ``deep``, ``heapallindexed``: every
+    row is found in each index), when the extension is installed and may be run; otherwise
+    ``note`` is told why it was skipped (the audit is read-only: it never creates the
+    extension) and nothing is reported. Other engines: nothing.
+    """
+    found: list[Violation] = []
+    try:
+        with _connect(bind) as conn:
+            if conn.dialect.name == "sqlite":
+                pragma = "integrity_check" if deep else "quick_check"
+                lines = conn.exec_driver_sql(f"PRAGMA {pragma}({_SQLITE_MAX_ERRORS})").scalars()
+                # one row may hold several lines ("*** in database main ***\nPage 3: ...")
+                found = [
+                    Violation(None, None, "corrupt", f"SQLite {pragma}: {line}")
+                    for row in lines
+                    if str(row) != "ok"
+                    for line in str(row).splitlines()
+                    if line.strip() and not line.startswith("*** in database")
+                ]
+            elif conn.dialect.name == "postgresql":
+                found = _amcheck(conn, deep, note)
+    except (sa.exc.DBAPIError, DatabaseCorruptError, DatabaseFileError) as exc:
+        if _damage_code(exc) is None:
+            raise
+        found = [Violation(None, None, "corrupt", f"the database cannot be read: {_reason(exc)}")]
+    return found
+
+
+def _driver(exc: BaseException) -> BaseException:
+    """The driver's exception behind ``exc`` (a SQLAlchemy error's ``orig``, or the cause of a
+    typed store error), or ``exc`` itself."""
+    error: BaseException | None = exc
+    for _ in range(6):
+        if error is None:
+            break
+        if getattr(error, "sqlite_errorcode", None) is not None or getattr(error, "sqlstate", None):
+            return error
+        error = getattr(error, "orig", None) or error.__cause__
+    return exc
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's message of ``exc``, on one line."""
+    return " ".join(str(_driver(exc)).split())
+
+
+def _damage_code(exc: BaseException) -> int | str | None:
+    """The engine's code of a damaged-storage error, or ``None`` for any other error."""
+    driver = _driver(exc)
+    code = getattr(driver, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF in _SQLITE_DAMAGED:
+        return code
+    sqlstate = getattr(driver, "sqlstate", None)
+    return sqlstate if sqlstate in _POSTGRES_DAMAGED else None
+
+
+def _amcheck(conn: Connection, deep: bool, note: Note | None) -> list[Violation]:
+    """``bt_index_check`` on each b-tree index of fsm's tables (see :func:`engine_check`)."""
+    installed = conn.execute(
+        sa.text(
+            "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
+            "WHERE e.extname = 'amcheck'"
+        )
+    ).scalar()
+    if installed is None:
+        if note is not None:
+            note(
+                "PostgreSQL's index check was skipped: the amcheck extension is not installed "
+                "in this database (a superuser can run: CREATE EXTENSION amcheck)"
+            )
+        return []
+    indexes = conn.execute(
+        sa.text(
+            "SELECT c.oid::regclass::text FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam "
+            "WHERE i.indrelid = ANY(CAST(:tables AS regclass[])) AND am.amname = 'btree' "
+            "ORDER BY 1"
+        ),
+        {"tables": list(_TABLES)},
+    ).scalars()
+    function = f"{_quote_ident(str(installed))}.bt_index_check"
+    found: list[Violation] = []
+    for index in list(indexes):
+        try:
+            with conn.begin_nested():
+                conn.execute(
+                    sa.text(f"SELECT {function}(CAST(:index AS regclass), :deep)"),
+                    {"index": index, "deep": deep},
+                )
+        except (sa.exc.DBAPIError, StoreError) as exc:
+            if _damage_code(exc) is not None:
+                found.append(
+                    Violation(None, None, "corrupt", f"amcheck of {index}: {_reason(exc)}")
+                )
+                continue
+            if getattr(_driver(exc), "sqlstate", None) == "42501":  # insufficient_privilege
+                if note is not None:
+                    note(
+                        "PostgreSQL's index check was skipped: this role may not run amcheck "
+                        "(GRANT EXECUTE ON FUNCTION bt_index_check(regclass, boolean) to it)"
+                    )
+                return found
+            raise
+    return found
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _row_checks(conn: Connection, shape: _Shape, table: str) -> list[Violation]:
