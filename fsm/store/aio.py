@@ -457,6 +457,7 @@ class AsyncConversationStore:
                     # the deadline passed (maybe just as the call ended): the socket is shut
                     await conn.invalidate()
 
+
 class AsyncBoundStore:
     """An async store's view inside a caller's
     :class:`~sqlalchemy.ext.asyncio.AsyncConnection` (:meth:`AsyncConversationStore.bind`): the

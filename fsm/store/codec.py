@@ -16,6 +16,12 @@ form exactly as on the original. At most it doubles the UTF-8 size, plus three b
 
 Finished tool-call arguments are never marked: valid JSON text has no raw U+0000, no lone
 surrogate and cannot start with U+FDD0 (its escapes, such as ``\\u0000``, are plain ASCII).
+
+JSON columns (content parts, metadata, usage, anomalies, attempt results) go through
+:class:`StoredJSON`: every string in the value (dict keys too) that would need marking as text
+is marked the same way. A JSON escape cannot hold two lone surrogates side by side (every JSON
+reader, PostgreSQL's and Python's alike, joins ``"\\ud800\\udc00"`` into one character), so
+without the mark such a value would come back changed.
 """
 
 from __future__ import annotations
@@ -26,7 +32,16 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
-__all__ = ["MARK", "StoredText", "decode_text", "encode_text", "needs_marking"]
+__all__ = [
+    "MARK",
+    "StoredJSON",
+    "StoredText",
+    "decode_json",
+    "decode_text",
+    "encode_json",
+    "encode_text",
+    "needs_marking",
+]
 
 #: The first character of a marked value.
 MARK: Final = "\ufdd0"
@@ -109,3 +124,56 @@ class StoredText(sa.types.TypeDecorator[str]):
 
     def __repr__(self) -> str:
         return "StoredText()" if self._length is None else f"StoredText({self._length})"
+
+
+def encode_json(value: Any) -> Any:
+    """``value`` (a JSON value: dicts, lists, strings, numbers, bools, ``None``) with every
+    string that :func:`needs_marking` encoded by :func:`encode_text`, keys included; the same
+    object when nothing needs it."""
+    if isinstance(value, str):
+        return encode_text(value)
+    if isinstance(value, dict):
+        items = [(encode_json(k), encode_json(v)) for k, v in value.items()]
+        if all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(items, value.items(), strict=True)):
+            return value
+        return dict(items)
+    if isinstance(value, list | tuple):
+        out = [encode_json(v) for v in value]
+        if all(a is b for a, b in zip(out, value, strict=True)):
+            return value
+        return out
+    return value
+
+
+def decode_json(value: Any) -> Any:
+    """The inverse of :func:`encode_json`."""
+    if isinstance(value, str):
+        return decode_text(value)
+    if isinstance(value, dict):
+        return {decode_json(k): decode_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode_json(v) for v in value]
+    return value
+
+
+class StoredJSON(sa.types.TypeDecorator[Any]):
+    """``JSON`` whose strings go through :func:`encode_json` on the way in and
+    :func:`decode_json` on the way out (``None`` is SQL ``NULL``)."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def __init__(self) -> None:
+        super().__init__(none_as_null=True)
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        return encode_json(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return decode_json(value)
+
+    def copy(self, **kw: Any) -> StoredJSON:
+        return StoredJSON()
+
+    def __repr__(self) -> str:
+        return "StoredJSON()"

@@ -86,7 +86,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from fsm.states import ToolCallState
-from fsm.store.codec import StoredText
+from fsm.store.codec import StoredJSON, StoredText
 
 __all__ = [
     "ATTEMPT_ID",
@@ -168,8 +168,8 @@ class Base(DeclarativeBase):
 
     metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map: ClassVar[dict[Any, Any]] = {
-        dict[str, Any]: sa.JSON(none_as_null=True),
-        list[Any]: sa.JSON(none_as_null=True),
+        dict[str, Any]: StoredJSON(),
+        list[Any]: StoredJSON(),
     }
 
 
@@ -649,7 +649,7 @@ class AttemptCall(Base):
     #: why the call is truncated or aborted.
     reason: Mapped[str | None] = mapped_column(StoredText)
     #: the tool's result that would have been committed (a string or a content-parts list).
-    result: Mapped[Any] = mapped_column(sa.JSON(none_as_null=True), nullable=True)
+    result: Mapped[Any] = mapped_column(StoredJSON(), nullable=True)
 
     __table_args__ = (
         sa.ForeignKeyConstraint(

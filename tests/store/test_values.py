@@ -142,6 +142,24 @@ def test_content_parts_with_hostile_strings_read_back(store: ConversationStore, 
     assert history[0]["content"] == parts and history[-1]["content"] == parts
 
 
+#: two lone surrogates side by side: as JSON escapes every reader would join them into one
+#: character, so the store marks such strings (fsm.store.codec.StoredJSON)
+PAIR_OF_HALVES = "\ud800\udc00"
+
+
+def test_lone_halves_side_by_side_in_json_values_read_back(
+    store: ConversationStore, conv: str
+) -> None:
+    parts = [{"type": "text", "text": PAIR_OF_HALVES, PAIR_OF_HALVES: "key"}]
+    store.append(conv, [{"role": "user", "content": parts}])
+    store.commit_turn(conv, make_turn(response_id="r-halves"), [{"content": parts}])
+    history = store.history(conv)
+    assert history[0]["content"] == parts and history[-1]["content"] == parts
+    store.create_conversation("halves", metadata={"k": PAIR_OF_HALVES, PAIR_OF_HALVES: 1})
+    [info] = [c for c in store.list_conversations(limit=None) if c.id == "halves"]
+    assert info.metadata == {"k": PAIR_OF_HALVES, PAIR_OF_HALVES: 1}
+
+
 def test_metadata_must_be_json(store: ConversationStore) -> None:
     with pytest.raises(UnsupportedValueError, match="metadata"):
         store.create_conversation("m", metadata={"x": math.nan})
