@@ -604,7 +604,7 @@ def test_leaving_the_block_after_the_end_changes_nothing(clients: Clients) -> No
 def test_the_stream_helper_is_read_through_its_bytes(clients: Clients) -> None:
     """``with client.chat.completions.stream(...) as stream``: fsm reads the raw bytes of its
     response (it used to yield nothing at all), ``[DONE]`` included."""
-    with ReplayServer([ReplayTurn(DEMO)]) as server:
+    with ReplayServer([ReplayTurn(DEMO)], response_ids="recorded") as server:
         out = consume("openai-helper", clients, server)
     assert out.error is None and out.result is not None
     assert out.result.to_json() == parse_file(DEMO).to_json()

@@ -235,7 +235,9 @@ def test_the_store_keeps_a_legacy_turn_and_gives_it_back(store: ConversationStor
         {"role": "tool", "tool_call_id": "call_9", "content": "17 degrees"},
     ]
     assert store.history(conversation, last=5) == history[1:]
-    assert store.history(conversation, last=4) == history[3:]  # never inside a block
+    # never inside a block: the smallest window of at least N messages that keeps blocks whole
+    assert store.history(conversation, last=4) == history[1:]
+    assert store.history(conversation, last=3) == history[3:]
     # the same turn again is the same commit (idempotency), not a second one
     assert store.commit_turn(conversation, turn, ["18 degrees"]).created is False
 

@@ -115,7 +115,7 @@ def _by_name(exported: Any) -> list[tuple[str, dict[str, Any]]]:
 def test_demo_run_spans_follow_the_genai_conventions(
     kind: str, url: str, spans: InMemorySpanExporter
 ) -> None:
-    with ReplayServer(demo_script(["6912", "408"])) as server:
+    with ReplayServer(demo_script(["6912", "408"]), response_ids="recorded") as server:
         result = _run(kind, url, server, messages=[USER])
         port = int(server.base_url.rsplit(":", 1)[1].split("/")[0])
     assert result.status == "completed"
@@ -155,9 +155,8 @@ def test_demo_run_spans_follow_the_genai_conventions(
     first = parse_file(DEMO)
     assert chats[0].kind == trace.SpanKind.CLIENT
     attrs = dict(chats[0].attributes or {})
-    # "eof" while the loop reads the SDK's parsed stream, which swallows [DONE]; "done" from raw
-    # bytes (the recording ends with [DONE])
-    assert attrs.pop("fsm.stream.end") in ("eof", first.end_how)
+    # the loop reads the response's raw bytes, so it sees the recording's [DONE]
+    assert attrs.pop("fsm.stream.end") == first.end_how == "done"
     assert attrs == {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": "openai",
@@ -275,7 +274,7 @@ def test_a_conflict_is_an_error_commit_span_and_a_warning(
 def test_log_records_of_a_demo_run(url: str, caplog: pytest.LogCaptureFixture) -> None:
     with (
         caplog.at_level(logging.DEBUG, logger="fsm"),
-        ReplayServer(demo_script(["6912", "408"])) as server,
+        ReplayServer(demo_script(["6912", "408"]), response_ids="recorded") as server,
     ):
         result = _run("openai", url, server, messages=[USER])
     assert result.status == "completed"

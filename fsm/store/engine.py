@@ -793,23 +793,26 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
             return
         autocommit = dbapi_connection.autocommit
         dbapi_connection.autocommit = True
+        # not ``with cursor``: the asyncio adaptation of psycopg's cursor is not a context manager
+        # before SQLAlchemy 2.1
+        cursor = dbapi_connection.cursor()
         try:
-            with dbapi_connection.cursor() as cursor:
-                for setting in settings:
-                    cursor.execute(setting)
-                if wanted:
-                    cursor.execute(
-                        "SELECT name, setting::bigint FROM pg_settings WHERE name = ANY(%s)",
-                        (list(wanted),),
-                    )
-                    session = {str(name): int(value) for name, value in cursor.fetchall()}
-                    # one round trip: without parameters psycopg sends them as one query
-                    record.info[_LOCAL_DEADLINE] = "; ".join(
-                        f"SET LOCAL {name} = {ms}"
-                        for name, ms in wanted.items()
-                        if not 0 < session.get(name, 0) <= ms
-                    )
+            for setting in settings:
+                cursor.execute(setting)
+            if wanted:
+                cursor.execute(
+                    "SELECT name, setting::bigint FROM pg_settings WHERE name = ANY(%s)",
+                    (list(wanted),),
+                )
+                session = {str(name): int(value) for name, value in cursor.fetchall()}
+                # one round trip: without parameters psycopg sends them as one query
+                record.info[_LOCAL_DEADLINE] = "; ".join(
+                    f"SET LOCAL {name} = {ms}"
+                    for name, ms in wanted.items()
+                    if not 0 < session.get(name, 0) <= ms
+                )
         finally:
+            cursor.close()
             dbapi_connection.autocommit = autocommit
 
 

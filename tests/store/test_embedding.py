@@ -228,8 +228,10 @@ def test_postgres_sessions_carry_no_fsm_setting(engine_name: str, db_url: sa.URL
             assert conn.exec_driver_sql("SHOW plan_cache_mode").scalar_one() == "auto"
     sets = [s for s in seen if s.upper().startswith("SET")]
     assert sets and all(s.startswith("SET LOCAL ") for s in sets), sets
-    # each write transaction begins with it: create_conversation, then commit_turn
-    assert sets.count("SET LOCAL plan_cache_mode = force_custom_plan") == 2
+    # each write transaction begins with it (with the store's deadline, in the same round
+    # trip): create_conversation, then commit_turn
+    plan = [s for s in sets if s.startswith("SET LOCAL plan_cache_mode = force_custom_plan")]
+    assert len(plan) == 2, sets
     readonly = create_readonly_engine(db_url)
     try:
         with readonly.connect() as conn:

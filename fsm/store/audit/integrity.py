@@ -495,11 +495,13 @@ def _sqlite_type_terms(table: sa.Table) -> list[tuple[str, str]]:
     terms = []
     for column in table.columns:
         name = column.name
-        if isinstance(column.type, sa.Boolean):
+        # a decorated type (fsm.store.codec's StoredText, StoredJSON) is checked as its impl
+        kind = column.type.impl if isinstance(column.type, sa.types.TypeDecorator) else column.type
+        if isinstance(kind, sa.Boolean):
             ok = f"(typeof({name}) = 'integer' AND {name} IN (0, 1))"
-        elif isinstance(column.type, sa.Integer):
+        elif isinstance(kind, sa.Integer):
             ok = f"typeof({name}) = 'integer'"
-        elif isinstance(column.type, sa.JSON):
+        elif isinstance(kind, sa.JSON):
             ok = f"(typeof({name}) = 'text' AND json_valid({name}))"
         else:
             ok = f"typeof({name}) = 'text'"

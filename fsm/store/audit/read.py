@@ -30,7 +30,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL, Connection, Engine
 
 from fsm.states import FAILED_STATES, ToolCallState
-from fsm.store.codec import MARK, decode_text
+from fsm.store.codec import MARK, decode_json, decode_text
 from fsm.store.engine import create_readonly_engine, display_url, normalize_url
 from fsm.store.errors import (
     AuditError,
@@ -141,7 +141,8 @@ def _raw(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[An
     StoredText decode, a JSON parse, a datetime parse, an enum lookup), any of which fails on a
     value raw SQL wrote; the caller reads it with :func:`_text`, :func:`_json_value` or
     :func:`_as_utc`. PostgreSQL gets JSON columns as their text (the driver would parse them)."""
-    if conn.dialect.name == "postgresql" and isinstance(column.type, sa.JSON):
+    kind = column.type.impl if isinstance(column.type, sa.types.TypeDecorator) else column.type
+    if conn.dialect.name == "postgresql" and isinstance(kind, sa.JSON):
         return sa.cast(column, sa.Text)
     return sa.type_coerce(column, sa.Text)
 
@@ -192,6 +193,8 @@ def _json_value(value: Any) -> Any:
         return value if math.isfinite(value) else str(value)
     text = _text(value)
     try:
-        return json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+        parsed = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
     except (ValueError, RecursionError):
         return text
+    # strings fsm.store.codec.StoredJSON marked (their escapes are ASCII: the mark is "\ufdd0")
+    return decode_json(parsed) if "\\ufdd0" in text or MARK in text else parsed
