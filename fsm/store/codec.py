@@ -27,6 +27,7 @@ without the mark such a value would come back changed.
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -36,6 +37,7 @@ __all__ = [
     "MARK",
     "StoredJSON",
     "StoredText",
+    "as_utc",
     "decode_json",
     "decode_text",
     "encode_json",
@@ -177,3 +179,17 @@ class StoredJSON(sa.types.TypeDecorator[Any]):
 
     def __repr__(self) -> str:
         return "StoredJSON()"
+
+
+def as_utc(value: Any) -> datetime | None:
+    """A stored time, from either engine, as an aware UTC datetime: SQLite gives naive UTC, or
+    text (from ``max()``, or read raw); ``None`` for a value that is not a time (raw SQL can
+    store anything in a SQLite column)."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if not isinstance(value, datetime):
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)

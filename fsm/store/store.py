@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -39,6 +39,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from fsm.parser import Anomaly, ParseResult, Turn
 from fsm.states import ToolCallState
 from fsm.store import plans
+from fsm.store.codec import as_utc
 from fsm.store.deadline import DEFAULT_TIMEOUT, Deadline, check_timeout
 from fsm.store.engine import (
     BUSY_TIMEOUT_SECONDS,
@@ -912,8 +913,8 @@ class StoreCore:
             query = query.limit(limit)
         out = []
         for cid, created, meta, seq, n_turns, n_attempts, at_m, at_a in conn.execute(query):
-            created_at = _utc(created)
-            times = [t for t in (_utc(at_m), _utc(at_a)) if t is not None]
+            created_at = as_utc(created)
+            times = [t for t in (as_utc(at_m), as_utc(at_a)) if t is not None]
             out.append(
                 ConversationInfo(
                     id=cid,
@@ -1155,18 +1156,6 @@ def _read_attempts(conn: Connection, conversation_id: str) -> list[dict[str, Any
 
 
 # -- helpers -----------------------------------------------------------------------------------
-def _utc(value: Any) -> datetime | None:
-    """A stored time as an aware UTC datetime (SQLite gives naive UTC, or text from ``max``)."""
-    if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-    if not isinstance(value, datetime):
-        return None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
 def _require(conn: Connection, conversation_id: str, *, lock: bool = False) -> None:
     """Raise ConversationNotFoundError unless the conversation exists; ``lock`` takes its
     row lock (``SELECT ... FOR UPDATE``) for the rest of the transaction."""

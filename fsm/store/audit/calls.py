@@ -31,7 +31,6 @@ from fsm.store.audit.read import (
     _MESSAGES,
     _PAGE,
     Bind,
-    _as_utc,
     _connect,
     _json_value,
     _opt_text,
@@ -39,6 +38,7 @@ from fsm.store.audit.read import (
     _Row,
     _text,
 )
+from fsm.store.codec import as_utc
 from fsm.store.errors import InvalidFilterError
 
 #: where a listed call sits: (conversation id, seq, rank, attempt id, position); ``rank`` is 0 for
@@ -182,7 +182,7 @@ def _call_page(
                 arguments=_text(arguments),
                 state=_text(state),
                 model=_opt_text(model),
-                created_at=_as_utc(created),
+                created_at=as_utc(created),
                 result=_json_value(parts) if parts is not None else _opt_text(content),
                 attempt_id=attempt if rank == 0 else None,
                 reason=_opt_text(reason),

@@ -32,7 +32,6 @@ from fsm.store.audit.read import (
     _FAILED_STATES,
     _PAGE,
     Bind,
-    _as_utc,
     _connect,
     _json_value,
     _opt_text,
@@ -40,6 +39,7 @@ from fsm.store.audit.read import (
     _Row,
     _text,
 )
+from fsm.store.codec import as_utc
 from fsm.store.errors import InvalidFilterError
 
 
@@ -310,7 +310,7 @@ def _failed_calls(
                 end_how=_opt_text(row[10]),
                 end_reason=_opt_text(row[11]),
                 anomalies=_anomaly_kinds(row[12]),
-                created_at=_as_utc(row[13]),
+                created_at=as_utc(row[13]),
                 arguments=_text(row[14]),
             )
         if len(rows) < page:
@@ -402,7 +402,7 @@ def _attempt_rows(
                 end_how=end_how,
                 end_reason=end_reason,
                 anomalies=_anomaly_kinds(row[8]),
-                created_at=_as_utc(row[9]),
+                created_at=as_utc(row[9]),
                 arguments=None,
             )
         if len(rows) < page:

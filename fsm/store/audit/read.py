@@ -22,7 +22,6 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
-from datetime import UTC, datetime
 from typing import Any, Final, TypeAlias, cast
 
 import sqlalchemy as sa
@@ -123,24 +122,12 @@ class _Row:
 
 
 # -- values read raw ---------------------------------------------------------------------------
-def _as_utc(value: Any) -> datetime | None:
-    """A timestamp read from either engine, as an aware UTC datetime (``None`` for a value that
-    is not a time: raw SQL can store anything in a SQLite column)."""
-    if isinstance(value, str):  # SQLite keeps text; read raw (see _raw)
-        try:
-            value = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-    if not isinstance(value, datetime):
-        return None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
 def _raw(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
     """``column`` selected as the engine stores it, without the type's result processing (a
     StoredText decode, a JSON parse, a datetime parse, an enum lookup), any of which fails on a
     value raw SQL wrote; the caller reads it with :func:`_text`, :func:`_json_value` or
-    :func:`_as_utc`. PostgreSQL gets JSON columns as their text (the driver would parse them)."""
+    :func:`~fsm.store.codec.as_utc`. PostgreSQL gets JSON columns as their text (the driver
+    would parse them)."""
     kind = column.type.impl if isinstance(column.type, sa.types.TypeDecorator) else column.type
     if conn.dialect.name == "postgresql" and isinstance(kind, sa.JSON):
         return sa.cast(column, sa.Text)
