@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,5 +128,6 @@ def test_a_usage_error_is_one_line() -> None:
     code, out, err = run(["parse", "--jsn", "x.sse"])
     assert (code, out) == (2, "")
     # in process the program is not called fsm; the subprocess catalog pins the whole line
-    assert err.startswith("error: No such option '--jsn'. Did you mean '--json'? (see: ")
+    # click's own words (8.2.0 writes "No such option: --jsn Did you mean --json?")
+    assert re.match(r"error: No such option:? '?--jsn'?\.? Did you mean '?--json'?\? \(see: ", err)
     assert err.endswith(" parse --help)\n") and err.count("\n") == 1
