@@ -276,3 +276,22 @@ def test_a_function_result_naming_another_function_is_corrupt(store: Conversatio
         )
     with pytest.raises(CorruptStoreError, match="answers function 'other'"):
         store.history(conversation)
+
+
+def test_fsm_history_prints_a_legacy_turn(store: ConversationStore) -> None:
+    conversation = store.create_conversation()
+    store.commit_turn(conversation, fsm.parse(legacy_stream()).turn(0), ["18 degrees"])
+    url = store.engine.url.render_as_string(hide_password=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsm", "history", "--db", url, conversation],
+        capture_output=True,
+        text=True,
+        env=repo_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "    0  assistant  (no text)",
+        f"{'':18}-> get_weather({ARGS})  (legacy function_call)",
+        "    1  function   18 degrees  (result of function get_weather)",
+    ]

@@ -413,11 +413,16 @@ def _print_messages(messages: list[dict[str, Any]], first: int) -> None:
             call_id = safe_text(str(message.get("tool_call_id", "")))
             click.echo(f"{head}{_preview(message['content'])}  (result of {call_id})")
             continue
+        if message["role"] == "function":  # the result of a legacy function_call
+            name = safe_text(str(message.get("name", "")))
+            click.echo(f"{head}{_preview(message['content'])}  (result of function {name})")
+            continue
+        legacy = message.get("function_call")
         if message.get("content") is not None:
             click.echo(f"{head}{_preview(message['content'])}".rstrip())
         elif message.get("refusal") is not None:
             click.echo(f"{head}(refusal) {_preview(message['refusal'])}")
-        elif message.get("tool_calls"):
+        elif message.get("tool_calls") or legacy:
             click.echo(f"{head}(no text)")
         else:
             click.echo(f"{head}(empty)")
@@ -427,3 +432,7 @@ def _print_messages(messages: list[dict[str, Any]], first: int) -> None:
             arguments = _preview(function["arguments"], 80)
             call_id = safe_text(str(call["id"]))
             click.echo(f"{'':{_TEXT_COLUMN}}-> {name}({arguments})  id {call_id}")
+        if legacy:
+            name = safe_text(str(legacy["name"]))
+            arguments = _preview(legacy["arguments"], 80)
+            click.echo(f"{'':{_TEXT_COLUMN}}-> {name}({arguments})  (legacy function_call)")
