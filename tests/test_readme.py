@@ -44,6 +44,11 @@ def test_main_job_command_names_files_that_exist() -> None:
 #: the names an example uses without defining them (the reader's own code), by a line of the
 #: example that tells which one it is; the replay server stands in for the provider
 _PRELUDES: dict[str, str] = {
+    # self-contained examples (first: a key found in them decides before the keys below)
+    "def test_my_agent(": "",
+    "def commit(conversation,": "",
+    "configure_engine(sa.create_engine(": "",
+    "with_streaming_response.create(": "",
     "app = FastAPI()": (
         "async def add(a: int, b: int) -> int:\n    return a + b\n"
         "async def multiply(a: int, b: int) -> int:\n    return a * b\n"
@@ -79,6 +84,17 @@ _PRELUDES: dict[str, str] = {
 #: examples that need a package the test environment may lack
 _NEEDS = {"app = FastAPI()": "fastapi"}
 
+#: examples that are a test module, run by pytest with fsm's plugin (its fixtures), not as a script
+_PYTEST_MODULES = {"def test_my_agent("}
+
+#: the conftest of such a run: the plugin is loaded by its entry point, or here when the
+#: installed fsm predates it (as tests/conftest.py does)
+_PLUGIN_CONFTEST = (
+    "def pytest_configure(config):\n"
+    "    if not config.pluginmanager.has_plugin('fsm'):\n"
+    "        config.pluginmanager.import_plugin('fsm.pytest_plugin')\n"
+)
+
 
 def _python_examples() -> list[str]:
     return re.findall(r"```python\n(.*?)\n```", (REPO / "README.md").read_text(), re.S)
@@ -106,6 +122,11 @@ def test_readme_example_runs_twice(number: int, tmp_path: Path) -> None:
     if key in _NEEDS:
         pytest.importorskip(_NEEDS[key])
     script = tmp_path / "example.py"
+    command = [sys.executable, str(script)]
+    if key in _PYTEST_MODULES:
+        script = tmp_path / "test_example.py"
+        (tmp_path / "conftest.py").write_text(_PLUGIN_CONFTEST)
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(script)]
     script.write_text(_PRELUDES[key] + example + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("FSM_DB_URL", "FSM_DB")}
     with ReplayServer(demo_script()) as server:
@@ -113,7 +134,7 @@ def test_readme_example_runs_twice(number: int, tmp_path: Path) -> None:
         for run in (1, 2):
             server.reset(demo_script())
             done = subprocess.run(
-                [sys.executable, str(script)],
+                command,
                 cwd=tmp_path,
                 env=env | {"PYTHONPATH": str(REPO)},
                 capture_output=True,
@@ -122,4 +143,6 @@ def test_readme_example_runs_twice(number: int, tmp_path: Path) -> None:
             )
             assert done.returncode == 0, f"run {run}:\n{done.stdout}\n{done.stderr}"
             assert "Traceback" not in done.stderr
+            if key in _PYTEST_MODULES:  # its test ran (and was not skipped)
+                assert re.search(r"\b[1-9]\d* passed\b", done.stdout), done.stdout
         assert server.failures == []
