@@ -682,7 +682,7 @@ EXECUTION_STATES = ("not_started", "started", "succeeded", "failed")
 PENDING_TURN_TYPES: dict[str, list[str]] = {
     "ints": ["id", "at_seq", "n_calls"],
     "nullable_ints": ["choice", "committed_seq"],
-    "texts": ["conversation_id", "state", "created_at"],
+    "texts": ["conversation_id", "state", "created_at", "owner"],
     "nullable_texts": [
         "resolved_at",
         "reason",
@@ -701,7 +701,14 @@ TOOL_EXECUTION_TYPES: dict[str, list[str]] = {
     "nullable_ints": ["provider_index"],
     "bools": ["repaired", "legacy"],
     "texts": ["conversation_id", "call_id", "type", "name", "arguments", "state"],
-    "nullable_texts": ["raw_arguments", "started_at", "finished_at", "result", "error"],
+    "nullable_texts": [
+        "raw_arguments",
+        "started_by",
+        "started_at",
+        "finished_at",
+        "result",
+        "error",
+    ],
     "nullable_jsons": ["result_parts"],
 }
 
@@ -767,6 +774,8 @@ class PendingTurnRow(Base):
     usage: Mapped[dict[str, Any] | None] = mapped_column()
     idempotency_key: Mapped[str | None] = mapped_column(sa.Text)
     n_calls: Mapped[int] = mapped_column()
+    #: the token of the process that owns the turn (``begin`` or ``claim``): only it records.
+    owner: Mapped[str] = mapped_column(sa.Text)
 
     __table_args__ = (
         sa.PrimaryKeyConstraint("conversation_id", "id"),
@@ -813,6 +822,8 @@ class ToolExecution(Base):
     legacy: Mapped[bool] = mapped_column()
     state: Mapped[str] = mapped_column(sa.String(11))
     starts: Mapped[int] = mapped_column(server_default=sa.text("0"))
+    #: the owner token of the pending turn's latest start of this call.
+    started_by: Mapped[str | None] = mapped_column(sa.Text)
     started_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     #: succeeded: the result text, or ``result_parts`` (a list of content parts).

@@ -9,16 +9,18 @@ Two new tables, keyed by conversation first (hash-partitionable like every fsm t
 * ``pending_turns``: a complete turn whose tools are running, outside history: its assistant
   message (content, reasoning, refusal, model, response id, choice, finish reason, usage,
   idempotency key), its number of calls, the seq it goes to (``at_seq``) and its state
-  (``pending``, ``committed`` with ``committed_seq``, ``abandoned`` with a ``reason``). Key
+  (``pending``, ``committed`` with ``committed_seq``, ``abandoned`` with a ``reason``) and
+  its ``owner`` (the token of the process that began or claimed it: only it records). Key
   ``(conversation_id, id)``, ``id`` a ``bigint`` identity on PostgreSQL, the rowid on SQLite
   (with ``UNIQUE (conversation_id, id)``). At most one ``pending`` row per conversation: the
   partial unique index ``ix_pending_turns_conversation_id_pending``. A committed row's
   ``(conversation_id, committed_seq, n_calls)`` is a foreign key to its assistant message.
 * ``tool_executions``: one row per call of a pending turn (the call byte-exact, as history will
   hold it), its state (``not_started``, ``started``, ``succeeded``, ``failed``), the number of
-  starts, ``started_at`` / ``finished_at``, and the result (text or content parts) or the error
-  text; a foreign key ``(conversation_id, pending_id, pending_n_calls)`` to its turn (``ON DELETE
-  CASCADE``) and ``0 <= position < pending_n_calls``.
+  starts and the owner token of the latest (``started_by``), ``started_at`` / ``finished_at``,
+  and the result (text or content parts) or the error text; a foreign key ``(conversation_id,
+  pending_id, pending_n_calls)`` to its turn (``ON DELETE CASCADE``) and ``0 <= position <
+  pending_n_calls``.
 
 Checks pin what each state carries, the same on both engines; SQLite also pins its types
 (``ck_<table>_types``). The downgrade drops both tables (and the ledger with them).
@@ -29,6 +31,7 @@ Revisions import nothing from fsm: the SQL below is the text ``fsm/store/models.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -64,7 +67,7 @@ _PENDING_TYPES = (
     " AND (choice IS NULL OR typeof(choice) = 'integer')"
     " AND (committed_seq IS NULL OR typeof(committed_seq) = 'integer')"
     " AND typeof(conversation_id) = 'text' AND typeof(state) = 'text'"
-    " AND typeof(created_at) = 'text'"
+    " AND typeof(created_at) = 'text' AND typeof(owner) = 'text'"
     " AND (resolved_at IS NULL OR typeof(resolved_at) = 'text')"
     " AND (reason IS NULL OR typeof(reason) = 'text')"
     " AND (content IS NULL OR typeof(content) = 'text')"
@@ -86,6 +89,7 @@ _EXECUTION_TYPES = (
     " AND typeof(type) = 'text' AND typeof(name) = 'text' AND typeof(arguments) = 'text'"
     " AND typeof(state) = 'text'"
     " AND (raw_arguments IS NULL OR typeof(raw_arguments) = 'text')"
+    " AND (started_by IS NULL OR typeof(started_by) = 'text')"
     " AND (started_at IS NULL OR typeof(started_at) = 'text')"
     " AND (finished_at IS NULL OR typeof(finished_at) = 'text')"
     " AND (result IS NULL OR typeof(result) = 'text')"
@@ -99,7 +103,7 @@ _PG_NAME = r"btrim(name, E' \t\r\n') <> ''"
 def upgrade() -> None:
     sqlite = op.get_bind().dialect.name == "sqlite"
     if sqlite:
-        key: list[sa.SchemaItem] = [
+        key: list[Any] = [
             sa.Column("id", sa.Integer(), nullable=False),
             sa.PrimaryKeyConstraint("id", name=op.f("pk_pending_turns")),
             sa.UniqueConstraint(
@@ -131,6 +135,7 @@ def upgrade() -> None:
         sa.Column("usage", sa.JSON(), nullable=True),
         sa.Column("idempotency_key", sa.Text(), nullable=True),
         sa.Column("n_calls", sa.Integer(), nullable=False),
+        sa.Column("owner", sa.Text(), nullable=False),
         *key,
         sa.UniqueConstraint(
             "conversation_id",
@@ -166,7 +171,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_pending_turns_state_created_at", "pending_turns", ["state", "created_at"])
     pending_id = sa.Integer() if sqlite else sa.BigInteger()
-    checks: list[sa.SchemaItem] = (
+    checks: list[Any] = (
         [
             sa.CheckConstraint(_SQLITE_NAME, name=op.f("ck_tool_executions_name")),
             sa.CheckConstraint(_EXECUTION_TYPES, name=op.f("ck_tool_executions_types")),
@@ -190,6 +195,7 @@ def upgrade() -> None:
         sa.Column("legacy", sa.Boolean(), nullable=False),
         sa.Column("state", sa.String(11), nullable=False),
         sa.Column("starts", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column("started_by", sa.Text(), nullable=True),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("result", sa.Text(), nullable=True),
