@@ -272,3 +272,74 @@ def test_the_async_store_has_the_same_ledger(db_url: sa.URL) -> None:
             assert [m.get("content") for m in history[2:]] == ["did pay", "did email"]
 
     run(body())
+
+
+def test_audit_pending_lists_pending_and_abandoned_turns_with_age(
+    store: ConversationStore, db_url: sa.URL
+) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fsm.store import audit
+
+    cid = _conv(store)
+    abandoned = store.begin(cid, make_turn(CALLS, response_id="r-old"))
+    store.abandon(abandoned, "the user said no")
+    pending = store.started(store.begin(cid, make_turn(CALLS)), 0)
+    rows = audit.pending_turns(store.engine)
+    assert [(r.state, r.reason, r.started, r.not_started, r.starts) for r in rows] == [
+        ("abandoned", "the user said no", 0, 2, 0),
+        ("pending", None, 1, 1, 1),
+    ]
+    assert all(r.age_seconds is not None and r.age_seconds >= 0 for r in rows)
+    assert [r.pending_id for r in audit.pending_turns(store.engine, states=["pending"])] == [
+        pending.id
+    ]
+    with pytest.raises(audit.InvalidFilterError):
+        audit.pending_turns(store.engine, states=["done"])
+    url = db_url.render_as_string(hide_password=False)
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-m", "fsm", "audit", "pending", "--db", url, "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    listed = json.loads(out.stdout)
+    assert [(r["conversation_id"], r["state"], r["calls"]) for r in listed] == [
+        (cid, "abandoned", 2),
+        (cid, "pending", 2),
+    ]
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"], indirect=True)
+def test_audit_check_re_verifies_the_ledger_rows(store: ConversationStore) -> None:
+    """Rows written with SQLite's checks off break the ledger's rules: the check finds them."""
+    from fsm.store import audit
+
+    cid = _conv(store)
+    pending = store.begin(cid, make_turn(CALLS))
+    assert list(audit.check(store.engine)) == []
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("PRAGMA ignore_check_constraints = ON")
+        conn.execute(
+            sa.text(
+                "UPDATE tool_executions SET state = 'succeeded', starts = -3"
+                " WHERE pending_id = :p AND position = 1"
+            ),
+            {"p": pending.id},
+        )
+        conn.exec_driver_sql("PRAGMA ignore_check_constraints = OFF")
+    engine = audit.open_readonly(store.engine.url)
+    try:
+        found = list(audit.check(engine))
+    finally:
+        engine.dispose()
+    assert [v.kind for v in found] == ["invalid_row"], found
+    assert all("the execution of call 1 (id 'call_b')" in v.detail for v in found), found
