@@ -70,7 +70,13 @@ loop reports.
 from __future__ import annotations
 
 from fsm.agent.aio import AsyncStoreLike, arun_agent_loop
-from fsm.agent.errors import AgentError, AgentStoreError, TurnFailedError, TurnNotRecordedError
+from fsm.agent.errors import (
+    AgentError,
+    AgentStoreError,
+    TurnFailedError,
+    TurnNotRecordedError,
+    UnknownOutcomeError,
+)
 from fsm.agent.events import (
     AgentEvent,
     AgentResult,
@@ -80,7 +86,7 @@ from fsm.agent.events import (
     TurnCommitted,
 )
 from fsm.agent.loop import StoreLike, run_agent_loop
-from fsm.agent.tools import Tool, function_tool
+from fsm.agent.tools import Tool, function_tool, is_idempotent, tool
 
 __all__ = [
     "AgentError",
@@ -96,7 +102,10 @@ __all__ = [
     "TurnCommitted",
     "TurnFailedError",
     "TurnNotRecordedError",
+    "UnknownOutcomeError",
     "arun_agent_loop",
     "function_tool",
+    "is_idempotent",
     "run_agent_loop",
+    "tool",
 ]

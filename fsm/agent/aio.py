@@ -17,8 +17,11 @@ from fsm.agent.step import (
     Record,
     abort,
     build_request,
+    executed,
+    ledger_plan,
     no_stream,
     store_operation,
+    uses_ledger,
 )
 from fsm.agent.tools import Tool, arun_tool
 from fsm.clients import aiter_openai_events
@@ -93,6 +96,7 @@ async def arun_agent_loop(
     on_event: Callable[[AgentEvent], object] | None = None,
     record_attempts: bool = True,
     request_options: Mapping[str, Any] | None = None,
+    ledger: bool = False,
 ) -> AgentResult:
     """The asyncio twin of :func:`run_agent_loop`: an ``openai.AsyncOpenAI`` client and an
     :class:`~fsm.store.aio.AsyncConversationStore`.
@@ -108,6 +112,11 @@ async def arun_agent_loop(
     attempt is recorded with the results (error ``cancelled``) and the cancellation re-raised.
     Commit failures raise :class:`TurnFailedError` as in :func:`run_agent_loop`.
     """
+    if ledger and not uses_ledger(store):
+        raise TypeError(
+            f"ledger=True needs a store with the tool ledger (begin, pending, claim, started, "
+            f"succeeded, failed, commit, abandon), which {type(store).__name__} does not have"
+        )
     loop = AgentLoop(conversation, max_turns=max_turns, record_attempts=record_attempts)
     request = build_request(model, tools, tool_specs, request_options)
 
@@ -123,6 +132,15 @@ async def arun_agent_loop(
     except LookupError:  # ConversationNotFoundError
         with store_operation("create_conversation", 0):
             await store.create_conversation(conversation, exist_ok=True)
+    book: Any = store if ledger else None
+    if book is not None:
+        with store_operation("pending", 0):
+            found = await book.pending(conversation)
+        if found is not None:  # an earlier run crashed while its tools ran: resume it
+            with store_operation("claim", 0):
+                pending = await book.claim(found)
+            await _aledger_tools(book, pending, tools, emit, 0)
+            await emit(loop.resumed(await book.commit(pending)))
     if messages:
         with store_operation("append", 0):
             await store.append(conversation, list(messages))
@@ -138,14 +156,17 @@ async def arun_agent_loop(
         action = loop.decide(parser.result(), failure)
         if isinstance(action, Record):
             await _arecord(store, action, emit)
-        runs = (_aexecute(tools, action, p, c, emit) for p, c in enumerate(action.calls))
-        contents = list(await asyncio.gather(*runs))
-        try:
-            done = await store.commit_turn(
-                conversation, action.turn, contents, expected_seq=action.expected_seq
-            )
-        except BaseException as exc:  # the tools ran (cancelled too): record them, then raise
-            await _arecord(store, action.failed(contents, exc), emit)
+        if book is not None and action.calls:
+            done = await _aledger_commit(book, action, tools, emit)
+        else:
+            runs = (_aexecute(tools, action, p, c, emit) for p, c in enumerate(action.calls))
+            contents = list(await asyncio.gather(*runs))
+            try:
+                done = await store.commit_turn(
+                    conversation, action.turn, contents, expected_seq=action.expected_seq
+                )
+            except BaseException as exc:  # the tools ran (cancelled too): record, then raise
+                await _arecord(store, action.failed(contents, exc), emit)
         event, stop = loop.committed(action, done)
         await emit(event)
         if stop is not None:
@@ -201,6 +222,47 @@ async def _aexecute(
     content, error = await arun_tool(tools, call)
     await emit(commit.executed(position, call, content, error))
     return content
+
+
+async def _aledger_commit(
+    ledger: Any, action: Commit, tools: Mapping[str, Tool], emit: _Emit
+) -> CommittedTurn:
+    """The async twin of :func:`fsm.agent.loop._ledger_commit` (the tools run concurrently,
+    each between its own ``started`` and ``succeeded``/``failed``)."""
+    contents: list[str] = []
+    try:
+        pending = await ledger.begin(
+            action.loop.conversation, action.turn, expected_seq=action.expected_seq
+        )
+    except BaseException as exc:  # nothing ran
+        await _arecord(ledger, action.failed(contents, exc), emit)
+    contents = await _aledger_tools(ledger, pending, tools, emit, action.loop.step)
+    try:
+        done: CommittedTurn = await ledger.commit(pending)
+    except BaseException as exc:  # the tools ran and their outcomes are in the ledger
+        await _arecord(ledger, action.failed(contents, exc), emit)
+    return done
+
+
+async def _aledger_tools(
+    ledger: Any, pending: Any, tools: Mapping[str, Tool], emit: _Emit, step: int
+) -> list[str]:
+    """The async twin of :func:`fsm.agent.loop._ledger_tools`."""
+
+    async def one(position: int, call: Any, known: str | None) -> str:
+        if known is not None:
+            return known
+        await ledger.started(pending, position)
+        content, error = await arun_tool(tools, call)
+        if error:
+            await ledger.failed(pending, position, content)
+        else:
+            await ledger.succeeded(pending, position, content)
+        await emit(executed(step, position, call, content, error))
+        return content
+
+    plan = ledger_plan(ledger, pending, tools)
+    return list(await asyncio.gather(*(one(p, c, k) for p, c, k in plan)))
 
 
 async def _arecord(store: AsyncStoreLike, record: Record, emit: _Emit) -> NoReturn:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fsm.clients import CANCELLED
 from fsm.errors import FsmError
@@ -13,7 +13,13 @@ from fsm.errors import FsmError
 if TYPE_CHECKING:
     from fsm.parser import ParseResult, Turn
 
-__all__ = ["AgentError", "AgentStoreError", "TurnFailedError", "TurnNotRecordedError"]
+__all__ = [
+    "AgentError",
+    "AgentStoreError",
+    "TurnFailedError",
+    "TurnNotRecordedError",
+    "UnknownOutcomeError",
+]
 
 
 class AgentError(FsmError):
@@ -201,3 +207,40 @@ def one_line(exc: BaseException) -> str:
 def describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class UnknownOutcomeError(AgentError):
+    """A pending turn's call was started before a crash and has no recorded outcome, and its
+    tool is not declared idempotent: it may or may not have run, and the loop never runs it
+    twice.
+
+    Decide, then run the loop again (it resumes the turn): ``error.resolve(call, result)``
+    records the call's outcome (what the tool did, looked up by you: a string, or
+    ``error=True`` for an error result), ``error.abandon(reason)`` gives the turn up (kept for
+    audit; the next run asks the model again). With the async store, await what they return.
+
+    Attributes: ``conversation``, ``pending`` (the store's pending turn, owned by this run),
+    ``call`` (the call: ``position``, ``id``, ``name``, ``arguments``), ``store``.
+    """
+
+    def __init__(self, store: Any, pending: Any, call: Any) -> None:
+        self.store = store
+        self.pending = pending
+        self.call = call
+        self.conversation: str = pending.conversation_id
+        super().__init__(
+            f"call {call.position} ({call.name}, id {call.id!r}) of the pending turn of "
+            f"conversation {self.conversation!r} was started but has no recorded outcome, and "
+            f"its tool is not idempotent: it may have run. Find out what it did, then "
+            "error.resolve(call, result) or error.abandon(reason), and run the loop again"
+        )
+
+    def resolve(self, call: Any, result: Any, *, error: bool = False) -> Any:
+        """Record ``call``'s outcome as found by the caller (``error``: an error result)."""
+        if error:
+            return self.store.failed(self.pending, call, result)
+        return self.store.succeeded(self.pending, call, result)
+
+    def abandon(self, reason: str) -> Any:
+        """Give the pending turn up (kept in the ledger for audit with ``reason``)."""
+        return self.store.abandon(self.pending, reason)

@@ -8,7 +8,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from fsm.agent.events import AgentEvent, AgentResult, AttemptRecorded
-from fsm.agent.step import AgentLoop, Record, abort, build_request, no_stream, store_operation
+from fsm.agent.step import (
+    AgentLoop,
+    Commit,
+    Record,
+    abort,
+    build_request,
+    executed,
+    ledger_plan,
+    no_stream,
+    store_operation,
+    uses_ledger,
+)
 from fsm.agent.tools import Tool, run_tool
 from fsm.clients import iter_openai_events
 from fsm.parser import StreamParser
@@ -79,6 +90,7 @@ def run_agent_loop(
     on_event: Callable[[AgentEvent], object] | None = None,
     record_attempts: bool = True,
     request_options: Mapping[str, Any] | None = None,
+    ledger: bool = False,
 ) -> AgentResult:
     """Run the tool-calling loop on ``conversation`` until the model answers without tools.
 
@@ -96,6 +108,13 @@ def run_agent_loop(
         on_event: called with every :data:`AgentEvent`, as it happens.
         record_attempts: record an incomplete turn as an attempt (audit) before raising.
         request_options: more arguments for ``chat.completions.create`` (``temperature``, ...).
+        ledger: run tools through the store's tool ledger (:mod:`fsm.store.ledger`): each turn
+            with calls is stored pending before its tools run, each outcome recorded as it
+            finishes, then committed; a run that finds a pending turn (an earlier run crashed)
+            resumes it first: recorded outcomes are reused, calls never started run, a call
+            started with no outcome runs again only if its tool is declared idempotent
+            (:func:`~fsm.agent.tool`), else :class:`~fsm.agent.UnknownOutcomeError` is raised.
+            A non-idempotent tool never runs twice.
 
     Returns an :class:`AgentResult`. Raises :class:`TurnFailedError` for an incomplete turn or a
     failed request (nothing of it in history), and for a turn whose commit failed after its
@@ -108,6 +127,11 @@ def run_agent_loop(
     as :class:`AgentStoreError` for a driver's error. ``KeyboardInterrupt`` during a stream or
     a commit records the attempt (reason ``KeyboardInterrupt``) and is re-raised.
     """
+    if ledger and not uses_ledger(store):
+        raise TypeError(
+            f"ledger=True needs a store with the tool ledger (begin, pending, claim, started, "
+            f"succeeded, failed, commit, abandon), which {type(store).__name__} does not have"
+        )
     loop = AgentLoop(conversation, max_turns=max_turns, record_attempts=record_attempts)
     emit = on_event or _ignore
     request = build_request(model, tools, tool_specs, request_options)
@@ -117,6 +141,15 @@ def run_agent_loop(
     except LookupError:  # ConversationNotFoundError
         with store_operation("create_conversation", 0):
             store.create_conversation(conversation, exist_ok=True)
+    book: Any = store if ledger else None
+    if book is not None:
+        with store_operation("pending", 0):
+            found = book.pending(conversation)
+        if found is not None:  # an earlier run crashed while its tools ran: resume it
+            with store_operation("claim", 0):
+                pending = book.claim(found)
+            _ledger_tools(book, pending, tools, emit, 0)
+            emit(loop.resumed(book.commit(pending)))
     if messages:
         with store_operation("append", 0):
             store.append(conversation, list(messages))
@@ -132,22 +165,73 @@ def run_agent_loop(
         action = loop.decide(parser.result(), failure)
         if isinstance(action, Record):
             _record(store, action, emit)
-        contents: list[str] = []
-        for position, call in enumerate(action.calls):
-            content, error = run_tool(tools, call)
-            contents.append(content)
-            emit(action.executed(position, call, content, error))
-        try:
-            done = store.commit_turn(
-                conversation, action.turn, contents, expected_seq=action.expected_seq
-            )
-        except BaseException as exc:  # the tools ran: record the turn with their results
-            _record(store, action.failed(contents, exc), emit)
+        if book is not None and action.calls:
+            done = _ledger_commit(book, action, tools, emit)
+        else:
+            contents = []
+            for position, call in enumerate(action.calls):
+                content, error = run_tool(tools, call)
+                contents.append(content)
+                emit(action.executed(position, call, content, error))
+            try:
+                done = store.commit_turn(
+                    conversation, action.turn, contents, expected_seq=action.expected_seq
+                )
+            except BaseException as exc:  # the tools ran: record the turn with their results
+                _record(store, action.failed(contents, exc), emit)
         event, stop = loop.committed(action, done)
         emit(event)
         if stop is not None:
             return stop
     return loop.out_of_turns()
+
+
+def _ledger_commit(
+    ledger: Any, action: Commit, tools: Mapping[str, Tool], emit: Callable[[AgentEvent], object]
+) -> CommittedTurn:
+    """Run ``action``'s tools through the ledger: begin (the turn stored pending), each tool
+    between ``started`` and ``succeeded``/``failed``, then commit. A failed begin or commit is
+    recorded as the commit of the plain path is (the pending turn, if begun, stays for the
+    next run to resume)."""
+    contents: list[str] = []
+    try:
+        pending = ledger.begin(
+            action.loop.conversation, action.turn, expected_seq=action.expected_seq
+        )
+    except BaseException as exc:  # nothing ran
+        _record(ledger, action.failed(contents, exc), emit)
+    contents = _ledger_tools(ledger, pending, tools, emit, action.loop.step)
+    try:
+        done: CommittedTurn = ledger.commit(pending)
+    except BaseException as exc:  # the tools ran and their outcomes are in the ledger
+        _record(ledger, action.failed(contents, exc), emit)
+    return done
+
+
+def _ledger_tools(
+    ledger: Any,
+    pending: Any,
+    tools: Mapping[str, Tool],
+    emit: Callable[[AgentEvent], object],
+    step: int,
+) -> list[str]:
+    """Each call's content: its recorded outcome, or its tool run now between ``started`` and
+    ``succeeded``/``failed`` (raises :class:`~fsm.agent.UnknownOutcomeError` before running
+    anything if a started call of a tool that is not idempotent has no outcome)."""
+    contents: list[str] = []
+    for position, call, known in ledger_plan(ledger, pending, tools):
+        if known is not None:
+            contents.append(known)
+            continue
+        ledger.started(pending, position)
+        content, error = run_tool(tools, call)
+        if error:
+            ledger.failed(pending, position, content)
+        else:
+            ledger.succeeded(pending, position, content)
+        contents.append(content)
+        emit(executed(step, position, call, content, error))
+    return contents
 
 
 @chat_span

@@ -36,13 +36,14 @@ from fsm.agent.errors import (
     AgentStoreError,
     TurnFailedError,
     TurnNotRecordedError,
+    UnknownOutcomeError,
     describe,
     error_text,
     note_not_recorded,
     one_line,
 )
 from fsm.agent.events import AgentResult, AttemptRecorded, RequestSent, ToolExecuted, TurnCommitted
-from fsm.agent.tools import Tool, function_tool
+from fsm.agent.tools import Tool, function_tool, is_idempotent
 from fsm.clients import CANCELLED
 from fsm.errors import FsmError
 from fsm.parser import ParseResult, StreamParser, Turn
@@ -60,8 +61,11 @@ __all__ = [
     "Record",
     "abort",
     "build_request",
+    "executed",
+    "ledger_plan",
     "no_stream",
     "store_operation",
+    "uses_ledger",
     "why_incomplete",
 ]
 
@@ -125,6 +129,12 @@ class AgentLoop:
         if commit.calls:  # their results are in history too: the next request goes out
             return event, None
         return event, AgentResult(self.conversation, "completed", self.turns)
+
+    def resumed(self, done: CommittedTurn) -> TurnCommitted:
+        """A pending turn of an earlier run (the tool ledger) is in history as ``done``: its
+        event (step 0: no request of this run made it)."""
+        self.turns.append(done)
+        return TurnCommitted(0, done)
 
     def out_of_turns(self) -> AgentResult:
         """``max_turns`` requests were made and the last turn still had tool calls."""
@@ -333,3 +343,41 @@ def store_operation(operation: str, step: int) -> Iterator[None]:
 
 def _choice_0(result: ParseResult) -> Turn | None:
     return next((t for t in result.turns if t.index == 0), None)
+
+
+#: the tool ledger's methods a store must have for the loop to use it.
+_LEDGER = ("begin", "pending", "claim", "started", "succeeded", "failed", "commit", "abandon")
+
+
+def uses_ledger(store: object) -> bool:
+    """Whether the loop runs tools through ``store``'s tool ledger (a store with ``begin``,
+    ``pending``, ``claim``, ``started``, ``succeeded``, ``failed``, ``commit``, ``abandon``, as
+    :class:`~fsm.store.ConversationStore` has): the turn is stored pending before its tools
+    run, each outcome as it finishes, and a crashed run is resumed by the next."""
+    return all(callable(getattr(store, name, None)) for name in _LEDGER)
+
+
+def ledger_plan(
+    store: Any, pending: Any, tools: Mapping[str, Tool]
+) -> list[tuple[int, Any, str | None]]:
+    """What to do with each call of a pending turn: ``(position, call, content)``, where
+    ``content`` is the recorded outcome to reuse (a result, or a failed tool's error text), or
+    ``None`` to run the tool (it never started, or it started with no outcome and its tool is
+    declared idempotent). A call started with no outcome whose tool is not idempotent raises
+    :class:`~fsm.agent.UnknownOutcomeError` (nothing is run)."""
+    plan: list[tuple[int, Any, str | None]] = []
+    for position, execution in enumerate(pending.executions):
+        call = execution.call
+        if execution.state in ("succeeded", "failed"):
+            plan.append((position, call, execution.content))
+        elif execution.state == "not_started" or is_idempotent(tools.get(call.name)):
+            plan.append((position, call, None))
+        else:
+            raise UnknownOutcomeError(store, pending, call)
+    return plan
+
+
+def executed(step: int, position: int, call: Any, content: str, error: bool) -> ToolExecuted:
+    """The event of a tool that ran for call ``position`` of a ledger turn."""
+    _log.debug("tool %s ran for call %r (error result: %s)", call.name, call.id, error)
+    return ToolExecuted(step, position, call.id, call.name, call.arguments, content, error)

@@ -48,12 +48,46 @@ from fsm.types import FunctionDefinition, ToolDefinition
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-__all__ = ["Tool", "arun_tool", "function_tool", "run_tool"]
+__all__ = ["Tool", "arun_tool", "function_tool", "is_idempotent", "run_tool", "tool"]
 
 #: A tool: called with the call's JSON arguments (validated against its signature) as keyword
 #: arguments; a ``str`` result is sent as it is, anything else as JSON. In
 #: :func:`~fsm.agent.arun_agent_loop` it may also be a coroutine function.
 Tool = Callable[..., Any]
+
+#: the attribute :func:`tool` sets on a tool to declare its policy.
+_IDEMPOTENT = "__fsm_idempotent__"
+
+
+def tool(function: Tool, *, idempotent: bool = False) -> Tool:
+    """Declare ``function``'s policy for the tool ledger: ``idempotent=True`` says running it
+    twice for the same call does no harm (a read, an upsert keyed by the call id), so after a
+    crash while it ran the agent loop may run it again; the default (``False``, as for a plain
+    callable) means it is never run twice: its unknown outcome is raised as
+    :class:`~fsm.agent.UnknownOutcomeError` for the caller to resolve.
+
+    Returns the function itself, marked (a callable that takes no attribute, such as a bound
+    method, is wrapped in a :func:`functools.partial`), so the registry stays a plain mapping:
+    ``tools = {"pay": tool(pay), "lookup": tool(lookup, idempotent=True)}``.
+    """
+    if not callable(function):
+        raise TypeError(f"tool() takes a callable, not {type(function).__name__}")
+    if not isinstance(idempotent, bool):
+        raise TypeError(f"idempotent must be True or False, not {idempotent!r}")
+    try:
+        setattr(function, _IDEMPOTENT, idempotent)
+    except (AttributeError, TypeError):
+        import functools
+
+        function = functools.partial(function)
+        setattr(function, _IDEMPOTENT, idempotent)
+    return function
+
+
+def is_idempotent(function: Tool | None) -> bool:
+    """Whether ``function`` was declared idempotent with :func:`tool` (``False`` for a plain
+    callable and for no tool at all)."""
+    return getattr(function, _IDEMPOTENT, False) is True
 
 
 def function_tool(function: Tool, name: str | None = None) -> ToolDefinition:

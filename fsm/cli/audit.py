@@ -259,6 +259,44 @@ def failures(
         _show_page(rows, audit_api.FailureRow, output, page)
 
 
+@audit.command(name="pending")
+@read_only_db
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(["pending", "committed", "abandoned"]),
+    help="Ledger states to list (repeatable; default: pending and abandoned).",
+)
+@click.option("--conversation", default=None, help="Only this conversation's turns.")
+@output_options
+@_pipe_safe
+def pending(
+    url: str | None, states: tuple[str, ...], conversation: str | None, output: OutputFormat
+) -> None:
+    """List the tool ledger's turns: pending ones (their tools ran or are running, or a
+    process crashed while they ran) and abandoned ones, oldest first, with their age in
+    seconds and their calls' executions (how many not started, started with no outcome,
+    succeeded, failed; the total of starts: more than the calls when a call ran again).
+
+    A pending turn blocks other writes to its conversation until the agent loop (ledger=True)
+    resumes it, or it is abandoned. A started call with no outcome may have run: the loop runs
+    it again only if its tool is declared idempotent.
+
+    \b
+    Examples:
+      fsm audit pending --db sqlite:///chat.db
+      fsm audit pending --state abandoned --json
+    """
+    from fsm.store import audit as audit_api
+
+    with _store(url) as engine:
+        rows = audit_api.pending_turns(
+            engine, states=states or ("pending", "abandoned"), conversation=conversation
+        )
+        emit((r.as_dict() for r in rows), output, columns=columns_of(audit_api.PendingRow))
+
+
 @audit.command(name="stats", cls=GeneratedHelpCommand, parts={"token_max": _token_max})
 @read_only_db
 @filter_options()

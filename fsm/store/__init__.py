@@ -48,7 +48,9 @@ from fsm.store.errors import (
     InvalidIdempotencyKeyError,
     InvalidMessageError,
     InvalidTurnError,
+    LedgerStateError,
     MigrationsNotFoundError,
+    PendingTurnError,
     ResultsError,
     RetryableStoreError,
     SchemaNotAtHeadError,
@@ -61,6 +63,7 @@ from fsm.store.errors import (
     UnsupportedValueError,
     ValueRejectedError,
 )
+from fsm.store.ledger import Execution, LedgerCall, PendingTurn
 from fsm.store.migrate import current_revision, head_revision, upgrade
 from fsm.store.models import Base
 from fsm.store.store import (
@@ -88,12 +91,17 @@ __all__ = [
     "DatabaseUrlError",
     "DriverMissingError",
     "EngineNotConfiguredError",
+    "Execution",
     "IdempotencyMismatchError",
     "InvalidConversationIdError",
     "InvalidIdempotencyKeyError",
     "InvalidMessageError",
     "InvalidTurnError",
+    "LedgerCall",
+    "LedgerStateError",
     "MigrationsNotFoundError",
+    "PendingTurn",
+    "PendingTurnError",
     "Results",
     "ResultsError",
     "RetryableStoreError",

@@ -63,6 +63,7 @@ from fsm.store.engine import (
     sync_url,
 )
 from fsm.store.errors import ConversationExistsError
+from fsm.store.ledger import AsyncLedgerMethods
 from fsm.store.migrate import ensure_at_head
 from fsm.store.store import (
     READ_SNAPSHOT,
@@ -85,7 +86,7 @@ __all__ = [
 ]
 
 
-class AsyncConversationStore:
+class AsyncConversationStore(AsyncLedgerMethods):
     """Conversation history in SQLite or PostgreSQL, valid by construction, for asyncio.
 
     The asyncio twin of :class:`~fsm.store.ConversationStore`: the same arguments, methods,

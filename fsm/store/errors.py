@@ -31,7 +31,9 @@ __all__ = [
     "InvalidIdempotencyKeyError",
     "InvalidMessageError",
     "InvalidTurnError",
+    "LedgerStateError",
     "MigrationsNotFoundError",
+    "PendingTurnError",
     "ResultsError",
     "RetryableStoreError",
     "SchemaNotAtHeadError",
@@ -285,3 +287,26 @@ class DatabaseNotFoundError(AuditError, FileNotFoundError):
 
 class InvalidFilterError(AuditError, ValueError):
     """A filter is malformed: an unknown state, a bad JSON path, a non-scalar value, ..."""
+
+
+class PendingTurnError(ConflictError):
+    """The conversation has a pending turn (begun in the tool ledger, neither committed nor
+    abandoned), or another process now owns it: this write must wait.
+
+    Resume the pending turn (``store.pending(conversation)``, then ``store.claim(...)``; the
+    agent loop does this by itself), or ``abandon`` it, then retry. ``pending_id`` is the
+    pending turn's id, ``actual_seq`` the seq it will take.
+    """
+
+    def __init__(self, conversation_id: str, pending_id: int, at_seq: int, why: str) -> None:
+        self.conversation_id = conversation_id
+        self.pending_id = pending_id
+        self.expected_seq = at_seq
+        self.actual_seq = at_seq
+        StoreError.__init__(self, f"conversation {conversation_id!r}: {why}")
+
+
+class LedgerStateError(StoreError):
+    """A ledger step does not fit what the ledger recorded: a call finished with another
+    outcome than the one given now, a step on a turn already committed or abandoned, or a commit
+    before every call finished. Nothing was changed; the message says what is recorded."""

@@ -75,7 +75,16 @@ VERSION_TABLE = "fsm_alembic_version"
 LEGACY_VERSION_TABLE = "alembic_version"
 #: fsm's tables (with :data:`VERSION_TABLE`; partitions are named ``<table>_p<N>``).
 FSM_TABLES: frozenset[str] = frozenset(
-    {"conversations", "messages", "tool_calls", "attempts", "attempt_calls", VERSION_TABLE}
+    {
+        "conversations",
+        "messages",
+        "tool_calls",
+        "attempts",
+        "attempt_calls",
+        "pending_turns",
+        "tool_executions",
+        VERSION_TABLE,
+    }
 )
 #: the most hash partitions ``fsm db upgrade --partitions N`` creates per table.
 MAX_PARTITIONS = 1024

@@ -100,7 +100,9 @@ __all__ = [
     "Base",
     "Conversation",
     "Message",
+    "PendingTurnRow",
     "ToolCallRow",
+    "ToolExecution",
     "sqlite_types_check",
 ]
 
@@ -668,4 +670,191 @@ class AttemptCall(Base):
         sa.Index("ix_attempt_calls_name", "name", postgresql_using="hash"),
         sa.Index("ix_attempt_calls_state", "state"),
         sa.Index("ix_attempt_calls_reason", "reason", postgresql_using="hash"),
+    )
+
+
+#: ``pending_turns.state``: waiting for its tools (at most one per conversation), moved into
+#: history by ``commit``, or kept for audit only by ``abandon``.
+PENDING_STATES = ("pending", "committed", "abandoned")
+#: ``tool_executions.state``: never started, started (the tool may have run), and its outcome.
+EXECUTION_STATES = ("not_started", "started", "succeeded", "failed")
+
+PENDING_TURN_TYPES: dict[str, list[str]] = {
+    "ints": ["id", "at_seq", "n_calls"],
+    "nullable_ints": ["choice", "committed_seq"],
+    "texts": ["conversation_id", "state", "created_at", "owner"],
+    "nullable_texts": [
+        "resolved_at",
+        "reason",
+        "content",
+        "reasoning",
+        "refusal",
+        "model",
+        "response_id",
+        "finish_reason",
+        "idempotency_key",
+    ],
+    "nullable_jsons": ["usage"],
+}
+TOOL_EXECUTION_TYPES: dict[str, list[str]] = {
+    "ints": ["pending_id", "position", "pending_n_calls", "starts"],
+    "nullable_ints": ["provider_index"],
+    "bools": ["repaired", "legacy"],
+    "texts": ["conversation_id", "call_id", "type", "name", "arguments", "state"],
+    "nullable_texts": [
+        "raw_arguments",
+        "started_by",
+        "started_at",
+        "finished_at",
+        "result",
+        "error",
+    ],
+    "nullable_jsons": ["result_parts"],
+}
+
+#: the states of a pending turn and what each carries.
+PENDING_STATE_CHECK = (
+    "(state = 'pending' AND resolved_at IS NULL AND reason IS NULL AND committed_seq IS NULL)"
+    " OR (state = 'committed' AND resolved_at IS NOT NULL AND reason IS NULL"
+    " AND committed_seq IS NOT NULL)"
+    " OR (state = 'abandoned' AND resolved_at IS NOT NULL AND reason IS NOT NULL"
+    " AND committed_seq IS NULL)"
+)
+#: the states of an execution and what each carries: a start count and a start time once
+#: started, a finish time and exactly one of a result (text or parts) or an error once finished.
+EXECUTION_STATE_CHECK = (
+    "(state = 'not_started' AND starts = 0 AND started_at IS NULL AND finished_at IS NULL"
+    " AND result IS NULL AND result_parts IS NULL AND error IS NULL)"
+    " OR (state = 'started' AND starts > 0 AND started_at IS NOT NULL AND finished_at IS NULL"
+    " AND result IS NULL AND result_parts IS NULL AND error IS NULL)"
+    " OR (state = 'succeeded' AND starts > 0 AND started_at IS NOT NULL"
+    " AND finished_at IS NOT NULL AND error IS NULL"
+    " AND (result IS NULL) <> (result_parts IS NULL))"
+    " OR (state = 'failed' AND starts > 0 AND started_at IS NOT NULL"
+    " AND finished_at IS NOT NULL AND error IS NOT NULL"
+    " AND result IS NULL AND result_parts IS NULL)"
+)
+
+
+class PendingTurnRow(Base):
+    """A complete turn whose tools are running (the ledger, migration 0005): its assistant
+    message and calls, outside history.
+
+    At most one ``pending`` row per conversation (the partial unique index
+    ``ix_pending_turns_conversation_id_pending``); ``commit`` moves it into history and marks it
+    ``committed`` with the seq of its assistant message (a foreign key to that message, with the
+    same number of calls); ``abandon`` marks it ``abandoned`` with a reason, for audit only.
+    Keyed like ``attempts``: ``(conversation_id, id)``, ``id`` a ``bigint`` identity
+    (SQLite: its rowid).
+    """
+
+    __tablename__ = "pending_turns"
+
+    conversation_id: Mapped[str] = mapped_column(
+        sa.String(255), sa.ForeignKey("conversations.id", ondelete="CASCADE")
+    )
+    id: Mapped[int] = mapped_column(ATTEMPT_ID, sa.Identity(always=False), nullable=False)
+    state: Mapped[str] = mapped_column(sa.String(9))
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=_NOW)
+    #: when it was committed or abandoned.
+    resolved_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    #: abandoned: why.
+    reason: Mapped[str | None] = mapped_column(StoredText)
+    #: the conversation's next seq at ``begin`` (where the turn goes).
+    at_seq: Mapped[int] = mapped_column()
+    #: committed: the seq of its assistant message in history.
+    committed_seq: Mapped[int | None] = mapped_column()
+    content: Mapped[str | None] = mapped_column(StoredText)
+    reasoning: Mapped[str | None] = mapped_column(StoredText)
+    refusal: Mapped[str | None] = mapped_column(StoredText)
+    model: Mapped[str | None] = mapped_column(StoredText)
+    response_id: Mapped[str | None] = mapped_column(StoredText)
+    choice: Mapped[int | None] = mapped_column()
+    finish_reason: Mapped[str | None] = mapped_column(StoredText)
+    usage: Mapped[dict[str, Any] | None] = mapped_column()
+    idempotency_key: Mapped[str | None] = mapped_column(sa.Text)
+    n_calls: Mapped[int] = mapped_column()
+    #: the token of the process that owns the turn (``begin`` or ``claim``): only it records.
+    owner: Mapped[str] = mapped_column(sa.Text)
+
+    __table_args__ = (
+        sa.PrimaryKeyConstraint("conversation_id", "id"),
+        sa.UniqueConstraint("conversation_id", "id", "n_calls"),
+        sa.ForeignKeyConstraint(
+            ["conversation_id", "committed_seq", "n_calls"],
+            ["messages.conversation_id", "messages.seq", "messages.n_calls"],
+            name="fk_pending_turns_committed",
+        ),
+        sa.CheckConstraint("state IN ('pending', 'committed', 'abandoned')", name="pending_state"),
+        sa.CheckConstraint(PENDING_STATE_CHECK, name="resolution"),
+        sa.CheckConstraint("n_calls >= 0 AND at_seq >= 0", name="counts"),
+        _sqlite_check(sqlite_types_check(**PENDING_TURN_TYPES), "types"),
+        # at most one pending turn per conversation
+        sa.Index(
+            "ix_pending_turns_conversation_id_pending",
+            "conversation_id",
+            unique=True,
+            **_partial("state = 'pending'"),
+        ),
+        sa.Index("ix_pending_turns_state_created_at", "state", "created_at"),
+        {"info": {SQLITE_ROWID_KEY: ("id", ("conversation_id", "id"))}},
+    )
+
+
+class ToolExecution(Base):
+    """One call of a pending turn and its execution: the call (as history will hold it), the
+    state (``not_started``, ``started``, ``succeeded``, ``failed``), how many times it was
+    started, when, and its result or error text."""
+
+    __tablename__ = "tool_executions"
+
+    conversation_id: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    pending_id: Mapped[int] = mapped_column(ATTEMPT_ID, primary_key=True)
+    position: Mapped[int] = mapped_column(primary_key=True)
+    pending_n_calls: Mapped[int] = mapped_column()
+    call_id: Mapped[str] = mapped_column(StoredText)
+    provider_index: Mapped[int | None] = mapped_column()
+    type: Mapped[str] = mapped_column(StoredText)
+    name: Mapped[str] = mapped_column(StoredText)
+    arguments: Mapped[str] = mapped_column(StoredText)
+    raw_arguments: Mapped[str | None] = mapped_column(StoredText)
+    repaired: Mapped[bool] = mapped_column()
+    legacy: Mapped[bool] = mapped_column()
+    state: Mapped[str] = mapped_column(sa.String(11))
+    starts: Mapped[int] = mapped_column(server_default=sa.text("0"))
+    #: the owner token of the pending turn's latest start of this call.
+    started_by: Mapped[str | None] = mapped_column(sa.Text)
+    started_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    #: succeeded: the result text, or ``result_parts`` (a list of content parts).
+    result: Mapped[str | None] = mapped_column(StoredText)
+    result_parts: Mapped[list[Any] | None] = mapped_column()
+    #: failed: the error text.
+    error: Mapped[str | None] = mapped_column(StoredText)
+
+    __table_args__ = (
+        sa.ForeignKeyConstraint(
+            ["conversation_id", "pending_id", "pending_n_calls"],
+            [
+                "pending_turns.conversation_id",
+                "pending_turns.id",
+                "pending_turns.n_calls",
+            ],
+            name="fk_tool_executions_pending",
+            ondelete="CASCADE",
+        ),
+        sa.CheckConstraint("position >= 0 AND position < pending_n_calls", name="position"),
+        sa.CheckConstraint(
+            "state IN ('not_started', 'started', 'succeeded', 'failed')",
+            name="execution_state",
+        ),
+        sa.CheckConstraint(EXECUTION_STATE_CHECK, name="outcome"),
+        sa.CheckConstraint(
+            "(repaired AND raw_arguments IS NOT NULL) OR (NOT repaired AND raw_arguments IS NULL)",
+            name="repaired",
+        ),
+        _sqlite_check(SQLITE_NAME_CHECK, "name"),
+        _postgres_check(PG_NAME_CHECK, "name"),
+        _sqlite_check(sqlite_types_check(**TOOL_EXECUTION_TYPES), "types"),
+        sa.Index("ix_tool_executions_state", "state"),
     )

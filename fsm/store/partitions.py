@@ -1,7 +1,8 @@
 """Hash partitions by conversation on PostgreSQL (``fsm db upgrade --partitions N``).
 
 Every key of every fsm table leads with the conversation (``conversations.id``, the others'
-``conversation_id``; ``attempts`` and ``attempt_calls`` since migration 0004), so each table can
+``conversation_id``; ``attempts`` and ``attempt_calls`` since migration 0004, ``pending_turns`` and
+``tool_executions`` from migration 0005), so each table can
 be ``PARTITION BY HASH`` on that column with every key, foreign key and check intact:
 partitions ``<table>_p0`` ... ``<table>_p<N-1>`` (``FOR VALUES WITH (MODULUS N, REMAINDER
 i)``), the same ``N`` for every table, so one conversation's rows sit in partitions of the same
@@ -33,6 +34,8 @@ PARTITION_KEYS: dict[str, str] = {
     "tool_calls": "conversation_id",
     "attempts": "conversation_id",
     "attempt_calls": "conversation_id",
+    "pending_turns": "conversation_id",
+    "tool_executions": "conversation_id",
 }
 
 

@@ -64,6 +64,7 @@ from fsm.store.errors import (
     StoreUnavailableError,
     ValueRejectedError,
 )
+from fsm.store.ledger import LedgerMethods, check_no_pending
 from fsm.store.migrate import ensure_at_head
 from fsm.store.models import Attempt, AttemptCall, Conversation, Message, ToolCallRow
 from fsm.store.plans import (
@@ -151,7 +152,7 @@ def check_listing(limit: int | None, after: str | None) -> None:
         raise TypeError(f"after must be a conversation id (a str), not {type(after).__name__}")
 
 
-class ConversationStore:
+class ConversationStore(LedgerMethods):
     """Conversation history in SQLite or PostgreSQL, valid by construction.
 
     Args:
@@ -943,6 +944,7 @@ class StoreCore:
     ) -> int:
         """Append rows from :meth:`plain_rows`; returns the next seq after them."""
         _require(conn, conversation_id, lock=self.postgres)
+        check_no_pending(conn, conversation_id)
         with self.reading(conversation_id):
             seq = _next_seq(conn, conversation_id)
         _check_expected(conversation_id, expected_seq, seq)
@@ -970,9 +972,15 @@ class StoreCore:
         plan: TurnPlan,
         expected_seq: int | None,
         idempotency_key: str | None,
+        *,
+        ledger: bool = False,
     ) -> CommittedTurn:
-        """Write a planned turn and its results (or return the stored copy of the same turn)."""
+        """Write a planned turn and its results (or return the stored copy of the same turn);
+        ``ledger``: the tool ledger's commit of the conversation's pending turn (any other
+        commit waits while one is pending)."""
         _require(conn, conversation_id, lock=self.postgres)
+        if not ledger:
+            check_no_pending(conn, conversation_id)
         turn, calls, contents, assistant = plan.turn, plan.calls, plan.contents, plan.assistant
         n = len(calls)
         with self.reading(conversation_id):

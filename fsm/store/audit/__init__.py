@@ -25,6 +25,8 @@ that the database itself refuses writes.
   turn cut by ``length``, a stream cut before any call) as a row of its own, with the attempt's
   reason (:func:`attempt_reason`); :func:`failure_counts` groups them by model, state and
   reason.
+* :func:`pending_turns` lists the tool ledger's pending and abandoned turns with their age and
+  their calls' executions;
 * :func:`stats` counts calls per tool, per model and per day, tokens from the assistant messages'
   usage, and the share of incomplete turns per model.
 * :func:`check` re-verifies the whole history contract of ``spec/store.md`` and every rule the
@@ -60,11 +62,13 @@ from fsm.store.audit.failed import (
 )
 from fsm.store.audit.filters import ArgFilter, parse_json_path
 from fsm.store.audit.integrity import VIOLATION_KINDS, Violation, check
+from fsm.store.audit.pending import LEDGER_STATES, PendingRow, pending_turns
 from fsm.store.audit.read import Bind, open_readonly
 from fsm.store.audit.summary import TOKEN_MAX, DayStat, ModelStat, Stats, ToolStat, stats
 from fsm.store.errors import AuditError, DatabaseNotFoundError, InvalidFilterError
 
 __all__ = [
+    "LEDGER_STATES",
     "TOKEN_MAX",
     "VIOLATION_KINDS",
     "ArgFilter",
@@ -78,6 +82,7 @@ __all__ = [
     "FailureRow",
     "InvalidFilterError",
     "ModelStat",
+    "PendingRow",
     "Stats",
     "ToolStat",
     "Violation",
@@ -87,6 +92,7 @@ __all__ = [
     "failures",
     "open_readonly",
     "parse_json_path",
+    "pending_turns",
     "stats",
     "tool_calls",
 ]

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
@@ -40,6 +40,7 @@ from fsm.store.errors import (
     StoreError,
 )
 from fsm.store.migrate import head_revision, revision_of
+from fsm.store.models import PendingTurnRow, ToolExecution
 
 #: ``progress(done, total)``, in conversations.
 Progress: TypeAlias = Callable[[int, int], None]
@@ -363,8 +364,22 @@ _ROW_IDENTITY: Final = {
     "attempt_calls": "(SELECT a.conversation_id FROM attempts a "
     "WHERE a.id = attempt_calls.attempt_id), attempt_calls.attempt_id, attempt_calls.position, "
     "attempt_calls.call_id",
+    # the tool ledger (migration 0005)
+    "pending_turns": "pending_turns.conversation_id, pending_turns.id, pending_turns.state, NULL",
+    "tool_executions": "tool_executions.conversation_id, tool_executions.pending_id, "
+    "tool_executions.position, tool_executions.call_id",
 }
-_TABLES: Final = ("conversations", "messages", "tool_calls", "attempts", "attempt_calls")
+_TABLES: Final = (
+    "conversations",
+    "messages",
+    "tool_calls",
+    "attempts",
+    "attempt_calls",
+    "pending_turns",
+    "tool_executions",
+)
+_PENDING = cast(sa.Table, PendingTurnRow.__table__)
+_EXECUTIONS = cast(sa.Table, ToolExecution.__table__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,7 +476,18 @@ def _shape(conn: Connection) -> _Shape:
     )
 
 
-_TABLE: Final = {t.name: t for t in (_CONVERSATIONS, _MESSAGES, _CALLS, _ATTEMPTS, _ATTEMPT_CALLS)}
+_TABLE: Final = {
+    t.name: t
+    for t in (
+        _CONVERSATIONS,
+        _MESSAGES,
+        _CALLS,
+        _ATTEMPTS,
+        _ATTEMPT_CALLS,
+        _PENDING,
+        _EXECUTIONS,
+    )
+}
 
 
 def _model_rules(table: sa.Table, dialect: str) -> Iterator[_Rule]:
@@ -549,6 +575,13 @@ def _row_violations(table: str, rules: Sequence[_Rule], row: Any) -> Iterator[Vi
         where = f"call {_shown(b)} (id {_shown(c, text=True)}) of the message at seq {_shown(a)}"
     elif table == "attempts":
         where = f"attempt {_shown(a)} (at seq {_shown(b)})"
+    elif table == "pending_turns":
+        where = f"pending turn {_shown(a)} ({_shown(b, text=True)}) of the tool ledger"
+    elif table == "tool_executions":
+        where = (
+            f"the execution of call {_shown(b)} (id {_shown(c, text=True)}) of pending turn "
+            f"{_shown(a)}"
+        )
     else:
         where = f"call {_shown(b)} (id {_shown(c, text=True)}) of attempt {_shown(a)}"
     for rule, broken in zip(rules, flags, strict=True):

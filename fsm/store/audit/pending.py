@@ -1,0 +1,133 @@
+"""The tool ledger in the audit: pending and abandoned (and committed) turns with their age and
+what their calls' executions recorded (``fsm audit pending``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, cast
+
+import sqlalchemy as sa
+
+from fsm.store.audit.read import Bind, _as_utc, _connect, _int, _opt_text, _raw, _Row, _text
+from fsm.store.errors import InvalidFilterError
+from fsm.store.models import PendingTurnRow, ToolExecution
+
+__all__ = ["LEDGER_STATES", "PendingRow", "pending_turns"]
+
+#: the states of a ledger turn.
+LEDGER_STATES: Final = ("pending", "committed", "abandoned")
+
+_TURNS = cast(sa.Table, PendingTurnRow.__table__)
+_EXECUTIONS = cast(sa.Table, ToolExecution.__table__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingRow(_Row):
+    """A turn of the tool ledger: its state, when it was begun and resolved, its age in seconds
+    (now less ``created_at``), the abandon reason, the seq it goes to (``at_seq``) or went to
+    (``committed_seq``), its model, and its calls' executions: how many are in each state
+    and the total number of starts (more starts than calls: a call ran again after a crash)."""
+
+    conversation_id: str
+    pending_id: int
+    state: str
+    created_at: datetime | None
+    resolved_at: datetime | None
+    age_seconds: float | None
+    reason: str | None
+    at_seq: int | None
+    committed_seq: int | None
+    model: str | None
+    calls: int
+    not_started: int
+    started: int
+    succeeded: int
+    failed: int
+    starts: int
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """``(conversation_id, pending_id)``."""
+        return (self.conversation_id, self.pending_id)
+
+
+def pending_turns(
+    bind: Bind,
+    *,
+    states: Sequence[str] = ("pending", "abandoned"),
+    conversation: str | None = None,
+    now: datetime | None = None,
+) -> list[PendingRow]:
+    """The ledger's turns in ``states`` (default: pending and abandoned), oldest first, with
+    their age at ``now`` (default: the current time) and their executions' counts."""
+    bad = [s for s in states if s not in LEDGER_STATES]
+    if bad or not states:
+        raise InvalidFilterError(
+            f"ledger states are {', '.join(LEDGER_STATES)}; got {', '.join(map(str, bad)) or 'none'}"
+        )
+    at = now or datetime.now(UTC)
+    t, e = _TURNS.c, _EXECUTIONS.c
+    with _connect(bind, snapshot=True) as conn:
+
+        def count(state: str | None) -> sa.ScalarSelect[Any]:
+            query = sa.select(sa.func.count()).where(
+                e.conversation_id == t.conversation_id, e.pending_id == t.id
+            )
+            if state is not None:
+                query = query.where(e.state == state)
+            return query.scalar_subquery()
+
+        starts = (
+            sa.select(sa.func.coalesce(sa.func.sum(e.starts), 0))
+            .where(e.conversation_id == t.conversation_id, e.pending_id == t.id)
+            .scalar_subquery()
+        )
+        query = (
+            sa.select(
+                _raw(conn, t.conversation_id).label("conversation_id"),
+                t.id,
+                _raw(conn, t.state).label("state"),
+                _raw(conn, t.created_at).label("created_at"),
+                _raw(conn, t.resolved_at).label("resolved_at"),
+                _raw(conn, t.reason).label("reason"),
+                t.at_seq,
+                t.committed_seq,
+                _raw(conn, t.model).label("model"),
+                count(None),
+                count("not_started"),
+                count("started"),
+                count("succeeded"),
+                count("failed"),
+                starts,
+            )
+            .where(t.state.in_(list(states)))
+            .order_by(t.created_at, t.conversation_id, t.id)
+        )
+        if conversation is not None:
+            query = query.where(t.conversation_id == conversation)
+        out = []
+        for row in conn.execute(query):
+            created = _as_utc(row[3])
+            out.append(
+                PendingRow(
+                    conversation_id=_text(row[0]),
+                    pending_id=int(row[1]),
+                    state=_text(row[2]),
+                    created_at=created,
+                    resolved_at=_as_utc(row[4]),
+                    age_seconds=None if created is None else (at - created).total_seconds(),
+                    reason=_opt_text(row[5]),
+                    at_seq=_int(row[6]),
+                    committed_seq=_int(row[7]),
+                    model=_opt_text(row[8]),
+                    calls=int(row[9]),
+                    not_started=int(row[10]),
+                    started=int(row[11]),
+                    succeeded=int(row[12]),
+                    failed=int(row[13]),
+                    starts=int(row[14]),
+                )
+            )
+        return out

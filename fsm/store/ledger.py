@@ -1,0 +1,875 @@
+"""The tool ledger: a complete turn is stored *pending* while its tools run, each tool's outcome
+is recorded as it finishes, and ``commit`` moves it into history in one transaction.
+
+::
+
+    pending = store.begin(cid, turn)                      # durable: the turn and its calls
+    for call in pending.calls:
+        pending = store.started(pending, call)            # before the tool runs
+        content = run(call)
+        pending = store.succeeded(pending, call, content) # or store.failed(pending, call, text)
+    done = store.commit(pending)                          # history: the existing commit path
+
+After a crash, ``store.pending(cid)`` returns the pending turn with each call's recorded state
+(``not_started``, ``started``, ``succeeded``, ``failed``) and result; ``store.claim(pending)``
+makes the caller its owner (compare-and-set on the owner token: of two processes resuming the
+same turn, one wins, the other gets :class:`~fsm.store.errors.PendingTurnError`). Only the
+owner records. While a turn is pending, ``append`` and ``commit_turn`` on its conversation raise
+:class:`~fsm.store.errors.PendingTurnError`.
+
+Every step is its own short transaction and idempotent: repeating it after a lost
+acknowledgement changes nothing (``begin`` of the same turn returns the pending one, ``started``
+of a call this owner already started is a no-op, ``succeeded``/``failed`` with the recorded
+outcome is a no-op and with another one raises :class:`~fsm.store.errors.LedgerStateError`,
+``commit`` of a committed turn returns the stored turn, ``abandon`` with the same reason is a
+no-op). The database enforces at most one pending turn per conversation (a partial unique
+index) and what each state carries (checks: :mod:`fsm.store.models`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from fsm.parser import ParseResult, Turn
+from fsm.states import ToolCallState
+from fsm.store import plans
+from fsm.store.errors import (
+    IdempotencyMismatchError,
+    LedgerStateError,
+    PendingTurnError,
+    ResultsError,
+)
+from fsm.store.models import PendingTurnRow, ToolExecution
+from fsm.toolcall import ToolCall
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+    from fsm.store.store import CommittedTurn, StoreCore
+
+__all__ = [
+    "AsyncLedgerMethods",
+    "Execution",
+    "ExecutionState",
+    "LedgerCall",
+    "LedgerMethods",
+    "PendingTurn",
+    "check_no_pending",
+]
+
+#: the state of one call's execution.
+ExecutionState = Literal["not_started", "started", "succeeded", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerCall:
+    """A call of a pending turn, as history will hold it (the attributes of a finished
+    :class:`~fsm.toolcall.ToolCall` that the store and the tools read)."""
+
+    position: int
+    id: str
+    index: int | None
+    type: str
+    name: str
+    arguments: str
+    raw_arguments: str | None
+    repaired: bool
+    legacy: bool
+    state: ToolCallState = ToolCallState.FINISHED
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``tool_calls[]`` entry of the assistant message."""
+        return {
+            "id": self.id,
+            "type": self.type,
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+    def to_function_call(self) -> dict[str, Any]:
+        """The legacy ``function_call`` of the assistant message."""
+        return {"name": self.name, "arguments": self.arguments}
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """What the ledger recorded for one call: its state, how many times it was started, when,
+    and its result (``succeeded``: a string or a list of content parts) or error text
+    (``failed``)."""
+
+    call: LedgerCall
+    state: ExecutionState
+    starts: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    result: str | list[Any] | None
+    error: str | None
+    started_by: str | None = field(default=None, repr=False)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the call has an outcome (``succeeded`` or ``failed``)."""
+        return self.state in ("succeeded", "failed")
+
+    @property
+    def content(self) -> str | list[Any] | None:
+        """What history gets as the call's result: the result, or the error text."""
+        return self.result if self.state == "succeeded" else self.error
+
+
+@dataclass(frozen=True, slots=True)
+class PendingTurn:
+    """A turn in the ledger: its assistant message, its calls' executions, its state
+    (``pending``, ``committed``, ``abandoned``) and its owner token (the handle returned by
+    ``begin`` or ``claim`` is the one that may record)."""
+
+    conversation_id: str
+    id: int
+    state: Literal["pending", "committed", "abandoned"]
+    owner: str
+    at_seq: int
+    created_at: datetime | None
+    resolved_at: datetime | None
+    reason: str | None
+    committed_seq: int | None
+    content: str | None
+    reasoning: str | None
+    refusal: str | None
+    model: str | None
+    response_id: str | None
+    choice: int | None
+    finish_reason: str | None
+    usage: dict[str, Any] | None
+    idempotency_key: str | None
+    executions: tuple[Execution, ...]
+
+    @property
+    def calls(self) -> list[LedgerCall]:
+        """The turn's calls, in order."""
+        return [e.call for e in self.executions]
+
+    @property
+    def index(self) -> int | None:
+        """The choice (the attribute name of :class:`~fsm.parser.Turn`)."""
+        return self.choice
+
+    @property
+    def tool_calls(self) -> list[LedgerCall]:
+        """:attr:`calls` (the attribute name of :class:`~fsm.parser.Turn`)."""
+        return self.calls
+
+    def execution(self, call: int | ToolCall | LedgerCall | Execution) -> Execution:
+        """The execution of ``call`` (a position, or the call)."""
+        return self.executions[_position(self, call)]
+
+    def to_message(self) -> dict[str, Any]:
+        """The assistant message as history will hold it (as :meth:`Turn.to_message`)."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.refusal is not None:
+            message["refusal"] = self.refusal
+        calls = self.calls
+        if len(calls) == 1 and calls[0].legacy:
+            message["function_call"] = calls[0].to_function_call()
+        elif calls:
+            message["tool_calls"] = [c.to_dict() for c in calls]
+        return message
+
+
+def _position(pending: PendingTurn, call: object) -> int:
+    if isinstance(call, Execution):
+        call = call.call
+    if isinstance(call, bool) or not isinstance(call, int | ToolCall | LedgerCall):
+        raise TypeError(
+            f"a call is its position (an int) or the call itself, not {type(call).__name__}"
+        )
+    position = call if isinstance(call, int) else call.position
+    if not 0 <= position < len(pending.executions):
+        raise LedgerStateError(
+            f"pending turn {pending.id} of conversation {pending.conversation_id!r} has "
+            f"{len(pending.executions)} call(s): there is no call at position {position}"
+        )
+    return position
+
+
+# -- plans (no I/O) --------------------------------------------------------------------------
+def plan_begin(
+    conversation_id: str, turn: Turn | ParseResult, idempotency_key: str | None
+) -> tuple[Turn, list[ToolCall]]:
+    """``begin``: one complete turn, the conversation id and key checked as ``commit_turn``."""
+    plans.check_conversation_id(conversation_id)
+    plans.check_idempotency_key(idempotency_key)
+    single = plans._single_turn(turn)
+    calls = plans._complete_calls(single)
+    plans._check_key_lengths(single, calls)
+    return single, calls
+
+
+def plan_result(call: LedgerCall, result: Any) -> tuple[str | None, list[Any] | None]:
+    """A tool's result as ``commit_turn`` takes it: (text, parts)."""
+    return plans._normalize_results([cast(ToolCall, call)], [result])[0]
+
+
+def _check_error(error: object) -> str:
+    if not isinstance(error, str):
+        raise ResultsError(f"a tool's error is its text (a str), not {type(error).__name__}")
+    return error
+
+
+def _check_reason(reason: object) -> str:
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError("abandon() needs a reason: a non-blank string saying why")
+    return reason
+
+
+# -- the write path's hook ---------------------------------------------------------------------
+def check_no_pending(conn: Connection, conversation_id: str) -> None:
+    """Raise :class:`~fsm.store.errors.PendingTurnError` if the conversation has a pending turn
+    (called by ``append`` and ``commit_turn`` under the conversation's write lock)."""
+    row = conn.execute(
+        sa.select(PendingTurnRow.id, PendingTurnRow.at_seq).where(
+            PendingTurnRow.conversation_id == conversation_id, PendingTurnRow.state == "pending"
+        )
+    ).first()
+    if row is not None:
+        raise PendingTurnError(
+            conversation_id,
+            int(row[0]),
+            int(row[1]),
+            f"pending turn {row[0]} (its tools are running, or a process crashed while they "
+            "ran) blocks other writes until it is committed or abandoned; resume it "
+            "(store.pending(), store.claim()) or abandon it, then retry",
+        )
+
+
+# -- transaction bodies ------------------------------------------------------------------------
+def _now() -> sa.ColumnElement[Any]:
+    return sa.func.current_timestamp()
+
+
+def _utc(value: Any) -> datetime | None:
+    if not isinstance(value, datetime):
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _load(
+    conn: Connection, conversation_id: str, pending_id: int | None, *, lock: bool = False
+) -> PendingTurn | None:
+    """A pending turn by id (``None``: the conversation's pending one), with its executions."""
+    p = PendingTurnRow
+    query = sa.select(PendingTurnRow.__table__).where(p.conversation_id == conversation_id)
+    if pending_id is None:
+        query = query.where(p.state == "pending")
+    else:
+        query = query.where(p.id == pending_id)
+    if lock:
+        query = query.with_for_update()
+    row = conn.execute(query).first()
+    if row is None:
+        return None
+    values = row._mapping
+    e = ToolExecution
+    executions = conn.execute(
+        sa.select(ToolExecution.__table__)
+        .where(e.conversation_id == conversation_id, e.pending_id == values["id"])
+        .order_by(e.position)
+    ).all()
+    return PendingTurn(
+        conversation_id=conversation_id,
+        id=int(values["id"]),
+        state=values["state"],
+        owner=values["owner"],
+        at_seq=int(values["at_seq"]),
+        created_at=_utc(values["created_at"]),
+        resolved_at=_utc(values["resolved_at"]),
+        reason=values["reason"],
+        committed_seq=values["committed_seq"],
+        content=values["content"],
+        reasoning=values["reasoning"],
+        refusal=values["refusal"],
+        model=values["model"],
+        response_id=values["response_id"],
+        choice=values["choice"],
+        finish_reason=values["finish_reason"],
+        usage=values["usage"],
+        idempotency_key=values["idempotency_key"],
+        executions=tuple(_execution(x._mapping) for x in executions),
+    )
+
+
+def _execution(x: Any) -> Execution:
+    call = LedgerCall(
+        position=int(x["position"]),
+        id=x["call_id"],
+        index=x["provider_index"],
+        type=x["type"],
+        name=x["name"],
+        arguments=x["arguments"],
+        raw_arguments=x["raw_arguments"],
+        repaired=bool(x["repaired"]),
+        legacy=bool(x["legacy"]),
+    )
+    result = x["result"] if x["result_parts"] is None else x["result_parts"]
+    return Execution(
+        call=call,
+        state=x["state"],
+        starts=int(x["starts"]),
+        started_at=_utc(x["started_at"]),
+        finished_at=_utc(x["finished_at"]),
+        result=result,
+        error=x["error"],
+        started_by=x["started_by"],
+    )
+
+
+def _same_turn(pending: PendingTurn, turn: Turn, key: str | None) -> bool:
+    stored = pending.to_message()
+    given = dict(turn.to_message())
+    return (
+        stored == given
+        and pending.idempotency_key == key
+        and pending.reasoning == turn.reasoning
+        and pending.model == turn.model
+        and (pending.response_id or None) == (turn.response_id or None)
+        and pending.choice == turn.index
+    )
+
+
+def begin_body(
+    core: StoreCore,
+    conn: Connection,
+    conversation_id: str,
+    turn: Turn,
+    calls: Sequence[ToolCall],
+    idempotency_key: str | None,
+    expected_seq: int | None,
+) -> PendingTurn:
+    """Store ``turn`` as the conversation's pending turn (or return it if it already is)."""
+    from fsm.store import store as _store
+
+    _store._require(conn, conversation_id, lock=core.postgres)
+    existing = _load(conn, conversation_id, None)
+    if existing is not None:
+        if _same_turn(existing, turn, idempotency_key):
+            return existing
+        raise PendingTurnError(
+            conversation_id,
+            existing.id,
+            existing.at_seq,
+            f"pending turn {existing.id} is another turn: one turn at a time per conversation; "
+            "resume or abandon it first",
+        )
+    if idempotency_key is not None or turn.response_id:
+        # a begin retried after its turn was committed: the same turn, committed
+        p = PendingTurnRow
+        same = (
+            p.idempotency_key == idempotency_key
+            if idempotency_key is not None
+            else sa.and_(p.response_id == turn.response_id, p.choice == turn.index)
+        )
+        done = conn.execute(
+            sa.select(p.id)
+            .where(p.conversation_id == conversation_id, p.state == "committed", same)
+            .order_by(p.id.desc())
+            .limit(1)
+        ).scalar()
+        if done is not None:
+            found = _load(conn, conversation_id, int(done))
+            assert found is not None
+            if not _same_turn(found, turn, idempotency_key):
+                raise IdempotencyMismatchError(
+                    f"conversation {conversation_id!r} already committed a different turn "
+                    f"through the ledger under this response id / idempotency key (pending turn "
+                    f"{found.id}): use a new idempotency key for a new turn"
+                )
+            return found
+    with core.reading(conversation_id):
+        seq = _store._next_seq(conn, conversation_id)
+    _store._check_expected(conversation_id, expected_seq, seq)
+    owner = secrets.token_hex(16)
+    n = len(calls)
+    pending_id = conn.execute(
+        sa.insert(PendingTurnRow).returning(PendingTurnRow.id),
+        {
+            "conversation_id": conversation_id,
+            "state": "pending",
+            "owner": owner,
+            "at_seq": seq,
+            "content": turn.content,
+            "reasoning": turn.reasoning,
+            "refusal": turn.refusal,
+            "model": turn.model,
+            "response_id": turn.response_id or None,
+            "choice": turn.index,
+            "finish_reason": turn.finish_reason,
+            "usage": plans._json_safe(turn.usage),
+            "idempotency_key": idempotency_key,
+            "n_calls": n,
+        },
+    ).scalar_one()
+    if n:
+        conn.execute(
+            sa.insert(ToolExecution),
+            [
+                {
+                    "conversation_id": conversation_id,
+                    "pending_id": pending_id,
+                    "position": p,
+                    "pending_n_calls": n,
+                    "call_id": call.id,
+                    "provider_index": call.index,
+                    "type": call.type,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                    "raw_arguments": call.raw_arguments if call.repaired else None,
+                    "repaired": call.repaired,
+                    "legacy": call.legacy,
+                    "state": "not_started",
+                    "starts": 0,
+                }
+                for p, call in enumerate(calls)
+            ],
+        )
+    found = _load(conn, conversation_id, int(pending_id))
+    assert found is not None
+    return found
+
+
+def pending_body(conn: Connection, conversation_id: str) -> PendingTurn | None:
+    """The conversation's pending turn, or ``None``."""
+    from fsm.store import store as _store
+
+    found = _load(conn, conversation_id, None)
+    if found is None:
+        _store._require(conn, conversation_id)
+    return found
+
+
+def _owned(
+    core: StoreCore, conn: Connection, pending: PendingTurn, *, resolved_ok: bool = False
+) -> PendingTurn:
+    """The stored state of ``pending`` under the conversation's lock; raises unless it is
+    still pending and ``pending``'s owner still owns it."""
+    from fsm.store import store as _store
+
+    if not isinstance(pending, PendingTurn):
+        raise TypeError(
+            f"a ledger step takes the PendingTurn of begin()/claim(), not {type(pending).__name__}"
+        )
+    _store._require(conn, pending.conversation_id, lock=core.postgres)
+    stored = _load(conn, pending.conversation_id, pending.id, lock=core.postgres)
+    if stored is None:
+        raise LedgerStateError(
+            f"conversation {pending.conversation_id!r} has no pending turn {pending.id} (it was "
+            "deleted with its conversation)"
+        )
+    if stored.state != "pending" and not resolved_ok:
+        raise LedgerStateError(
+            f"pending turn {stored.id} of conversation {stored.conversation_id!r} is already "
+            f"{stored.state}" + (f" ({stored.reason})" if stored.reason else "") + ": nothing to "
+            "record"
+        )
+    if stored.state == "pending" and stored.owner != pending.owner:
+        raise PendingTurnError(
+            stored.conversation_id,
+            stored.id,
+            stored.at_seq,
+            f"pending turn {stored.id} was claimed by another process since this handle was "
+            "taken: it resumes the turn; read store.pending() again before acting",
+        )
+    return stored
+
+
+def claim_body(core: StoreCore, conn: Connection, pending: PendingTurn) -> PendingTurn:
+    """Make the caller the owner of ``pending`` if nobody claimed it since it was read."""
+    from fsm.store import store as _store
+
+    if not isinstance(pending, PendingTurn):
+        raise TypeError(f"claim() takes a PendingTurn, not {type(pending).__name__}")
+    _store._require(conn, pending.conversation_id, lock=core.postgres)
+    owner = secrets.token_hex(16)
+    p = PendingTurnRow
+    claimed = conn.execute(
+        sa.update(p)
+        .where(
+            p.conversation_id == pending.conversation_id,
+            p.id == pending.id,
+            p.state == "pending",
+            p.owner == pending.owner,
+        )
+        .values(owner=owner)
+    ).rowcount
+    if not claimed:
+        _owned(core, conn, pending)  # raises: resolved, gone, or claimed by another
+        raise AssertionError("unreachable")  # pragma: no cover
+    found = _load(conn, pending.conversation_id, pending.id)
+    assert found is not None
+    return found
+
+
+def _where(pending: PendingTurn, position: int) -> sa.ColumnElement[bool]:
+    e = ToolExecution
+    return sa.and_(
+        e.conversation_id == pending.conversation_id,
+        e.pending_id == pending.id,
+        e.position == position,
+    )
+
+
+def started_body(
+    core: StoreCore, conn: Connection, pending: PendingTurn, position: int
+) -> PendingTurn:
+    """Record that the owner starts call ``position`` (a no-op if this owner already did)."""
+    stored = _owned(core, conn, pending)
+    ex = stored.executions[position]
+    if ex.finished:
+        raise LedgerStateError(
+            f"call {position} ({ex.call.name}) of pending turn {stored.id} already {ex.state}: "
+            "it is not started again; its recorded outcome is reused"
+        )
+    if ex.state == "started" and ex.started_by == stored.owner:
+        return stored  # a retry after a lost acknowledgement
+    conn.execute(
+        sa.update(ToolExecution)
+        .where(_where(stored, position))
+        .values(
+            state="started",
+            starts=ToolExecution.starts + 1,
+            started_at=_now(),
+            started_by=stored.owner,
+        )
+    )
+    found = _load(conn, stored.conversation_id, stored.id)
+    assert found is not None
+    return found
+
+
+def finished_body(
+    core: StoreCore,
+    conn: Connection,
+    pending: PendingTurn,
+    position: int,
+    outcome: Literal["succeeded", "failed"],
+    text: str | None,
+    parts: list[Any] | None,
+) -> PendingTurn:
+    """Record call ``position``'s outcome (a no-op if the same one is recorded)."""
+    stored = _owned(core, conn, pending)
+    ex = stored.executions[position]
+    given: str | list[Any] | None = parts if parts is not None else text
+    if ex.finished:
+        recorded = ex.result if ex.state == "succeeded" else ex.error
+        if ex.state == outcome and recorded == given:
+            return stored  # a retry after a lost acknowledgement
+        raise LedgerStateError(
+            f"call {position} ({ex.call.name}) of pending turn {stored.id} already {ex.state} "
+            f"with another {'result' if ex.state == 'succeeded' else 'error'}: an outcome is "
+            "recorded once; abandon the turn to start over"
+        )
+    if ex.state != "started":
+        raise LedgerStateError(
+            f"call {position} ({ex.call.name}) of pending turn {stored.id} was never started: "
+            "record started() before the tool runs"
+        )
+    values: dict[str, Any] = {"state": outcome, "finished_at": _now()}
+    if outcome == "succeeded":
+        values.update(result=text, result_parts=parts)
+    else:
+        values.update(error=text)
+    conn.execute(sa.update(ToolExecution).where(_where(stored, position)).values(**values))
+    found = _load(conn, stored.conversation_id, stored.id)
+    assert found is not None
+    return found
+
+
+def commit_body(core: StoreCore, conn: Connection, pending: PendingTurn) -> CommittedTurn:
+    """Move the pending turn and its outcomes into history (or return the stored turn)."""
+    from fsm.store import store as _store
+
+    stored = _owned(core, conn, pending, resolved_ok=True)
+    if stored.state == "committed":
+        assert stored.committed_seq is not None
+        return _store.CommittedTurn(
+            stored.conversation_id,
+            stored.committed_seq,
+            cast(
+                "list[Any]",
+                _store._read(
+                    conn,
+                    stored.conversation_id,
+                    turn_at=stored.committed_seq,
+                    include_reasoning=False,
+                ),
+            ),
+            False,
+        )
+    if stored.state == "abandoned":
+        raise LedgerStateError(
+            f"pending turn {stored.id} of conversation {stored.conversation_id!r} was abandoned "
+            f"({stored.reason}): it cannot be committed; ask the model again"
+        )
+    if stored.owner != pending.owner:
+        _owned(core, conn, pending)  # raises PendingTurnError
+    unfinished = [e for e in stored.executions if not e.finished]
+    if unfinished:
+        raise LedgerStateError(
+            f"pending turn {stored.id} of conversation {stored.conversation_id!r} cannot be "
+            "committed: "
+            + ", ".join(f"call {e.call.position} ({e.call.name}) is {e.state}" for e in unfinished)
+            + "; record each call's outcome first"
+        )
+    contents = [
+        plan_result(e.call, {"content": e.content} if isinstance(e.content, list) else e.content)
+        for e in stored.executions
+    ]
+    plan = plans.TurnPlan(
+        cast(Turn, stored),
+        cast("list[ToolCall]", stored.calls),
+        contents,
+        stored.to_message(),
+    )
+    done = core.commit_turn(
+        conn,
+        stored.conversation_id,
+        plan,
+        stored.at_seq,
+        stored.idempotency_key,
+        ledger=True,
+    )
+    conn.execute(
+        sa.update(PendingTurnRow)
+        .where(
+            PendingTurnRow.conversation_id == stored.conversation_id,
+            PendingTurnRow.id == stored.id,
+        )
+        .values(state="committed", committed_seq=done.seq, resolved_at=_now())
+    )
+    return done
+
+
+def abandon_body(
+    core: StoreCore, conn: Connection, pending: PendingTurn, reason: str
+) -> PendingTurn:
+    """Keep the pending turn for audit only (a no-op if it was abandoned for ``reason``)."""
+    stored = _owned(core, conn, pending, resolved_ok=True)
+    if stored.state == "abandoned" and stored.reason == reason:
+        return stored
+    if stored.state != "pending":
+        raise LedgerStateError(
+            f"pending turn {stored.id} of conversation {stored.conversation_id!r} is already "
+            f"{stored.state}" + (f" ({stored.reason})" if stored.reason else "")
+        )
+    if stored.owner != pending.owner:
+        _owned(core, conn, pending)  # raises PendingTurnError
+    conn.execute(
+        sa.update(PendingTurnRow)
+        .where(
+            PendingTurnRow.conversation_id == stored.conversation_id,
+            PendingTurnRow.id == stored.id,
+        )
+        .values(state="abandoned", reason=reason, resolved_at=_now())
+    )
+    found = _load(conn, stored.conversation_id, stored.id)
+    assert found is not None
+    return found
+
+
+# -- the stores' methods -------------------------------------------------------------------------
+class LedgerMethods:
+    """The ledger's methods of :class:`~fsm.store.ConversationStore` (see the module)."""
+
+    _core: StoreCore
+
+    if TYPE_CHECKING:
+
+        def _write(self) -> AbstractContextManager[Connection]: ...
+        def _reader(self) -> AbstractContextManager[Connection]: ...
+
+    def begin(
+        self,
+        conversation_id: str,
+        turn: Turn | ParseResult,
+        *,
+        idempotency_key: str | None = None,
+        expected_seq: int | None = None,
+    ) -> PendingTurn:
+        """Store a complete ``turn`` as the conversation's pending turn, before its tools run.
+
+        Returns the :class:`PendingTurn` (its calls ``not_started``; the caller owns it). The
+        same turn begun again (a retry) returns the stored one. Another pending turn raises
+        :class:`~fsm.store.errors.PendingTurnError`; an incomplete turn
+        :class:`~fsm.errors.IncompleteTurnError`; a stale ``expected_seq``
+        :class:`~fsm.store.errors.ConflictError`.
+        """
+        single, calls = plan_begin(conversation_id, turn, idempotency_key)
+        with self._core.translate(), self._write() as conn:
+            return begin_body(
+                self._core, conn, conversation_id, single, calls, idempotency_key, expected_seq
+            )
+
+    def pending(self, conversation_id: str) -> PendingTurn | None:
+        """The conversation's pending turn with each call's recorded state and result, or
+        ``None``: what a restarted process needs to resume (then :meth:`claim` it)."""
+        plans.check_conversation_id(conversation_id)
+        with self._core.translate(), self._reader() as conn:
+            return pending_body(conn, conversation_id)
+
+    def claim(self, pending: PendingTurn) -> PendingTurn:
+        """Become the owner of ``pending`` (read by :meth:`pending`) to resume it. Raises
+        :class:`~fsm.store.errors.PendingTurnError` if another process claimed it since, and
+        :class:`~fsm.store.errors.LedgerStateError` if it was committed or abandoned."""
+        with self._core.translate(), self._write() as conn:
+            return claim_body(self._core, conn, pending)
+
+    def started(self, pending: PendingTurn, call: int | ToolCall | LedgerCall) -> PendingTurn:
+        """Record that ``call`` (a position, or the call) starts, before its tool runs; the
+        ledger's new state. A retry by the same owner changes nothing."""
+        position = _position(pending, call)
+        with self._core.translate(), self._write() as conn:
+            return started_body(self._core, conn, pending, position)
+
+    def succeeded(
+        self, pending: PendingTurn, call: int | ToolCall | LedgerCall, result: Any
+    ) -> PendingTurn:
+        """Record ``call``'s result (a string, or a list of content parts, as ``commit_turn``
+        takes it). The same result again changes nothing; another raises
+        :class:`~fsm.store.errors.LedgerStateError`."""
+        position = _position(pending, call)
+        text, parts = plan_result(pending.executions[position].call, result)
+        with self._core.translate(), self._write() as conn:
+            return finished_body(self._core, conn, pending, position, "succeeded", text, parts)
+
+    def failed(
+        self, pending: PendingTurn, call: int | ToolCall | LedgerCall, error: str
+    ) -> PendingTurn:
+        """Record that ``call``'s tool failed with ``error`` (its text is the result history
+        gets, as the agent loop sends a tool's error back to the model)."""
+        position = _position(pending, call)
+        text = _check_error(error)
+        with self._core.translate(), self._write() as conn:
+            return finished_body(self._core, conn, pending, position, "failed", text, None)
+
+    def commit(self, pending: PendingTurn) -> CommittedTurn:
+        """Move the pending turn and every call's outcome into history in one transaction
+        (``commit_turn``'s contract); a committed turn committed again returns the stored one
+        (``created=False``). Every call must have an outcome first."""
+        with self._core.translate(), self._write() as conn:
+            return commit_body(self._core, conn, pending)
+
+    def abandon(self, pending: PendingTurn, reason: str) -> PendingTurn:
+        """Give up the pending turn: it stays in the ledger for audit (with ``reason``), and
+        the conversation takes writes again."""
+        why = _check_reason(reason)
+        with self._core.translate(), self._write() as conn:
+            return abandon_body(self._core, conn, pending, why)
+
+
+class AsyncLedgerMethods:
+    """The ledger's methods of :class:`~fsm.store.aio.AsyncConversationStore` (awaited)."""
+
+    _core: StoreCore
+
+    if TYPE_CHECKING:
+
+        async def open(self) -> Any: ...
+        def _write(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+        def _reader(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+
+    async def begin(
+        self,
+        conversation_id: str,
+        turn: Turn | ParseResult,
+        *,
+        idempotency_key: str | None = None,
+        expected_seq: int | None = None,
+    ) -> PendingTurn:
+        """:meth:`ConversationStore.begin <fsm.store.ConversationStore.begin>`, awaited."""
+        single, calls = plan_begin(conversation_id, turn, idempotency_key)
+        await self.open()
+        with self._core.translate():
+            async with self._write() as conn:
+                return await conn.run_sync(
+                    lambda c: begin_body(
+                        self._core,
+                        c,
+                        conversation_id,
+                        single,
+                        calls,
+                        idempotency_key,
+                        expected_seq,
+                    )
+                )
+
+    async def pending(self, conversation_id: str) -> PendingTurn | None:
+        """:meth:`ConversationStore.pending <fsm.store.ConversationStore.pending>`, awaited."""
+        plans.check_conversation_id(conversation_id)
+        await self.open()
+        with self._core.translate():
+            async with self._reader() as conn:
+                return await conn.run_sync(pending_body, conversation_id)
+
+    async def claim(self, pending: PendingTurn) -> PendingTurn:
+        """:meth:`ConversationStore.claim <fsm.store.ConversationStore.claim>`, awaited."""
+        await self.open()
+        with self._core.translate():
+            async with self._write() as conn:
+                return await conn.run_sync(lambda c: claim_body(self._core, c, pending))
+
+    async def started(self, pending: PendingTurn, call: int | ToolCall | LedgerCall) -> PendingTurn:
+        """:meth:`ConversationStore.started <fsm.store.ConversationStore.started>`, awaited."""
+        position = _position(pending, call)
+        await self.open()
+        with self._core.translate():
+            async with self._write() as conn:
+                return await conn.run_sync(lambda c: started_body(self._core, c, pending, position))
+
+    async def succeeded(
+        self, pending: PendingTurn, call: int | ToolCall | LedgerCall, result: Any
+    ) -> PendingTurn:
+        """:meth:`ConversationStore.succeeded <fsm.store.ConversationStore.succeeded>`,
+        awaited."""
+        position = _position(pending, call)
+        text, parts = plan_result(pending.executions[position].call, result)
+        await self.open()
+        with self._core.translate():
+            async with self._write() as conn:
+                return await conn.run_sync(
+                    lambda c: finished_body(
+                        self._core, c, pending, position, "succeeded", text, parts
+                    )
+                )
+
+    async def failed(
+        self, pending: PendingTurn, call: int | ToolCall | LedgerCall, error: str
+    ) -> PendingTurn:
+        """:meth:`ConversationStore.failed <fsm.store.ConversationStore.failed>`, awaited."""
+        position = _position(pending, call)
+        text = _check_error(error)
+        await self.open()
+        with self._core.translate():
+            async with self._write() as conn:
+                return await conn.run_sync(
+                    lambda c: finished_body(self._core, c, pending, position, "failed", text, None)
+                )
+
+    async def commit(self, pending: PendingTurn) -> CommittedTurn:
+        """:meth:`ConversationStore.commit <fsm.store.ConversationStore.commit>`, awaited."""
+        await self.open()
+        with self._core.translate():
+            async with self._write() as conn:
+                return await conn.run_sync(lambda c: commit_body(self._core, c, pending))
+
+    async def abandon(self, pending: PendingTurn, reason: str) -> PendingTurn:
+        """:meth:`ConversationStore.abandon <fsm.store.ConversationStore.abandon>`, awaited."""
+        why = _check_reason(reason)
+        await self.open()
+        with self._core.translate():
+            async with self._write() as conn:
+                return await conn.run_sync(lambda c: abandon_body(self._core, c, pending, why))
