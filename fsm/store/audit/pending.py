@@ -10,7 +10,8 @@ from typing import Any, Final, cast
 
 import sqlalchemy as sa
 
-from fsm.store.audit.read import Bind, _as_utc, _connect, _int, _opt_text, _raw, _Row, _text
+from fsm.store.audit.read import Bind, _connect, _int, _opt_text, _raw, _Row, _text
+from fsm.store.codec import as_utc
 from fsm.store.errors import InvalidFilterError
 from fsm.store.models import PendingTurnRow, ToolExecution
 
@@ -109,14 +110,14 @@ def pending_turns(
             query = query.where(t.conversation_id == conversation)
         out = []
         for row in conn.execute(query):
-            created = _as_utc(row[3])
+            created = as_utc(row[3])
             out.append(
                 PendingRow(
                     conversation_id=_text(row[0]),
                     pending_id=int(row[1]),
                     state=_text(row[2]),
                     created_at=created,
-                    resolved_at=_as_utc(row[4]),
+                    resolved_at=as_utc(row[4]),
                     age_seconds=None if created is None else (at - created).total_seconds(),
                     reason=_opt_text(row[5]),
                     at_seq=_int(row[6]),
