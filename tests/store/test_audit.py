@@ -557,7 +557,13 @@ def test_one_format_only_and_typed_errors(url: str) -> None:
 def test_every_audit_command_has_help_with_examples() -> None:
     commands: list[tuple[list[str], click.Command]] = [(["audit"], audit_cli.audit)]
     commands += [(["audit", name], command) for name, command in audit_cli.audit.commands.items()]
-    assert {name for name in audit_cli.audit.commands} == {"calls", "failures", "stats", "check"}
+    assert {name for name in audit_cli.audit.commands} == {
+        "calls",
+        "failures",
+        "stats",
+        "check",
+        "pending",
+    }
     for path, command in commands:
         assert command.help, path
         shown = run(*path, "--help")
