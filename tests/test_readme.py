@@ -69,6 +69,18 @@ _PRELUDES: dict[str, str] = {
         "    a = json.loads(arguments)\n"
         "    return str(a['a'] + a['b'] if name == 'add' else a['a'] * a['b'])\n"
     ),
+    "except UnknownOutcomeError as error:": (
+        "from openai import OpenAI\n"
+        "from fsm.store import ConversationStore\n"
+        "client = OpenAI(max_retries=0)\n"
+        "store = ConversationStore('sqlite:///chat.db', auto_upgrade=True)\n"
+        "cid = store.create_conversation()\n"
+        "store.append(cid, [{'role': 'user', 'content': 'What is 1234 + 5678, and 12 * 34?'}])\n"
+        "MODEL = 'demo-model-1'\n"
+        "def add(a: int, b: int) -> int:\n    return a + b\n"
+        "def multiply(a: int, b: int) -> int:\n    return a * b\n"
+        "def find_effect(call_id: str) -> str | None:\n    return None\n"
+    ),
     "except TurnFailedError as exc:": (
         "from openai import OpenAI\n"
         "from fsm.agent import TurnFailedError, run_agent_loop\n"
