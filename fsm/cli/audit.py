@@ -183,7 +183,10 @@ def calls(
 
     Rows come in key order: by conversation, then seq (a call of an attempt comes before the
     turn committed at the same seq), then position. A call of history shows its result (the
-    tool message); a call of an attempt shows its attempt and why it failed.
+    tool message); a call of an attempt shows its attempt and why it failed. A call run through
+    the tool ledger shows its execution: its state (execution: not_started, started,
+    succeeded, failed; empty for a call that never went through the ledger), duration_ms
+    (finished minus started) and starts (how many times it was started).
 
     \b
     Examples:

@@ -797,6 +797,9 @@ class PendingTurnRow(Base):
             **_partial("state = 'pending'"),
         ),
         sa.Index("ix_pending_turns_state_created_at", "state", "created_at"),
+        sa.Index(
+            "ix_pending_turns_conversation_id_committed_seq", "conversation_id", "committed_seq"
+        ),
         {"info": {SQLITE_ROWID_KEY: ("id", ("conversation_id", "id"))}},
     )
 

@@ -14,7 +14,9 @@ Two new tables, keyed by conversation first (hash-partitionable like every fsm t
   ``(conversation_id, id)``, ``id`` a ``bigint`` identity on PostgreSQL, the rowid on SQLite
   (with ``UNIQUE (conversation_id, id)``). At most one ``pending`` row per conversation: the
   partial unique index ``ix_pending_turns_conversation_id_pending``. A committed row's
-  ``(conversation_id, committed_seq, n_calls)`` is a foreign key to its assistant message.
+  ``(conversation_id, committed_seq, n_calls)`` is a foreign key to its assistant message,
+  indexed by ``ix_pending_turns_conversation_id_committed_seq`` (``fsm audit calls`` finds a
+  call's execution through it).
 * ``tool_executions``: one row per call of a pending turn (the call byte-exact, as history will
   hold it), its state (``not_started``, ``started``, ``succeeded``, ``failed``), the number of
   starts and the owner token of the latest (``started_by``), ``started_at`` / ``finished_at``,
@@ -170,6 +172,13 @@ def upgrade() -> None:
         postgresql_where=sa.text("state = 'pending'"),
     )
     op.create_index("ix_pending_turns_state_created_at", "pending_turns", ["state", "created_at"])
+    # the committed turn of an assistant message (``fsm audit calls`` joins it), and the foreign
+    # key's referencing side
+    op.create_index(
+        "ix_pending_turns_conversation_id_committed_seq",
+        "pending_turns",
+        ["conversation_id", "committed_seq"],
+    )
     pending_id = sa.Integer() if sqlite else sa.BigInteger()
     checks: list[Any] = (
         [
@@ -231,6 +240,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_tool_executions_state", table_name="tool_executions")
     op.drop_table("tool_executions")
+    op.drop_index("ix_pending_turns_conversation_id_committed_seq", table_name="pending_turns")
     op.drop_index("ix_pending_turns_state_created_at", table_name="pending_turns")
     op.drop_index("ix_pending_turns_conversation_id_pending", table_name="pending_turns")
     op.drop_table("pending_turns")

@@ -2,14 +2,19 @@
 state), filtered by tool, state, conversation, model, time and argument content, a page at a
 time, in key order (conversation, seq, then attempts before the committed turn at the same seq,
 position). Pages continue with ``after=row.key`` (keyset) or ``offset``.
+
+A call of history that went through the tool ledger (``begin`` ... ``commit``) shows its
+execution: ``execution`` (its state), ``duration_ms`` and ``starts``, read from
+``tool_executions`` through the committed ``pending_turns`` row that points at the call's
+assistant message (``committed_seq``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from datetime import date, datetime
-from typing import Any, Final, Literal, TypeAlias
+from datetime import date, datetime, timedelta
+from typing import Any, Final, Literal, TypeAlias, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -32,6 +37,7 @@ from fsm.store.audit.read import (
     _PAGE,
     Bind,
     _connect,
+    _int,
     _json_value,
     _opt_text,
     _raw_as,
@@ -40,6 +46,10 @@ from fsm.store.audit.read import (
 )
 from fsm.store.codec import as_utc
 from fsm.store.errors import InvalidFilterError
+from fsm.store.models import PendingTurnRow, ToolExecution
+
+_PENDING: Final = cast(sa.Table, PendingTurnRow.__table__)
+_EXECUTIONS: Final = cast(sa.Table, ToolExecution.__table__)
 
 #: where a listed call sits: (conversation id, seq, rank, attempt id, position); ``rank`` is 0 for
 #: a call of an attempt (``seq`` is where the attempt would have gone, ``at_seq``) and 1 for a call
@@ -57,6 +67,12 @@ class CallRow(_Row):
     the seq its turn would have had (``at_seq``). ``result`` is the content of the call's tool
     message (a string, or a list of content parts), ``None`` for attempts. ``reason`` says why a
     call of an attempt is truncated or aborted.
+
+    ``execution`` is the state of the call's execution in the tool ledger (``not_started``,
+    ``started``, ``succeeded``, ``failed``), ``None`` when the call never went through the
+    ledger (``commit_turn``, an attempt); ``duration_ms`` is ``finished_at - started_at`` of its
+    latest start in milliseconds (``None`` without both), ``starts`` how many times it was
+    started (``None`` without a ledger execution).
     """
 
     conversation_id: str
@@ -71,6 +87,9 @@ class CallRow(_Row):
     result: str | list[Any] | None
     attempt_id: int | None
     reason: str | None
+    execution: str | None = None
+    duration_ms: float | None = None
+    starts: int | None = None
 
     @property
     def key(self) -> CallKey:
@@ -171,7 +190,8 @@ def _call_page(
     query = sa.select(page).order_by(*(page.c[c] for c in _KEY_COLUMNS)).limit(limit).offset(offset)
     rows = []
     for (cid, seq, rank, attempt, position, call_id, name, arguments, state, model, created,
-         content, parts, reason) in conn.execute(query):  # fmt: skip
+         content, parts, reason, execution, starts, started_at,
+         finished_at) in conn.execute(query):  # fmt: skip
         rows.append(
             CallRow(
                 conversation_id=_text(cid),
@@ -186,17 +206,33 @@ def _call_page(
                 result=_json_value(parts) if parts is not None else _opt_text(content),
                 attempt_id=attempt if rank == 0 else None,
                 reason=_opt_text(reason),
+                execution=_opt_text(execution),
+                duration_ms=_duration_ms(started_at, finished_at),
+                starts=_int(starts),
             )
         )
     return rows
 
 
+def _duration_ms(started_at: Any, finished_at: Any) -> float | None:
+    """``finished_at - started_at`` in milliseconds (values read raw), ``None`` without both."""
+    start, end = as_utc(started_at), as_utc(finished_at)
+    if start is None or end is None:
+        return None
+    return (end - start) / timedelta(milliseconds=1)
+
+
 def _history_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
     """The rows of history for ``keys``: the call, its assistant message, its result (every
-    value read raw, see :func:`_raw`)."""
+    value read raw, see :func:`_raw`), and its execution in the tool ledger when it went
+    through one: the committed pending turn of its assistant message (found through
+    ``ix_pending_turns_conversation_id_committed_seq``) and that turn's execution at the call's position
+    (its key)."""
     t = _CALLS.alias("tc")
     a = _MESSAGES.alias("am")
     r = _MESSAGES.alias("rm")
+    p = _PENDING.alias("pt")
+    e = _EXECUTIONS.alias("te")
     return sa.select(
         *(keys.c[c] for c in _KEY_COLUMNS),
         *_raw_as(conn, call_id=t.c.call_id, name=t.c.name, arguments=t.c.arguments),
@@ -209,6 +245,13 @@ def _history_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
             content_parts=r.c.content_parts,
         ),
         sa.null().label("reason"),
+        *_raw_as(
+            conn,
+            execution=e.c.state,
+            starts=e.c.starts,
+            started_at=e.c.started_at,
+            finished_at=e.c.finished_at,
+        ),
     ).select_from(
         keys.join(
             t,
@@ -225,6 +268,21 @@ def _history_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
                 r.c.conversation_id == keys.c.conversation_id,
                 r.c.seq == keys.c.seq + 1 + keys.c.position,
                 r.c.role == "tool",
+            ),
+        )
+        .outerjoin(
+            p,
+            sa.and_(
+                p.c.conversation_id == keys.c.conversation_id,
+                p.c.committed_seq == keys.c.seq,  # set only on a committed turn
+            ),
+        )
+        .outerjoin(
+            e,
+            sa.and_(
+                e.c.conversation_id == p.c.conversation_id,
+                e.c.pending_id == p.c.id,
+                e.c.position == keys.c.position,
             ),
         )
     )
@@ -248,6 +306,10 @@ def _attempt_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
         sa.null().label("content"),
         sa.null().label("content_parts"),
         *_raw_as(conn, reason=c_.c.reason),
+        sa.null().label("execution"),
+        sa.null().label("starts"),
+        sa.null().label("started_at"),
+        sa.null().label("finished_at"),
     ).select_from(
         keys.join(
             c_,
