@@ -48,6 +48,7 @@ from fsm.store.errors import (
     StoreLayoutError,
     UnknownRevisionError,
 )
+from fsm.store.models import TABLES
 
 __all__ = [
     "FSM_TABLES",
@@ -74,18 +75,7 @@ VERSION_TABLE = "fsm_alembic_version"
 #: where fsm kept its revision before it had a table of its own.
 LEGACY_VERSION_TABLE = "alembic_version"
 #: fsm's tables (with :data:`VERSION_TABLE`; partitions are named ``<table>_p<N>``).
-FSM_TABLES: frozenset[str] = frozenset(
-    {
-        "conversations",
-        "messages",
-        "tool_calls",
-        "attempts",
-        "attempt_calls",
-        "pending_turns",
-        "tool_executions",
-        VERSION_TABLE,
-    }
-)
+FSM_TABLES: frozenset[str] = frozenset({*TABLES, VERSION_TABLE})
 #: the most hash partitions ``fsm db upgrade --partitions N`` creates per table.
 MAX_PARTITIONS = 1024
 

@@ -94,6 +94,7 @@ __all__ = [
     "PG_FUNCTIONS",
     "ROLE",
     "SQLITE_ROWID_KEY",
+    "TABLES",
     "TOOL_CALL_STATE",
     "Attempt",
     "AttemptCall",
@@ -861,3 +862,8 @@ class ToolExecution(Base):
         _sqlite_check(sqlite_types_check(**TOOL_EXECUTION_TYPES), "types"),
         sa.Index("ix_tool_executions_state", "state"),
     )
+
+
+#: fsm's tables, in the order they are declared (every table before the ones that reference it):
+#: the one list the migrations' host filter and the audit check read.
+TABLES: tuple[str, ...] = tuple(Base.metadata.tables)

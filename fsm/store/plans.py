@@ -9,7 +9,7 @@ touches a database, so the sync and the async store share it as it is.
   call, by position or by id) -> :class:`TurnPlan`; the assistant message is the parser's own
   :meth:`Turn.to_message() <fsm.parser.Turn.to_message>`;
 * :func:`plan_attempt`: a turn or a response of any state -> one ``attempts`` row per choice with
-  its calls' rows (:func:`_attempt_row`), every value made storable (:func:`_json_safe`);
+  its calls' rows (:func:`_attempt_row`), every value made storable (:func:`json_safe`);
 * :func:`plain_rows`: messages given to ``append`` -> their rows;
 * :func:`plan_append`, :func:`plan_commit`, :func:`plan_record`: each write's checks, in the
   order both stores make them;
@@ -50,10 +50,12 @@ __all__ = [
     "Results",
     "TurnPlan",
     "auto_upgrade",
+    "call_columns",
     "check_conversation_id",
     "check_idempotency_key",
     "check_last",
     "conversation_row",
+    "json_safe",
     "plain_rows",
     "plan_append",
     "plan_attempt",
@@ -209,14 +211,14 @@ def plan_attempt(
                 stored, notes = _attempt_results(calls, results)
             else:
                 notes = [f"results given for a response of {len(turns)} choices"]
-        row["anomalies"] = _json_safe(
+        row["anomalies"] = json_safe(
             row["anomalies"]
             + [
                 {"kind": "unmatched_result", "detail": note, "choice": row["choice"]}
                 for note in notes
             ]
         )
-        row["usage"] = _json_safe(row.get("usage"))
+        row["usage"] = json_safe(row.get("usage"))
         row["error"] = _text(error)
         for key in ("response_id", "model", "finish_reason", "end_how", "end_reason"):
             row[key] = _text(row.get(key))
@@ -607,7 +609,22 @@ def _render(value: Any, limit: int = 65536) -> str:
     return text if not stack else text[:limit] + "..."
 
 
-def _json_safe(value: Any, depth: int = 0) -> Any:
+def call_columns(call: ToolCall) -> dict[str, Any]:
+    """The columns a tool call is stored with, in history (``tool_calls``) and in the ledger
+    (``tool_executions``) alike: its id, index, type, name and arguments byte-exact (the
+    provider's own bytes too when the arguments were repaired)."""
+    return {
+        "call_id": call.id,
+        "provider_index": call.index,
+        "type": call.type,
+        "name": call.name,
+        "arguments": call.arguments,
+        "raw_arguments": call.raw_arguments if call.repaired else None,
+        "repaired": call.repaired,
+    }
+
+
+def json_safe(value: Any, depth: int = 0) -> Any:
     """``value`` as JSON both engines store (for attempts and usage, which must never fail):
     NaN and infinities become strings (``"nan"``, ``"inf"``), integers beyond 64 bits their
     decimal text, non-string keys text, other objects their ``repr``, and anything nested deeper
@@ -622,11 +639,11 @@ def _json_safe(value: Any, depth: int = 0) -> Any:
         return _render(value)
     if isinstance(value, Mapping):
         return {
-            (key if isinstance(key, str) else _render(key, 256)): _json_safe(inner, depth + 1)
+            (key if isinstance(key, str) else _render(key, 256)): json_safe(inner, depth + 1)
             for key, inner in value.items()
         }
     if isinstance(value, list | tuple):
-        return [_json_safe(inner, depth + 1) for inner in value]
+        return [json_safe(inner, depth + 1) for inner in value]
     return _show(value, 4096)
 
 
@@ -652,7 +669,7 @@ def _result_value(value: Any) -> Any:
     """The stored form of one result given to ``record_attempt`` (its content)."""
     if isinstance(value, Mapping) and "content" in value:
         value = value["content"]
-    return _json_safe(value)
+    return json_safe(value)
 
 
 def _attempt_results(calls: Sequence[ToolCall], results: Any) -> tuple[list[Any], list[str]]:

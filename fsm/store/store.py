@@ -72,9 +72,9 @@ from fsm.store.plans import (
     AttemptPlan,
     Results,
     TurnPlan,
-    _json_safe,
     _show,
     _tool_message,
+    json_safe,
 )
 from fsm.telemetry import store_write
 from fsm.toolcall import is_json
@@ -1017,7 +1017,7 @@ class StoreCore:
                 "response_id": turn.response_id or None,
                 "choice": turn.index,
                 "finish_reason": turn.finish_reason,
-                "usage": _json_safe(turn.usage),
+                "usage": json_safe(turn.usage),
                 "idempotency_key": idempotency_key,
                 "n_calls": n,
                 "slots_left": n,
@@ -1035,13 +1035,7 @@ class StoreCore:
                         "assistant_seq": seq,
                         "position": p,
                         "assistant_n_calls": n,
-                        "call_id": call.id,
-                        "provider_index": call.index,
-                        "type": call.type,
-                        "name": call.name,
-                        "arguments": call.arguments,
-                        "raw_arguments": call.raw_arguments if call.repaired else None,
-                        "repaired": call.repaired,
+                        **plans.call_columns(call),
                         "state": call.state,
                     }
                     for p, call in enumerate(calls)

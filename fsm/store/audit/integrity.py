@@ -40,7 +40,7 @@ from fsm.store.errors import (
     StoreError,
 )
 from fsm.store.migrate import head_revision, revision_of
-from fsm.store.models import PendingTurnRow, ToolExecution
+from fsm.store.models import TABLES, PendingTurnRow, ToolExecution
 
 #: ``progress(done, total)``, in conversations.
 Progress: TypeAlias = Callable[[int, int], None]
@@ -369,15 +369,7 @@ _ROW_IDENTITY: Final = {
     "tool_executions": "tool_executions.conversation_id, tool_executions.pending_id, "
     "tool_executions.position, tool_executions.call_id",
 }
-_TABLES: Final = (
-    "conversations",
-    "messages",
-    "tool_calls",
-    "attempts",
-    "attempt_calls",
-    "pending_turns",
-    "tool_executions",
-)
+_TABLES: Final = TABLES
 _PENDING = cast(sa.Table, PendingTurnRow.__table__)
 _EXECUTIONS = cast(sa.Table, ToolExecution.__table__)
 
