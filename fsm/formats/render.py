@@ -151,6 +151,9 @@ def to_items(turn: Turn, results: Results = None) -> list[Any]:
     items: list[Any]
     if turn.format == "responses":
         items = output_items(turn)
+        for item in items:
+            if item.get("type") == "custom_tool_call":
+                item.pop("status", None)  # an output field the input item does not take
     else:
         items = []
         content = turn.content
