@@ -163,7 +163,8 @@ class FormatHandler:
         """One event of the format (a decoded dict)."""
         if type(event) is not dict:
             self.fail(f"an event must be a JSON object, got {_json_type(event)}", None)
-        method = self.dispatch.get(event.get("type"))  # type: ignore[arg-type]
+        kind = event.get("type")
+        method = self.dispatch.get(kind) if type(kind) is str else None
         if method is not None:
             method(event)
         else:
