@@ -591,3 +591,39 @@ def test_any_wrong_value_gives_only_documented_errors(
     json.dumps(result.to_json())
     for turn in result.turns:
         json.dumps(turn.output_items())
+
+
+def test_a_chat_turn_renders_for_both_apis_and_stored_rows_render_the_same() -> None:
+    from anthropic.types import MessageParam
+    from openai.types.responses import ResponseInputItemParam
+    from pydantic import TypeAdapter
+
+    from fsm.formats.render import anthropic_messages, responses_input
+
+    chunk = {"id": "c1", "choices": [{"index": 0, "delta": {"content": "ok", "tool_calls": [
+        {"index": 0, "id": "call_9", "function": {"name": "add", "arguments": '{"a":1}'}}]},
+        "finish_reason": "tool_calls"}]}  # fmt: skip
+    result = parse([chunk, "[DONE]"])
+    turn = result.turn()
+    assert (result.format, turn.format, turn.output_items()) == ("chat", "chat", [])
+    items = turn.to_items(results={"call_9": "2"})
+    assert items == [
+        {"type": "message", "role": "assistant", "content": "ok"},
+        {"type": "function_call", "call_id": "call_9", "name": "add", "arguments": '{"a":1}'},
+        {"type": "function_call_output", "call_id": "call_9", "output": "2"},
+    ]
+    TypeAdapter(list[ResponseInputItemParam]).validate_python(items)
+    messages = turn.to_anthropic(results=["2"])
+    assert messages[0]["content"][1] == {
+        "type": "tool_use", "id": "call_9", "name": "add", "input": {"a": 1}
+    }  # fmt: skip
+    TypeAdapter(list[MessageParam]).validate_python(messages)
+    # the same from what a store keeps (format, verbatim items, text, calls)
+    calls = [{"id": "call_9", "name": "add", "arguments": '{"a":1}'}]
+    assert responses_input("chat", [], "ok", calls, ["2"]) == items
+    assert anthropic_messages("chat", [], "ok", calls, ["2"]) == messages
+    # an Anthropic turn from its stored blocks
+    parser, _ = run(anthropic_call(a_json(0, '{"q": 1}')))
+    anth = parser.result().turn()
+    stored = anth.output_items()
+    assert anthropic_messages("anthropic", stored, None, [], None) == anth.to_anthropic()
