@@ -46,6 +46,7 @@ def test_main_job_command_names_files_that_exist() -> None:
 _PRELUDES: dict[str, str] = {
     # self-contained examples (first: a key found in them decides before the keys below)
     "def test_my_agent(": "",
+    "result = parse(stream)  # the format is detected": "",
     "def commit(conversation,": "",
     "configure_engine(sa.create_engine(": "",
     "with_streaming_response.create(": "",
