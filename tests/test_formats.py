@@ -594,6 +594,7 @@ def test_any_wrong_value_gives_only_documented_errors(
 
 
 def test_a_chat_turn_renders_for_both_apis_and_stored_rows_render_the_same() -> None:
+    pytest.importorskip("anthropic")
     from anthropic.types import MessageParam
     from openai.types.responses import ResponseInputItemParam
     from pydantic import TypeAdapter
