@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     section, data = report(args.rounds)
     if args.instructions:
-        section += "\n".join(
+        section += "\n" + "\n".join(
             [
                 "### Instructions per event (valgrind)",
                 "",
