@@ -42,9 +42,8 @@ def expected_complete(exp: dict[str, Any]) -> bool:
     """expected.json's ``complete`` means the stream ended normally (EXPECTED.md); parser.md's
     turn is complete only if, besides, every call is ``finished``: a JSON call whose arguments
     are not JSON ends ``truncated`` / ``invalid_json`` and is never executed. Of the recordings
-    here, only the spliced
-    Anthropic stream differs by this rule (its first message's call is cut mid-JSON,
-    ``{"value":"Spark``, by a second ``message_start``)."""
+    here, only the spliced Anthropic stream differs by this rule (its first message's call is
+    cut mid-JSON, ``{"value":"Spark``, by a second ``message_start``)."""
     return bool(exp["complete"]) and all(
         c["valid_json"] or c.get("type") == "custom_tool_call" for c in exp["calls"]
     )
