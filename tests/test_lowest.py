@@ -15,7 +15,7 @@ from tests.helpers import REPO
 #: the extras CI installs (``.[test]``) and the ones users choose; ``bench`` pins peers exactly
 EXTRAS = ("postgres", "clients", "async", "test")
 #: test tools: not the package's dependencies, left to float
-TOOLS = {"pytest", "pytest-cov", "hypothesis", "atheris", "mypy", "ruff"}
+TOOLS = {"pytest", "pytest-cov", "hypothesis", "atheris", "mypy", "ruff", "playwright"}
 
 
 def lower_bounds() -> dict[str, Version]:
