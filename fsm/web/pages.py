@@ -590,11 +590,17 @@ class Viewer:
             "until": query.get("until"),
         }
         rows = list(audit.failures(self.engine, **filters, limit=limit, after=after))
-        counts = audit.failure_counts(self.engine, **filters)
+        # the counts group every failed call (a scan): kept for reloads, as /stats is
+        counts, computed, seconds = self._stats.get(
+            ("failure_counts", *sorted(filters.items())),
+            lambda: audit.failure_counts(self.engine, **filters),
+            query.get("refresh") == "1",
+        )
         next_cursor = cursor(rows[-1].key) if len(rows) == limit else None
         data = {
             "filters": filters,
             "counts": _dicts(counts),
+            "counts_computed_at": computed,
             "rows": _dicts(rows),
             "next": next_cursor,
         }
@@ -613,6 +619,9 @@ class Viewer:
             f'<label>since <input name="since" value="{attr(filters["since"])}"></label>'
             f'<label>until <input name="until" value="{attr(filters["until"])}"></label>'
             '<button type="submit">Filter</button> <a href="/failures">clear</a></form>',
+            f'<p class="computed">counts computed {when(computed)} in {seconds:.2f} s '
+            f'<a href="{href("/failures", [*((k, v) for k, v in filters.items() if v), ("refresh", "1")])}">'
+            "recompute</a></p>",
             charts.hbars(
                 "Failed calls (and attempts without one) by state and reason",
                 [(label, float(n), f"{n:,}") for label, n in top],

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -108,27 +108,39 @@ def conversations(
     a = _ATTEMPTS.alias("a")
     t = _CALLS.alias("t")
     with _connect(bind, snapshot=True) as conn:
-        created = _created_key(conn, c.c.created_at)
+        # the order: SQLite's stored text (it orders as time does); PostgreSQL's timestamp
+        order = _time_column(conn, c.c.created_at)
         conditions: list[sa.ColumnElement[bool]] = []
         if prefix:
             conditions.append(sa.func.substr(c.c.id, 1, len(prefix)) == sa.literal(prefix))
         if f.model is not None:
-            has_message = sa.exists().where(
-                m.c.conversation_id == c.c.id, m.c.role == "assistant", m.c.model == f.model
+            # probed per conversation, newest first, until the page is full (a scalar subquery
+            # the planner keeps per row: a semi join would read every message of the model)
+            conditions.append(
+                sa.or_(
+                    _probe(
+                        m.c.conversation_id == c.c.id, m.c.role == "assistant", m.c.model == f.model
+                    ),
+                    _probe(a.c.conversation_id == c.c.id, a.c.model == f.model),
+                )
             )
-            has_attempt = sa.exists().where(a.c.conversation_id == c.c.id, a.c.model == f.model)
-            conditions.append(sa.or_(has_message, has_attempt))
         conditions += _time_filters(conn, c.c.created_at, f.since, f.until)
         if after is not None:
             bound = _after_bound(conn, after[0])
-            conditions.append(sa.or_(created < bound, sa.and_(created == bound, c.c.id < after[1])))
-        page = (
-            sa.select(c.c.id, c.c.created_at, created.label("created_key"))
+            conditions.append(sa.or_(order < bound, sa.and_(order == bound, c.c.id < after[1])))
+        inner = (
+            sa.select(c.c.id, c.c.created_at, order.label("ordered"))
             .where(*conditions)
-            .order_by(created.desc(), c.c.id.desc())
+            .order_by(order.desc(), c.c.id.desc())
             .limit(limit)
-            .subquery("page")
+            .subquery("inner")
         )
+        page = sa.select(
+            inner.c.id,
+            inner.c.created_at,
+            inner.c.ordered,
+            _created_key(conn, inner.c.created_at).label("created_key"),
+        ).subquery("page")
         last_seq = sa.select(sa.func.max(m.c.seq)).where(m.c.conversation_id == page.c.id)
         n_calls = sa.select(sa.func.count()).where(t.c.conversation_id == page.c.id)
         n_attempts = sa.select(sa.func.count()).where(a.c.conversation_id == page.c.id)
@@ -147,7 +159,7 @@ def conversations(
             n_attempts.scalar_subquery(),
             last_message.scalar_subquery(),
             last_attempt.scalar_subquery(),
-        ).order_by(page.c.created_key.desc(), page.c.id.desc())
+        ).order_by(page.c.ordered.desc(), page.c.id.desc())
         rows = conn.execute(query).all()
     out = []
     for cid, created_at, key, seq, calls, attempts, at_m, at_a in rows:
@@ -176,7 +188,20 @@ def _created_key(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnEl
 
 
 def _after_bound(conn: Connection, text: str) -> sa.ColumnElement[Any]:
-    return sa.literal(text, sa.String)
+    """A cursor's time as the engine compares it with the order column: SQLite's text as it
+    is; PostgreSQL's UTC text as a timestamp (text that is not one: an error for the user)."""
+    if conn.dialect.name == "sqlite":
+        return sa.literal(text, sa.String)
+    try:
+        moment = datetime.fromisoformat(text).replace(tzinfo=UTC)
+    except ValueError:
+        raise InvalidFilterError(f"{text!r} is not the time of a cursor of this listing") from None
+    return sa.literal(moment, sa.DateTime(timezone=True))
+
+
+def _probe(*conditions: sa.ColumnElement[bool]) -> sa.ColumnElement[bool]:
+    """Some row meets ``conditions`` (a correlated ``LIMIT 1`` lookup, kept per row)."""
+    return sa.select(sa.literal(1)).where(*conditions).limit(1).scalar_subquery().is_not(None)
 
 
 # -- one conversation --------------------------------------------------------------------------
