@@ -62,10 +62,13 @@ def _seed_module() -> Any:
 
 
 def _rss_mb() -> float:
-    """The process's resident memory now (Linux /proc; else the peak)."""
+    """The process's anonymous resident memory now (Linux ``RssAnon``: the heap, not the pages
+    of the database file SQLite maps; else the peak RSS)."""
     try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+        raise ValueError("no RssAnon")
     except (OSError, ValueError, IndexError):
         import resource
 
@@ -233,7 +236,7 @@ def markdown(runs: dict[str, dict[str, Any]], started: datetime, seconds: float,
     loads = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
     lines += [
         "",
-        f"Memory while paging (resident, the whole process): {memory}.",
+        f"Memory while paging (the process's anonymous resident memory, RssAnon: the heap, not the database file SQLite maps): {memory}.",
         "",
         f"Machine: {os.cpu_count()} cores; CPython {platform.python_version()} "
         f"({platform.platform()}); SQLite {sqlite3.sqlite_version}, SQLAlchemy {sa.__version__}; "

@@ -176,3 +176,10 @@ def test_each_engine_over_a_socket(db_url: sa.URL, engine_name: str) -> None:
         serving.shutdown()
         thread.join(5)
         engine.dispose()
+
+
+def test_import_fsm_does_not_load_the_viewer() -> None:
+    code = (
+        "import sys, fsm, fsm.store; assert not [m for m in sys.modules if m.startswith('fsm.web')]"
+    )
+    subprocess.run([sys.executable, "-c", code], env=_env(), check=True, timeout=60)

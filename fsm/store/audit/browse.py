@@ -121,7 +121,12 @@ def conversations(
                     _probe(
                         m.c.conversation_id == c.c.id, m.c.role == "assistant", m.c.model == f.model
                     ),
-                    _probe(a.c.conversation_id == c.c.id, a.c.model == f.model),
+                    # model || '': by the conversation's attempts, not the model's index
+                    # (which would read every attempt of the model for each conversation)
+                    _probe(
+                        a.c.conversation_id == c.c.id,
+                        sa.type_coerce(a.c.model, sa.String) + "" == f.model,
+                    ),
                 )
             )
         conditions += _time_filters(conn, c.c.created_at, f.since, f.until)
