@@ -211,7 +211,7 @@ class App:
             return Response(
                 view.status, as_json(view.data), {"Content-Type": "application/json; charset=utf-8"}
             )
-        twin = _json_twin(_encoded_path(path), query)
+        twin = _json_twin(path, query)  # the path as it was sent (still percent-encoded)
         document = page(view.title, view.body, current=current, json_link=twin, store=self.label)
         return Response(
             view.status,
@@ -233,11 +233,6 @@ class App:
             document.encode("utf-8", "surrogateescape"),
             {"Content-Type": "text/html; charset=utf-8"},
         )
-
-
-def _encoded_path(path: str) -> str:
-    """The request's path as it was sent (still percent-encoded)."""
-    return path
 
 
 def _plain(status: HTTPStatus, message: str, headers: Mapping[str, str] | None = None) -> Response:
@@ -291,6 +286,10 @@ class _Server(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 def _family(host: str) -> socket.AddressFamily:
     try:
         return (
@@ -333,8 +332,9 @@ def serve(
     generated when none is given (the URL carries it)."""
     if not is_loopback(host) and token is None:
         token = secrets.token_urlsafe(24)
-    _Server.address_family = _family(host)
-    server = _Server((host.strip("[]"), port), _Handler)
+    family = _family(host)
+    server_class = _Server if family == socket.AF_INET else _Server6
+    server = server_class((host.strip("[]"), port), _Handler)
     bound_port = server.server_address[1]
     shown_host = f"[{host.strip('[]')}]" if _family(host) == socket.AF_INET6 else host
     hosts = None
