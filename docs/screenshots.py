@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                 page = browser.new_page(viewport={"width": 1280, "height": 860})
                 for name, target, full in shots:
                     page.goto(base + target)
+                    while page.locator(".computing").count():  # a whole-store scan still running
+                        page.wait_for_timeout(500)
+                        page.goto(base + target)
                     page.screenshot(path=str(args.out / name), full_page=full)
                     print(f"wrote {args.out / name}")
                 browser.close()

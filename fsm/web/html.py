@@ -127,10 +127,19 @@ NAV: Final = (
 )
 
 
-def page(title: str, body: str, *, current: str, json_link: str | None, store: str) -> str:
+def page(
+    title: str,
+    body: str,
+    *,
+    current: str,
+    json_link: str | None,
+    store: str,
+    refresh: tuple[int, str] | None = None,
+) -> str:
     """A whole page: the navigation (each page links the others), the title, the body, a link
     to the page's JSON twin, and the store it reads. ``title`` and ``store`` are escaped here;
-    ``body`` is HTML built by the callers from escaped parts."""
+    ``body`` is HTML built by the callers from escaped parts. ``refresh``: (seconds, the link
+    from :func:`href`) to reload, while a computation runs (no script: a meta refresh)."""
     mark = ' aria-current="page"'
     nav = "".join(
         f'<a href="{path}"{mark if path == current else ""}>{label}</a>' for path, label in NAV
@@ -140,7 +149,12 @@ def page(title: str, body: str, *, current: str, json_link: str | None, store: s
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{text(title)} - fsm audit</title>"
+        + (
+            f'<meta http-equiv="refresh" content="{refresh[0]}; url={refresh[1]}">'
+            if refresh
+            else ""
+        )
+        + f"<title>{text(title)} - fsm audit</title>"
         '<link rel="stylesheet" href="/static/style.css">'
         '<link rel="icon" href="/static/favicon.svg" type="image/svg+xml">'
         "</head><body>"

@@ -100,32 +100,88 @@ class View:
     body: str
     data: dict[str, Any]
     status: int = 200
+    #: reload the page after this many seconds (a computation still running)
+    refresh: int | None = None
+
+
+class Pending(Exception):
+    """A whole-store computation still running after the wait budget (since ``started``)."""
+
+    def __init__(self, started: datetime) -> None:
+        super().__init__(f"computing since {started.isoformat()}")
+        self.started = started
+
+
+class _Job:
+    """One computation on a thread of its own."""
+
+    def __init__(self, compute: Callable[[], Any]) -> None:
+        self.started = datetime.now(UTC)
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self._compute = compute
+        threading.Thread(target=self._run, name="fsm-web-compute", daemon=True).start()
+
+    def _run(self) -> None:
+        clock = time.perf_counter()
+        try:
+            self.value = self._compute()
+        except BaseException as exc:  # handed to the request that collects the job
+            self.error = exc
+        finally:
+            self.seconds = time.perf_counter() - clock
+            self.done.set()
 
 
 class _Cache:
     """The last few results of a slow whole-store computation (stats, the check), by their
-    filters, so that a reload renders at once; ``refresh=1`` recomputes."""
+    filters, so that a reload renders at once; ``refresh=1`` recomputes. A computation runs on
+    a thread of its own: a request waits for it at most ``budget`` seconds, then gets
+    :class:`Pending` (the page says so and reloads itself) while it goes on; one computation
+    per key at a time, however many requests ask."""
 
-    def __init__(self, size: int = 8) -> None:
+    def __init__(self, size: int = 8, budget: float = 2.0) -> None:
         self._items: OrderedDict[Any, tuple[Any, datetime, float]] = OrderedDict()
+        self._running: dict[Any, _Job] = {}
         self._lock = threading.Lock()
         self._size = size
+        self.budget = budget
 
     def get(
         self, key: Any, compute: Callable[[], Any], refresh: bool
     ) -> tuple[Any, datetime, float]:
+        """The result for ``key``: kept, or computed now (within the budget), else
+        :class:`Pending`."""
         with self._lock:
-            if not refresh and key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-        started = time.perf_counter()
-        value = compute()
-        item = (value, datetime.now(UTC), time.perf_counter() - started)
+            job = self._running.get(key)
+            if job is None:
+                if not refresh and key in self._items:
+                    self._items.move_to_end(key)
+                    return self._items[key]
+                job = self._running[key] = _Job(compute)
+        if not job.done.wait(self.budget):
+            raise Pending(job.started)
         with self._lock:
-            self._items[key] = item
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
-        return item
+            if self._running.get(key) is job:
+                del self._running[key]
+                if job.error is None:
+                    self._items[key] = (job.value, datetime.now(UTC), job.seconds)
+                    while len(self._items) > self._size:
+                        self._items.popitem(last=False)
+        if job.error is not None:
+            raise job.error
+        return job.value, datetime.now(UTC), job.seconds
+
+
+def _pending(title: str, pending: Pending, what: str) -> View:
+    body = (
+        f'<p class="computing">Computing {what} over the whole store (started '
+        f"{when(pending.started)}): this page reloads itself every 2 seconds until it is "
+        "ready.</p>"
+    )
+    return View(title, body, {"computing": True, "started_at": pending.started}, 202, refresh=2)
 
 
 # -- shared bits -------------------------------------------------------------------------------
@@ -591,16 +647,23 @@ class Viewer:
         }
         rows = list(audit.failures(self.engine, **filters, limit=limit, after=after))
         # the counts group every failed call (a scan): kept for reloads, as /stats is
-        counts, computed, seconds = self._stats.get(
-            ("failure_counts", *sorted(filters.items())),
-            lambda: audit.failure_counts(self.engine, **filters),
-            query.get("refresh") == "1",
-        )
+        pending: Pending | None = None
+        counts: list[audit.FailureCount] = []
+        computed, seconds = datetime.now(UTC), 0.0
+        try:
+            counts, computed, seconds = self._stats.get(
+                ("failure_counts", *sorted(filters.items())),
+                lambda: audit.failure_counts(self.engine, **filters),
+                query.get("refresh") == "1",
+            )
+        except Pending as still:
+            pending = still
         next_cursor = cursor(rows[-1].key) if len(rows) == limit else None
         data = {
             "filters": filters,
             "counts": _dicts(counts),
-            "counts_computed_at": computed,
+            "counts_computed_at": None if pending else computed,
+            "counts_computing": pending is not None,
             "rows": _dicts(rows),
             "next": next_cursor,
         }
@@ -619,9 +682,14 @@ class Viewer:
             f'<label>since <input name="since" value="{attr(filters["since"])}"></label>'
             f'<label>until <input name="until" value="{attr(filters["until"])}"></label>'
             '<button type="submit">Filter</button> <a href="/failures">clear</a></form>',
-            f'<p class="computed">counts computed {when(computed)} in {seconds:.2f} s '
-            f'<a href="{href("/failures", [*((k, v) for k, v in filters.items() if v), ("refresh", "1")])}">'
-            "recompute</a></p>",
+            (
+                f'<p class="computing">The counts are being computed (started '
+                f"{when(pending.started)}); this page reloads itself.</p>"
+                if pending
+                else f'<p class="computed">counts computed {when(computed)} in {seconds:.2f} s '
+                f'<a href="{href("/failures", [*((k, v) for k, v in filters.items() if v), ("refresh", "1")])}">'
+                "recompute</a></p>"
+            ),
             charts.hbars(
                 "Failed calls (and attempts without one) by state and reason",
                 [(label, float(n), f"{n:,}") for label, n in top],
@@ -663,7 +731,7 @@ class Viewer:
             )
         body.append("</tbody></table>")
         body.append(_next_link("/failures", query, next_cursor, len(rows)))
-        return View("Failures", "".join(body), data)
+        return View("Failures", "".join(body), data, refresh=2 if pending else None)
 
     # -- /stats --------------------------------------------------------------------------------
     def stats(self, query: Query) -> View:
@@ -684,7 +752,10 @@ class Viewer:
             return {"stats": result, "failed_days": failed_days, "counts": counts}
 
         key = tuple(sorted(filters.items()))
-        value, computed, seconds = self._stats.get(key, compute, query.get("refresh") == "1")
+        try:
+            value, computed, seconds = self._stats.get(key, compute, query.get("refresh") == "1")
+        except Pending as pending:
+            return _pending("Stats", pending, "the statistics")
         result: audit.Stats = value["stats"]
         failed_days: dict[str, dict[str, int]] = value["failed_days"]
         counts: list[audit.FailureCount] = value["counts"]
@@ -795,9 +866,12 @@ class Viewer:
                     kept.append(violation)
             return counts, kept
 
-        (counts, kept), computed, seconds = self._check.get(
-            "all", compute, query.get("refresh") == "1"
-        )
+        try:
+            (counts, kept), computed, seconds = self._check.get(
+                "all", compute, query.get("refresh") == "1"
+            )
+        except Pending as pending:
+            return _pending("Integrity check", pending, "the integrity check")
         kinds = list(audit.VIOLATION_KINDS)
         kinds += [k for k in counts if k not in audit.VIOLATION_KINDS]
         rules = [

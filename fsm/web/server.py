@@ -38,7 +38,7 @@ from sqlalchemy.engine import Engine
 
 from fsm.errors import FsmError
 from fsm.store.errors import InvalidFilterError
-from fsm.web.html import page, text
+from fsm.web.html import href, page, text
 from fsm.web.pages import Query, View, Viewer, _json_twin, as_json
 
 __all__ = ["CSP", "App", "Response", "Serving", "is_loopback", "serve"]
@@ -212,7 +212,14 @@ class App:
                 view.status, as_json(view.data), {"Content-Type": "application/json; charset=utf-8"}
             )
         twin = _json_twin(path, query)  # the path as it was sent (still percent-encoded)
-        document = page(view.title, view.body, current=current, json_link=twin, store=self.label)
+        reload = None
+        if view.refresh is not None:
+            # the same page without refresh=1, which would start the computation again
+            again = href(path, [(k, v) for k, v in query.pairs if k != "refresh"])
+            reload = (view.refresh, again)
+        document = page(
+            view.title, view.body, current=current, json_link=twin, store=self.label, refresh=reload
+        )
         return Response(
             view.status,
             document.encode("utf-8", "surrogateescape"),

@@ -272,3 +272,20 @@ def test_check_page_shows_a_planted_violation(engine_name: str, db_url: sa.URL) 
         assert get(app, f"/c/{conversation}?format=json")["conversation_id"] == conversation
     finally:
         engine.dispose()
+
+
+def test_a_long_computation_answers_at_once_and_reloads(app: App) -> None:
+    """A whole-store page whose computation outlasts the wait budget says so (202, a meta
+    refresh to the page without refresh=1) while the computation goes on; then it is there."""
+    app.viewer._check.budget = 0.0
+    first = app.respond("GET", "/check?refresh=1", {})
+    assert first.status == 202
+    html = first.body.decode()
+    assert '<meta http-equiv="refresh" content="2; url=/check">' in html and "<script" not in html
+    assert json.loads(app.respond("GET", "/check?format=json", {}).body)["computing"] in (
+        True,
+        False,
+    )
+    app.viewer._check.budget = 30.0
+    done = get(app, "/check?format=json")
+    assert done["clean"] is True and done["rules"]
