@@ -82,6 +82,14 @@ def _get(app: App, target: str) -> Any:
     return response
 
 
+def _body(app: App, target: str) -> bytes:
+    return bytes(_get(app, target).body)
+
+
+def _body(app: App, target: str) -> bytes:
+    return bytes(_get(app, target).body)
+
+
 def _json(app: App, target: str) -> Any:
     sep = "&" if "?" in target else "?"
     return json.loads(_get(app, f"{target}{sep}format=json").body)
@@ -156,16 +164,22 @@ def bench(url: sa.URL, label: str, repeat: int) -> dict[str, Any]:
     results: dict[str, Any] = {"pages": {}, "cold": {}}
     try:
         print(f"\n{label}: {display_url(url)}")
-        for name, target in (
-            ("/stats", "/stats"),
-            ("/check", "/check"),
-            ("/failures", "/failures"),
-        ):
+        results["answer"] = {}
+        for name in ("/stats", "/check", "/failures"):
+            # the first visit: the page answers within the wait budget (the result, or a page
+            # that says it is computing and reloads itself); reloads until the result is there
             start = time.perf_counter()
-            _get(app, target)
+            status = app.respond("GET", name, {}).status
+            answered = time.perf_counter() - start
+            while status == 202 or (name == "/failures" and b"being computed" in _body(app, name)):
+                time.sleep(0.25)
+                status = app.respond("GET", name, {}).status
             seconds = time.perf_counter() - start
-            results["cold"][name] = seconds
-            print(f"  first visit {name:36s} {seconds * 1000:9.1f} ms (a whole-store scan)")
+            results["cold"][name], results["answer"][name] = seconds, answered
+            print(
+                f"  first visit {name:36s} answered in {answered:.2f} s, "
+                f"result after {seconds:.2f} s (a whole-store scan)"
+            )
         for name, target in targets(app, engine):
             seconds = timed(functools.partial(_get, app, target), repeat)
             results["pages"][name] = seconds
@@ -213,8 +227,10 @@ def markdown(runs: dict[str, dict[str, Any]], started: datetime, seconds: float,
             for e in engines
         )
         + " (bench/seed.py). `/stats`, `/check` and the counts of `/failures` scan the whole "
-        "store: the viewer keeps the result for reloads (a `recompute` link asks again), so their "
-        "first visit is listed apart.",
+        "store: the scan runs on a thread of its own, the first visit waits for it at most 2 s "
+        "and otherwise answers with a page that says it is computing and reloads itself (no "
+        "script: a meta refresh); the viewer keeps the result for reloads (a `recompute` link "
+        "asks again). Their first visits are listed apart.",
         "",
         "| page | " + " | ".join(engines) + " |",
         "| --- | " + " | ".join("---" for _ in engines) + " |",
@@ -223,7 +239,10 @@ def markdown(runs: dict[str, dict[str, Any]], started: datetime, seconds: float,
         cells = [f"{runs[e]['pages'][name] * 1000:.1f} ms" for e in engines]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for name in runs[engines[0]]["cold"]:
-        cells = [f"{runs[e]['cold'][name]:.2f} s" for e in engines]
+        cells = [
+            f"answered in {runs[e]['answer'][name]:.2f} s, result after {runs[e]['cold'][name]:.2f} s"
+            for e in engines
+        ]
         lines.append(f"| {name}, first visit | " + " | ".join(cells) + " |")
     memory = "; ".join(
         f"{e}: "
