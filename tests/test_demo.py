@@ -57,6 +57,12 @@ EXPECTED_LINES = [
     "  assistant: " + ANSWER,
     "  turn complete (finish_reason stop)",
     "  committed at seq 4: the assistant message",
+    # the turn the model cuts off mid-call: truncated, never run, recorded as an attempt
+    "user: And 99 x 99?",
+    "  assistant: Let me multiply them.",
+    "  \u2192 multiply  call_mul_cut8",
+    "  turn NOT complete (finish_reason length)",
+    '  multiply was never run: its call is truncated (length), arguments cut at {"a": 99, "b',
     "History (5 messages, as the next request would send it):",
     "    2  tool       call_add_7Qz2  \u2192 6912",
     "Audit (fsm.store.audit):",
@@ -64,7 +70,7 @@ EXPECTED_LINES = [
     "  call states   finished 2",
     "  model         demo-model-1: 2 turns, 0 incomplete; tokens 276 in, 60 out",
     "  integrity     ok: the contract re-checked over the whole store, no violation",
-    "  server check  2 requests, 0 rejected",
+    "  server check  3 requests, 0 rejected",
 ]
 
 
@@ -75,10 +81,14 @@ def assert_output(output: str) -> str:
     for expected in EXPECTED_LINES:
         assert expected in lines[at:], f"missing or out of order: {expected!r}\n{output}"
         at = lines.index(expected, at) + 1
-    done = lines[-1]
+    done, viewer = lines[-2], lines[-1]
     assert done.startswith("done: fsm history --db "), output
     conversation = done.rsplit(" ", 1)[1]
     assert conversation.startswith("demo-")
+    # the last line: the one command that opens the viewer on the demo's store
+    url = done.split("--db ", 1)[1].rsplit(" ", 1)[0]
+    assert viewer == f"see it all in the browser: fsm audit serve --db {url}", output
+    assert f"conversation  {conversation}-cut: a turn the model cuts off mid-call" in lines
     return conversation
 
 
@@ -86,6 +96,24 @@ def assert_stored(url: str, conversation: str) -> None:
     with ConversationStore(url) as store:
         assert store.history(conversation) == EXPECTED_HISTORY
         assert store.attempts(conversation) == []
+        # the cut-off turn: nothing in history but its user message, one attempt whose call is
+        # truncated by length and was never run (no result)
+        cut = f"{conversation}-cut"
+        assert store.history(cut) == [{"role": "user", "content": "And 99 x 99?"}]
+        (attempt,) = store.attempts(cut)
+        assert (attempt["at_seq"], attempt["finish_reason"], attempt["complete"]) == (
+            1,
+            "length",
+            False,
+        )
+        (call,) = attempt["tool_calls"]
+        assert (call["name"], call["id"], call["state"], call["reason"]) == (
+            "multiply",
+            "call_mul_cut8",
+            "truncated",
+            "length",
+        )
+        assert call["raw_arguments"] == '{"a": 99, "b' and call["result"] is None
         assert list(audit.check(store.engine)) == []
         with store.engine.connect() as conn:
             rows = conn.execute(

@@ -15,8 +15,8 @@ from tests.helpers import REPO
 #: the extras CI installs (``.[test]``) and the ones users choose; ``bench`` pins peers exactly
 EXTRAS = ("postgres", "clients", "async", "test")
 #: test tools: not the package's dependencies, left to float (anthropic: only its request
-#: types, to validate rendered messages)
-TOOLS = {"pytest", "pytest-cov", "hypothesis", "atheris", "mypy", "ruff", "anthropic"}
+#: types, to validate rendered messages; playwright: the viewer's browser tests)
+TOOLS = {"pytest", "pytest-cov", "hypothesis", "atheris", "mypy", "ruff", "anthropic", "playwright"}
 
 
 def lower_bounds() -> dict[str, Version]:

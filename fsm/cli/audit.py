@@ -471,3 +471,78 @@ def check(
         click.echo(f"{found} violation(s) in {seconds:.1f} s: {kinds}", err=True)
         sys.exit(EXIT_CORRUPT if "corrupt" in counts else EXIT_INCOMPLETE)
     click.echo(f"no violations ({seconds:.1f} s)", err=True)
+
+
+@audit.command(name="serve")
+@read_only_db
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address to listen on. Any address but loopback needs a token (one is generated "
+    "when --token is not given).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8765,
+    show_default=True,
+    help="The port to listen on (0: any free port).",
+)
+@click.option(
+    "--token",
+    default=None,
+    envvar="FSM_AUDIT_TOKEN",
+    help="Require this token on every request (the printed URL carries it; 401 without it). "
+    "Also read from FSM_AUDIT_TOKEN.",
+)
+@click.option("--quiet", is_flag=True, help="Do not log each request on stderr.")
+def serve(url: str | None, host: str, port: int, token: str | None, quiet: bool) -> None:
+    """Browse the store's history in a web browser: conversations, each one's timeline (tool
+    calls with their results and states, failed attempts in place), calls, failures, stats with
+    charts, and the integrity check. Every page has a JSON twin (?format=json).
+
+    The store is opened read-only and no page writes; only GET and HEAD are answered. Pages hold
+    no script; every stored value is shown escaped. The first line of stdout is the URL; it
+    serves until Ctrl-C (exit status 130). Needs nothing beyond fsm itself (pip install
+    'fsm[web]' is the same install).
+
+    \b
+    Examples:
+      fsm audit serve --db sqlite:///chat.db
+      fsm audit serve --db postgresql+psycopg://app@db/app --port 9000
+      fsm audit serve --host 0.0.0.0 --token "$(openssl rand -hex 16)"
+    """
+    from fsm.cli.main import EXIT_INTERRUPTED
+    from fsm.store import audit as audit_api
+    from fsm.store.engine import display_url, normalize_url
+    from fsm.web import serve as start
+
+    if token is not None and not token.strip():
+        raise click.BadParameter("the token must not be empty", param_hint="--token")
+    engine = audit_api.open_readonly(url)
+    try:
+        try:
+            serving = start(
+                engine,
+                label=display_url(normalize_url(url)),
+                host=host,
+                port=port,
+                token=token,
+                log=None if quiet else lambda line: click.echo(line, err=True),
+            )
+        except OSError as exc:
+            raise click.UsageError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+            ) from None
+        click.echo(serving.url)
+        click.echo("serving the store read-only; Ctrl-C stops", err=True)
+        try:
+            serving.serve_forever()
+        except KeyboardInterrupt:
+            click.echo("stopped", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        finally:
+            serving.server.server_close()
+    finally:
+        engine.dispose()

@@ -6,6 +6,12 @@ It starts :class:`fsm.testing.ReplayServer` on a free local port with the projec
 real local tools (``add``, ``multiply``), stores everything in the store (the embedded SQLite
 default unless ``--db`` says otherwise), and prints, as it happens, the streamed text and each
 tool's name as soon as the stream names it; then the stored history and a short audit summary.
+
+A third request (:data:`CUT_QUESTION`, in a conversation of its own, ``<id>-cut``) is answered by
+``cut_off_call.sse``: the model is cut off by ``length`` in the middle of a call's arguments, so
+the call is truncated, never run, and the turn is recorded as an attempt (nothing goes to
+history). The demo ends with the command that opens the viewer (``fsm audit serve``) on its
+store.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["demo"]
 
 QUESTION = "What are 1234 + 5678 and 12 x 34?"
+#: the question of the turn the model cuts off mid-call
+CUT_QUESTION = "And 99 x 99?"
 MODEL = "demo-model-1"
 
 
@@ -75,7 +83,7 @@ def demo(url: str | None, delay: float) -> None:
         sys.exit(2)
 
     from fsm.agent import run_agent_loop
-    from fsm.replay import ReplayServer, demo_script
+    from fsm.replay import EXAMPLES_DIR, ReplayServer, ReplayTurn, demo_script
     from fsm.store import ConversationStore
     from fsm.store.engine import normalize_url
 
@@ -84,7 +92,12 @@ def demo(url: str | None, delay: float) -> None:
     out = _Output()
     conversation = _conversation_id()
     with (
-        ReplayServer(demo_script(["6912", "408"], delay=delay)) as server,
+        ReplayServer(
+            [
+                *demo_script(["6912", "408"], delay=delay),
+                ReplayTurn(EXAMPLES_DIR / "cut_off_call.sse", delay=delay),
+            ]
+        ) as server,
         ConversationStore(url, auto_upgrade=True if sqlite else None) as store,
     ):
         out.line(f"fsm demo: an agent loop with the openai client against {server.base_url}")
@@ -103,6 +116,9 @@ def demo(url: str | None, delay: float) -> None:
                 messages=[{"role": "user", "content": QUESTION}],
                 on_event=_Progress(out),
             )
+            out.end_text()
+            out.line("")
+            cut_ok = _cut_off_turn(out, client, store, f"{conversation}-cut")
         finally:
             client.close()
         out.end_text()
@@ -116,10 +132,48 @@ def demo(url: str | None, delay: float) -> None:
             + "".join(f"\n    {f.message}" for f in server.failures)
         )
     out.line("")
-    if result.status != "completed" or rejected or not ok:
+    if result.status != "completed" or rejected or not ok or not cut_ok:
         out.line(f"demo FAILED ({result.status})")
         sys.exit(1)
     out.line(f"done: fsm history --db '{store.url}' {conversation}")
+    out.line(f"see it all in the browser: fsm audit serve --db '{store.url}'")
+
+
+def _cut_off_turn(out: _Output, client: Any, store: ConversationStore, conversation: str) -> bool:
+    """The turn the model cuts off mid-call (``cut_off_call.sse``): the loop records it as an
+    attempt and stops; the truncated call was never run. Whether it went so."""
+    from fsm.agent import TurnFailedError, run_agent_loop
+
+    out.line(f"conversation  {conversation}: a turn the model cuts off mid-call")
+    out.line(f"user: {CUT_QUESTION}")
+
+    def multiply_never(a: int, b: int) -> int:
+        """Multiply two integers (never called: the call is cut)."""
+        raise AssertionError("a truncated call must never run")
+
+    try:
+        run_agent_loop(
+            client,
+            store,
+            conversation,
+            {"multiply": multiply_never},
+            model=MODEL,
+            messages=[{"role": "user", "content": CUT_QUESTION}],
+            on_event=_Progress(out),
+        )
+    except TurnFailedError as exc:
+        out.end_text()
+        calls = [c for a in store.attempts(conversation) for c in a["tool_calls"]]
+        for call in calls:
+            out.line(
+                f"  {safe_text(call['name'])} was never run: its call is {call['state']} "
+                f"({safe_text(str(call['reason']))}), arguments cut at "
+                f"{safe_text(call['raw_arguments'])}"
+            )
+        return exc.reason == "length" and [c["state"] for c in calls] == ["truncated"]
+    out.end_text()
+    out.line("  the model was not cut off: expected a truncated call")
+    return False
 
 
 def _conversation_id() -> str:

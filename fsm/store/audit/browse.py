@@ -1,0 +1,570 @@
+"""Read-only queries for browsing a store (the viewer of ``fsm audit serve``): the conversations
+newest first (:func:`conversations`) and one conversation as a timeline (:func:`timeline`).
+
+Both read every value raw and leniently, as the rest of the audit does (:mod:`.read`): a store
+edited with its enforcement off (a blob in a text column, malformed JSON, a time that is not one)
+is shown, never makes a page fail. Both page by keyset: :func:`conversations` by
+``(created_at, id)`` descending (``after=row.key``), :func:`timeline` by ``seq`` (``after=`` the
+last seq shown; the contract makes seq dense from 0, so pages of ``limit`` messages start at
+multiples of ``limit``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from fsm.store.audit.filters import Filters, _time_column, _time_filters
+from fsm.store.audit.read import (
+    _ATTEMPT_CALLS,
+    _ATTEMPTS,
+    _CALLS,
+    _CONVERSATIONS,
+    _MESSAGES,
+    Bind,
+    _connect,
+    _int,
+    _json_value,
+    _opt_text,
+    _raw,
+    _Row,
+    _text,
+)
+from fsm.store.codec import as_utc
+from fsm.store.errors import InvalidFilterError
+
+__all__ = [
+    "ConversationRow",
+    "Timeline",
+    "TimelineAttempt",
+    "TimelineCall",
+    "TimelineMessage",
+    "conversations",
+    "failed_calls_per_day",
+    "timeline",
+]
+
+#: the most rows one page of either listing returns.
+MAX_PAGE: Final = 1000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConversationRow(_Row):
+    """One conversation as the viewer lists it: when it was created, its last activity (its
+    newest message or attempt; its creation when it has neither), its history messages, tool
+    calls in history and recorded (failed) attempts."""
+
+    id: str
+    created_at: datetime | None
+    last_activity: datetime | None
+    messages: int
+    calls: int
+    attempts: int
+    #: the stored ``created_at`` as the engine compares it (the cursor's first part)
+    created_key: str | None = field(default=None, repr=False)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(created_at as stored, id)``: pass it as ``after=`` for the next page."""
+        return (self.created_key or "", self.id)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as a dict, in column order (without the cursor's internals)."""
+        out = _Row.as_dict(self)
+        out.pop("created_key")
+        return out
+
+
+def conversations(
+    bind: Bind,
+    *,
+    prefix: str | None = None,
+    model: str | None = None,
+    since: datetime | date | str | None = None,
+    until: datetime | date | str | None = None,
+    limit: int = 50,
+    after: tuple[str, str] | None = None,
+) -> list[ConversationRow]:
+    """Conversations newest first (by ``created_at``, then id, both descending).
+
+    ``prefix``: ids that start with it (case-sensitive, no wildcards); ``model``: conversations
+    with an assistant message or an attempt of that model; ``since`` <= created_at < ``until``
+    (the conversation's creation; datetimes, dates or ISO strings, naive means UTC). ``after``:
+    the :attr:`~ConversationRow.key` of the last row of the previous page.
+    """
+    if type(limit) is not int or not 0 <= limit <= MAX_PAGE:
+        raise InvalidFilterError(f"limit must be an integer from 0 to {MAX_PAGE}, not {limit!r}")
+    if after is not None and (len(after) != 2 or not all(isinstance(part, str) for part in after)):
+        raise InvalidFilterError("after must be a conversation row's key (two strings)")
+    f = Filters.of(model=model, since=since, until=until)
+    c = _CONVERSATIONS.alias("c")
+    m = _MESSAGES.alias("m")
+    a = _ATTEMPTS.alias("a")
+    t = _CALLS.alias("t")
+    with _connect(bind, snapshot=True) as conn:
+        # the order: SQLite's stored text (it orders as time does); PostgreSQL's timestamp
+        order = _time_column(conn, c.c.created_at)
+        conditions: list[sa.ColumnElement[bool]] = []
+        if prefix:
+            conditions.append(sa.func.substr(c.c.id, 1, len(prefix)) == sa.literal(prefix))
+        if f.model is not None:
+            # probed per conversation, newest first, until the page is full (a scalar subquery
+            # the planner keeps per row: a semi join would read every message of the model)
+            conditions.append(
+                sa.or_(
+                    _probe(
+                        m.c.conversation_id == c.c.id, m.c.role == "assistant", m.c.model == f.model
+                    ),
+                    # model || '': by the conversation's attempts, not the model's index
+                    # (which would read every attempt of the model for each conversation)
+                    _probe(
+                        a.c.conversation_id == c.c.id,
+                        sa.type_coerce(a.c.model, sa.String) + "" == f.model,
+                    ),
+                )
+            )
+        conditions += _time_filters(conn, c.c.created_at, f.since, f.until)
+        if after is not None:
+            bound = _after_bound(conn, after[0])
+            conditions.append(sa.or_(order < bound, sa.and_(order == bound, c.c.id < after[1])))
+        inner = (
+            sa.select(c.c.id, c.c.created_at, order.label("ordered"))
+            .where(*conditions)
+            .order_by(order.desc(), c.c.id.desc())
+            .limit(limit)
+            .subquery("inner")
+        )
+        page = sa.select(
+            inner.c.id,
+            inner.c.created_at,
+            inner.c.ordered,
+            _created_key(conn, inner.c.created_at).label("created_key"),
+        ).subquery("page")
+        last_seq = sa.select(sa.func.max(m.c.seq)).where(m.c.conversation_id == page.c.id)
+        n_calls = sa.select(sa.func.count()).where(t.c.conversation_id == page.c.id)
+        n_attempts = sa.select(sa.func.count()).where(a.c.conversation_id == page.c.id)
+        last_message = sa.select(sa.func.max(_raw(conn, m.c.created_at))).where(
+            m.c.conversation_id == page.c.id
+        )
+        last_attempt = sa.select(sa.func.max(_raw(conn, a.c.created_at))).where(
+            a.c.conversation_id == page.c.id
+        )
+        query = sa.select(
+            _raw(conn, page.c.id),
+            _raw(conn, page.c.created_at),
+            page.c.created_key,
+            last_seq.scalar_subquery(),
+            n_calls.scalar_subquery(),
+            n_attempts.scalar_subquery(),
+            last_message.scalar_subquery(),
+            last_attempt.scalar_subquery(),
+        ).order_by(page.c.ordered.desc(), page.c.id.desc())
+        rows = conn.execute(query).all()
+    out = []
+    for cid, created_at, key, seq, calls, attempts, at_m, at_a in rows:
+        created_time = as_utc(created_at)
+        times = [x for x in (as_utc(at_m), as_utc(at_a)) if x is not None]
+        out.append(
+            ConversationRow(
+                id=_text(cid),
+                created_at=created_time,
+                last_activity=max(times) if times else created_time,
+                messages=0 if _int(seq) is None else int(seq) + 1,
+                calls=int(calls or 0),
+                attempts=int(attempts or 0),
+                created_key=_opt_text(key),
+            )
+        )
+    return out
+
+
+def _created_key(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """``created_at`` as text the page is ordered by: SQLite's stored text; PostgreSQL's
+    timestamp in UTC, ISO 8601 with microseconds (text orders as time does)."""
+    if conn.dialect.name == "sqlite":
+        return _time_column(conn, column)
+    return sa.func.to_char(sa.func.timezone("UTC", column), 'YYYY-MM-DD"T"HH24:MI:SS.US')
+
+
+def _after_bound(conn: Connection, text: str) -> sa.ColumnElement[Any]:
+    """A cursor's time as the engine compares it with the order column: SQLite's text as it
+    is; PostgreSQL's UTC text as a timestamp (text that is not one: an error for the user)."""
+    if conn.dialect.name == "sqlite":
+        return sa.literal(text, sa.String)
+    try:
+        moment = datetime.fromisoformat(text).replace(tzinfo=UTC)
+    except ValueError:
+        raise InvalidFilterError(f"{text!r} is not the time of a cursor of this listing") from None
+    return sa.literal(moment, sa.DateTime(timezone=True))
+
+
+def _probe(*conditions: sa.ColumnElement[bool]) -> sa.ColumnElement[bool]:
+    """Some row meets ``conditions`` (a correlated ``LIMIT 1`` lookup, kept per row)."""
+    return sa.select(sa.literal(1)).where(*conditions).limit(1).scalar_subquery().is_not(None)
+
+
+# -- one conversation --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimelineCall(_Row):
+    """A tool call of history (state ``finished``) or of an attempt (any state), with its
+    result: the content of its tool message for a call of history (``result_seq`` is that
+    message's seq, ``result_tool_call_id`` the id it names), the result stored with an attempt's
+    call otherwise."""
+
+    position: int
+    call_id: str
+    name: str
+    arguments: str
+    raw_arguments: str | None
+    repaired: bool | None
+    state: str
+    reason: str | None
+    result: Any = None
+    result_seq: int | None = None
+    result_tool_call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimelineMessage(_Row):
+    """A message of history, its tool calls (an assistant message) or the call it answers (a
+    tool message: ``tool_call_id``, ``assistant_seq``, ``call_position``)."""
+
+    seq: int
+    role: str
+    content: Any
+    reasoning: str | None
+    refusal: str | None
+    name: str | None
+    model: str | None
+    finish_reason: str | None
+    usage: Any
+    created_at: datetime | None
+    tool_call_id: str | None
+    assistant_seq: int | None
+    call_position: int | None
+    calls: list[TimelineCall] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimelineAttempt(_Row):
+    """A recorded attempt (a turn that could not go to history) at ``at_seq``, where its turn
+    would have gone, with its calls and the parser's anomalies (each a JSON object, shown as
+    stored)."""
+
+    id: int
+    at_seq: int
+    created_at: datetime | None
+    model: str | None
+    finish_reason: str | None
+    complete: bool | None
+    end_how: str | None
+    end_reason: str | None
+    error: str | None
+    content: str | None
+    reasoning: str | None
+    refusal: str | None
+    anomalies: Any
+    calls: list[TimelineCall] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timeline:
+    """A page of one conversation: its messages from ``after + 1`` on (at most ``limit``), and the
+    attempts placed among them (an attempt at ``at_seq`` s comes before the message at s; the
+    last page also holds the attempts after the last message). ``next_after`` is the cursor of
+    the next page (``None`` on the last)."""
+
+    conversation_id: str
+    created_at: datetime | None
+    metadata: Any
+    messages_total: int
+    after: int | None
+    messages: list[TimelineMessage]
+    attempts: list[TimelineAttempt]
+    next_after: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The page as plain data (the viewer's JSON)."""
+        return {
+            "conversation_id": self.conversation_id,
+            "created_at": self.created_at,
+            "metadata": self.metadata,
+            "messages_total": self.messages_total,
+            "after": self.after,
+            "messages": [m.as_dict() for m in self.messages],
+            "attempts": [a.as_dict() for a in self.attempts],
+            "next_after": self.next_after,
+        }
+
+
+def timeline(
+    bind: Bind, conversation_id: str, *, after: int | None = None, limit: int = 200
+) -> Timeline | None:
+    """A page of the conversation ``conversation_id`` (``None`` when it does not exist): its
+    messages with seq > ``after`` (all from 0 when ``None``), at most ``limit``, each assistant
+    message with its calls and each call with its result, and the attempts among them."""
+    if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
+        raise InvalidFilterError(f"limit must be an integer from 1 to {MAX_PAGE}, not {limit!r}")
+    if after is not None and type(after) is not int:
+        raise InvalidFilterError(f"after must be a seq (an integer), not {after!r}")
+    c, m, t = _CONVERSATIONS, _MESSAGES, _CALLS
+    a, ac = _ATTEMPTS, _ATTEMPT_CALLS
+    low = -1 if after is None else after
+    with _connect(bind, snapshot=True) as conn:
+        raw = functools.partial(_raw, conn)
+        head = conn.execute(
+            sa.select(raw(c.c.created_at), raw(c.c.meta)).where(c.c.id == conversation_id)
+        ).first()
+        if head is None:
+            return None
+        total = conn.execute(
+            sa.select(sa.func.max(m.c.seq)).where(m.c.conversation_id == conversation_id)
+        ).scalar()
+        rows = conn.execute(
+            sa.select(
+                m.c.seq,
+                *(
+                    raw(col)
+                    for col in (
+                        m.c.role,
+                        m.c.content,
+                        m.c.content_parts,
+                        m.c.reasoning,
+                        m.c.refusal,
+                        m.c.name,
+                        m.c.model,
+                        m.c.finish_reason,
+                        m.c.usage,
+                        m.c.created_at,
+                        m.c.tool_call_id,
+                        m.c.assistant_seq,
+                        m.c.call_position,
+                    )
+                ),
+            )
+            .where(m.c.conversation_id == conversation_id, m.c.seq > low)
+            .order_by(m.c.seq)
+            .limit(limit + 1)
+        ).all()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        high = rows[-1][0] if rows else low
+        calls = conn.execute(
+            sa.select(
+                t.c.assistant_seq,
+                t.c.position,
+                *(raw(col) for col in (t.c.call_id, t.c.name, t.c.arguments, t.c.raw_arguments)),
+                raw(t.c.repaired),
+                raw(t.c.state),
+            )
+            .where(
+                t.c.conversation_id == conversation_id,
+                t.c.assistant_seq > low,
+                t.c.assistant_seq <= high,
+            )
+            .order_by(t.c.assistant_seq, t.c.position)
+        ).all()
+        attempt_bounds = [a.c.conversation_id == conversation_id, a.c.at_seq > low]
+        if more:
+            attempt_bounds.append(a.c.at_seq <= high)
+        attempts = conn.execute(
+            sa.select(
+                a.c.id,
+                a.c.at_seq,
+                *(
+                    raw(col)
+                    for col in (
+                        a.c.created_at,
+                        a.c.model,
+                        a.c.finish_reason,
+                        a.c.complete,
+                        a.c.end_how,
+                        a.c.end_reason,
+                        a.c.error,
+                        a.c.content,
+                        a.c.reasoning,
+                        a.c.refusal,
+                        a.c.anomalies,
+                    )
+                ),
+            )
+            .where(*attempt_bounds)
+            .order_by(a.c.at_seq, a.c.id)
+        ).all()
+        attempt_calls: Sequence[Any] = []
+        if attempts:
+            attempt_calls = conn.execute(
+                sa.select(
+                    ac.c.attempt_id,
+                    ac.c.position,
+                    *(
+                        raw(col)
+                        for col in (
+                            ac.c.call_id,
+                            ac.c.name,
+                            ac.c.arguments,
+                            ac.c.raw_arguments,
+                            ac.c.repaired,
+                            ac.c.state,
+                            ac.c.reason,
+                            ac.c.result,
+                        )
+                    ),
+                )
+                .where(ac.c.attempt_id.in_([row[0] for row in attempts]))
+                .order_by(ac.c.attempt_id, ac.c.position)
+            ).all()
+    results: dict[tuple[int, int], tuple[int, Any, str | None]] = {}
+    messages: list[TimelineMessage] = []
+    for (seq, role, content, parts, reasoning, refusal, name, model, finish, usage, created,
+         tool_call_id, assistant_seq, call_position) in map(tuple, rows):  # fmt: skip
+        value = _json_value(parts) if parts is not None else _opt_text(content)
+        message = TimelineMessage(
+            seq=seq,
+            role=_text(role),
+            content=value,
+            reasoning=_opt_text(reasoning),
+            refusal=_opt_text(refusal),
+            name=_opt_text(name),
+            model=_opt_text(model),
+            finish_reason=_opt_text(finish),
+            usage=_json_value(usage),
+            created_at=as_utc(created),
+            tool_call_id=_opt_text(tool_call_id),
+            assistant_seq=_int(_number(assistant_seq)),
+            call_position=_int(_number(call_position)),
+        )
+        messages.append(message)
+        if message.assistant_seq is not None and message.call_position is not None:
+            key = (message.assistant_seq, message.call_position)
+            results.setdefault(key, (seq, value, message.tool_call_id))
+    by_seq = {message.seq: message for message in messages}
+    for seq, position, call_id, name, arguments, raw_arguments, repaired, state in map(
+        tuple, calls
+    ):
+        found = results.get((seq, position))
+        call = TimelineCall(
+            position=position,
+            call_id=_text(call_id),
+            name=_text(name),
+            arguments=_text(arguments),
+            raw_arguments=_opt_text(raw_arguments),
+            repaired=_bool(repaired),
+            state=_text(state),
+            reason=None,
+            result=None if found is None else found[1],
+            result_seq=None if found is None else found[0],
+            result_tool_call_id=None if found is None else found[2],
+        )
+        owner = by_seq.get(seq)
+        if owner is not None:
+            owner.calls.append(call)
+    by_attempt: dict[int, list[TimelineCall]] = {}
+    for (attempt_id, position, call_id, name, arguments, raw_arguments, repaired, state,
+         reason, result) in attempt_calls:  # fmt: skip
+        by_attempt.setdefault(attempt_id, []).append(
+            TimelineCall(
+                position=position,
+                call_id=_text(call_id),
+                name=_text(name),
+                arguments=_text(arguments),
+                raw_arguments=_opt_text(raw_arguments),
+                repaired=_bool(repaired),
+                state=_text(state),
+                reason=_opt_text(reason),
+                result=_json_value(result),
+            )
+        )
+    return Timeline(
+        conversation_id=conversation_id,
+        created_at=as_utc(head[0]),
+        metadata=_json_value(head[1]),
+        messages_total=0 if not isinstance(total, int) else total + 1,
+        after=after,
+        messages=messages,
+        attempts=[
+            TimelineAttempt(
+                id=row[0],
+                at_seq=row[1],
+                created_at=as_utc(row[2]),
+                model=_opt_text(row[3]),
+                finish_reason=_opt_text(row[4]),
+                complete=_bool(row[5]),
+                end_how=_opt_text(row[6]),
+                end_reason=_opt_text(row[7]),
+                error=_opt_text(row[8]),
+                content=_opt_text(row[9]),
+                reasoning=_opt_text(row[10]),
+                refusal=_opt_text(row[11]),
+                anomalies=_json_value(row[12]),
+                calls=by_attempt.get(row[0], []),
+            )
+            for row in attempts
+        ],
+        next_after=high if more else None,
+    )
+
+
+def _number(value: Any) -> Any:
+    """An integer column read raw: SQLite gives ints; text that spells one is read as it."""
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return value
+
+
+def _bool(value: Any) -> bool | None:
+    """A boolean column read raw (SQLite 0/1, PostgreSQL ``true``/``false`` as text)."""
+    if isinstance(value, bool):
+        return value
+    if value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value in ("true", "false", "0", "1"):
+        return value in ("true", "1")
+    return None
+
+
+def failed_calls_per_day(
+    bind: Bind,
+    *,
+    conversation: str | None = None,
+    model: str | None = None,
+    since: datetime | date | str | None = None,
+    until: datetime | date | str | None = None,
+) -> dict[str, dict[str, int]]:
+    """The calls of recorded attempts that did not finish, per UTC day of their attempt and
+    state: ``{"2026-11-30": {"truncated": 3, "aborted": 1}}`` (days in order). The calls of
+    history per day are :func:`~fsm.store.audit.stats`' ``days``."""
+    f = Filters.of(conversation=conversation, model=model, since=since, until=until)
+    a = _ATTEMPTS.alias("a")
+    ac = _ATTEMPT_CALLS.alias("ac")
+    with _connect(bind) as conn:
+        if conn.dialect.name == "sqlite":
+            day = sa.func.substr(sa.cast(a.c.created_at, sa.Text), 1, 10)
+        else:
+            day = sa.func.to_char(sa.func.timezone("UTC", a.c.created_at), "YYYY-MM-DD")
+        state = _raw(conn, ac.c.state)
+        conditions: list[sa.ColumnElement[bool]] = [state.in_(_FAILED_STATE_NAMES)]
+        if f.conversation is not None:
+            conditions.append(a.c.conversation_id == f.conversation)
+        if f.model is not None:
+            conditions.append(a.c.model == f.model)
+        conditions += _time_filters(conn, a.c.created_at, f.since, f.until)
+        rows = conn.execute(
+            sa.select(day, state, sa.func.count())
+            .select_from(ac.join(a, a.c.id == ac.c.attempt_id))
+            .where(*conditions)
+            .group_by(day, state)
+        ).all()
+    out: dict[str, dict[str, int]] = {}
+    for day_text, state_text, count in sorted(rows, key=lambda r: (str(r[0]), str(r[1]))):
+        out.setdefault(_text(day_text), {})[_text(state_text)] = int(count)
+    return out
+
+
+_FAILED_STATE_NAMES: Final = ("truncated", "aborted")
