@@ -311,17 +311,18 @@ class LangchainWriter:
         self.engine.dispose()
 
 
-def single_writer(engine: Engine, turns: int, rounds: int) -> SingleRun:
+def single_writer(engine: Engine, turns: int, rounds: int, *, peers_too: bool = True) -> SingleRun:
     """Best-of-``rounds`` seconds per turn of fsm, the floor and the peers, interleaved."""
     run = SingleRun(engine.name)
     samples: dict[str, list[float]] = {FSM: [], FLOOR: []}
     store = ConversationStore(engine.url)
     floor = engine.floor()
     peers: dict[str, Any] = {}
-    for name, make in (
+    makers: list[tuple[str, Callable[[], Any]]] = [
         (AGENTS, lambda: AgentsWriter(engine.agents_url)),
         (LANGCHAIN, lambda: LangchainWriter(engine.langchain_url)),
-    ):
+    ]
+    for name, make in makers if peers_too else []:
         try:
             peers[name] = make()
             samples[name] = []
@@ -604,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrent-turns", type=int, default=50, help="turns per writer thread")
     parser.add_argument("--postgres", default=os.environ.get("FSM_TEST_POSTGRES_URL"))
     parser.add_argument("--no-concurrency", action="store_true")
+    parser.add_argument("--no-peers", action="store_true", help="fsm and the floor only")
     parser.add_argument(
         "--write-md", action="store_true", help=f"write the '{SECTION}' section of BENCHMARKS.md"
     )
@@ -614,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     concurrents: list[ConcurrentRun] = []
     with tempfile.TemporaryDirectory() as tmp, engines(Path(tmp), args.postgres) as (found, pg):
         for engine in found:
-            run = single_writer(engine, args.turns, args.rounds)
+            run = single_writer(engine, args.turns, args.rounds, peers_too=not args.no_peers)
             singles.append(run)
             print(f"{engine.name}: one writer, per turn")
             for name, value in run.best.items():

@@ -1104,32 +1104,24 @@ class StoreCore:
         one statement per table (assistant message, calls, results: each table's foreign keys
         are checked at the end of its statement)."""
         n = len(call_rows)
-        call_columns = tuple(call_rows[0]) if n else ()
-        result_columns = tuple(result_rows[0]) if n else ()
         if self.postgres:
-            columns = tuple(message) + tuple(c for c in result_columns if c not in message)
+            call_columns = tuple(call_rows[0]) if n else ()
+            columns = tuple(message)
+            if n:
+                columns += tuple(c for c in result_rows[0] if c not in message)
+            translate = conn.get_execution_options().get("schema_translate_map") or {}
             conn.execute(
-                writes.insert_turn(columns, call_columns, n),
+                writes.insert_turn(translate.get(None), columns, call_columns, n),
                 {
                     **writes.turn_params("m", columns, [message, *result_rows]),
                     **writes.turn_params("c", call_columns, call_rows),
                 },
             )
             return
-        messages, tool_calls = writes.MESSAGES, writes.TOOL_CALLS
-        columns = tuple(message)
-        conn.execute(
-            writes.insert_rows(messages, columns, 1), writes.turn_params("r", columns, [message])
-        )
+        conn.execute(writes.insert_row(writes.MESSAGES), message)
         if n:
-            conn.execute(
-                writes.insert_rows(tool_calls, call_columns, n),
-                writes.turn_params("r", call_columns, call_rows),
-            )
-            conn.execute(
-                writes.insert_rows(messages, result_columns, n),
-                writes.turn_params("r", result_columns, result_rows),
-            )
+            conn.execute(writes.insert_row(writes.TOOL_CALLS), call_rows)
+            conn.execute(writes.insert_row(writes.MESSAGES), result_rows)
 
     def record_attempt(
         self, conn: Connection, conversation_id: str, plan: AttemptPlan

@@ -11,10 +11,11 @@ executing it costs once it is compiled; so every statement a write sends is buil
   earlier commit of the same turn sits (idempotency), and its last message's seq and open slots.
   Run after the lock, as its own statement: under READ COMMITTED each statement reads a fresh
   snapshot, so it sees what the writer the lock waited for committed;
-* :func:`insert_rows`: ``INSERT ... VALUES`` of several rows of one table, one statement;
+* :func:`insert_row`: ``INSERT`` into one table (SQLite: one per table; several rows go through
+  ``executemany``);
 * :func:`insert_turn`: PostgreSQL, a whole turn in one statement: the calls in a data-modifying
   ``WITH`` and the assistant message with its results in the ``INSERT`` (the foreign keys are
-  checked at the end of the statement, when every row of it is there).
+  checked at the end of the statement, when every row of it is there): one round trip.
 
 The lookup of an earlier commit uses ``min(seq + 0)``, not ``min(seq)``: with a bare ``min(seq)``
 SQLite (and PostgreSQL, by its estimates) may walk the primary key in seq order looking for the
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any, Final, cast
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 from fsm.store.models import Conversation, Message, PendingTurnRow, ToolCallRow
 
@@ -37,7 +39,7 @@ __all__ = [
     "BY_RESPONSE",
     "MESSAGES",
     "TOOL_CALLS",
-    "insert_rows",
+    "insert_row",
     "insert_turn",
     "lock",
     "state",
@@ -106,45 +108,65 @@ def state(*, exists: bool, same: str | None) -> sa.Select[Any]:
     return sa.select(*columns)
 
 
-def _values(
-    table: sa.Table, columns: Sequence[str], rows: int, prefix: str
-) -> list[dict[str, Any]]:
-    return [
-        {c: sa.bindparam(f"{prefix}{i}_{c}", type_=table.c[c].type) for c in columns}
-        for i in range(rows)
-    ]
+def _bind(table: sa.Table, column: str, name: str) -> sa.BindParameter[Any]:
+    return sa.bindparam(name, type_=table.c[column].type)
 
 
 @functools.cache
-def insert_rows(table: sa.Table, columns: tuple[str, ...], rows: int) -> sa.Insert:
-    """``INSERT INTO table (columns) VALUES (...) * rows``; binds ``r{i}_{column}`` (see
-    :func:`turn_params`)."""
-    return sa.insert(table).values(_values(table, columns, rows, "r"))
+def insert_row(table: sa.Table) -> sa.Insert:
+    """``INSERT INTO table``: one row, or several through ``executemany`` (cached compiled)."""
+    return sa.insert(table)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=256)
 def insert_turn(
-    message_columns: tuple[str, ...], call_columns: tuple[str, ...], calls: int
-) -> sa.Insert:
+    schema: str | None,
+    message_columns: tuple[str, ...],
+    call_columns: tuple[str, ...],
+    calls: int,
+) -> sa.TextClause:
     """PostgreSQL: the ``messages`` rows (the assistant message, then one result per call;
-    binds ``m{i}_{column}``) and the ``tool_calls`` rows (binds ``c{i}_{column}``) of a turn,
-    in one statement."""
-    statement = sa.insert(MESSAGES).values(_values(MESSAGES, message_columns, calls + 1, "m"))
-    if calls:
-        written = (
-            sa.insert(TOOL_CALLS)
-            .values(_values(TOOL_CALLS, call_columns, calls, "c"))
-            .cte("written_calls")
+    binds ``m{i}_{column}``) and the ``tool_calls`` rows (binds ``c{i}_{column}``) of a turn, in
+    one statement, in ``schema`` (``None``: the ``search_path``).
+
+    A text statement with typed binds (SQLAlchemy caches its compiled form; a Core
+    ``insert().values([...])`` of several rows has no cache key and compiles at every call);
+    the values' types are the columns' own (the codec's encodings, JSON)."""
+    quote = _QUOTE.quote
+
+    def target(table: sa.Table, columns: tuple[str, ...]) -> str:
+        name = quote(table.name) if schema is None else f"{quote(schema)}.{quote(table.name)}"
+        return f"{name} ({', '.join(quote(c) for c in columns)})"
+
+    def values(columns: tuple[str, ...], rows: int, prefix: str) -> str:
+        return ", ".join(
+            "(" + ", ".join(f":{prefix}{i}_{c}" for c in columns) + ")" for i in range(rows)
         )
-        statement = statement.add_cte(written)
-    return statement
+
+    sql = f"INSERT INTO {target(MESSAGES, message_columns)} VALUES " + values(
+        message_columns, calls + 1, "m"
+    )
+    binds = [_bind(MESSAGES, c, f"m{i}_{c}") for i in range(calls + 1) for c in message_columns]
+    if calls:
+        sql = (
+            f"WITH written_calls AS (INSERT INTO {target(TOOL_CALLS, call_columns)} VALUES "
+            + values(call_columns, calls, "c")
+            + ") "
+            + sql
+        )
+        binds += [_bind(TOOL_CALLS, c, f"c{i}_{c}") for i in range(calls) for c in call_columns]
+    return sa.text(sql).bindparams(*binds)
+
+
+#: quotes identifiers as PostgreSQL needs them
+_QUOTE: Final = postgresql.dialect().identifier_preparer  # type: ignore[no-untyped-call]
 
 
 def turn_params(
     prefix: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]
 ) -> dict[str, Any]:
-    """The bind values of ``rows`` for a statement of :func:`insert_rows` or
-    :func:`insert_turn` (``prefix`` ``r``, ``m`` or ``c``); a column a row lacks is NULL."""
+    """The bind values of ``rows`` for :func:`insert_turn` (``prefix`` ``m`` or ``c``); a
+    column a row lacks is NULL."""
     params: dict[str, Any] = {}
     for i, row in enumerate(rows):
         for c in columns:
