@@ -147,8 +147,9 @@ class PostgresFloor:
     def __init__(self, url: sa.URL) -> None:
         import psycopg
 
-        dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
-        self.conn = psycopg.connect(dsn, autocommit=True)
+        args = {"host": url.host, "port": url.port, "user": url.username, "dbname": url.database}
+        args.update({key: str(value) for key, value in url.query.items()})  # options=...
+        self.conn = psycopg.connect(password=url.password, autocommit=True, **args)
 
     def commit(self, conversation_id: str, seq: int, turn: Turn) -> None:
         assistant, calls, results = floor_rows(conversation_id, seq, turn, RESULTS)

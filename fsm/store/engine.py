@@ -130,10 +130,16 @@ _SYNC_POSTGRES: Final = "postgresql+psycopg"
 #: own transactions instead (:data:`_POSTGRES_WRITE_TRANSACTION`).
 _POSTGRES_SETTINGS: Final[tuple[str, ...]] = ()
 #: PostgreSQL, first in every write transaction of fsm (a connection with the :data:`WRITE`
-#: option; never a host's own transaction): plan each statement for the data at hand. PostgreSQL
-#: otherwise caches a generic plan for the foreign-key checks, and one made while a table was
-#: tiny keeps a sequential scan as it grows (until autovacuum analyzes it).
-_POSTGRES_WRITE_TRANSACTION: Final = "SET LOCAL plan_cache_mode = force_custom_plan"
+#: option; never a host's own transaction): no sequential scan where an index serves. A commit
+#: runs some 18 foreign-key checks, and PostgreSQL caches a generic plan for each, per session;
+#: one planned after the table was analyzed while tiny is a sequential scan, and stays one as
+#: the table grows (a bulk load, until autovacuum analyzes it again): every check then reads the
+#: whole table. Every key fsm checks has its index, so with sequential scans off each cached
+#: plan is an index probe whatever the statistics said (tests/store/test_write_plans.py shows
+#: it on a grown table), and the plans stay cached: replanning every check
+#: (``plan_cache_mode = force_custom_plan``, the setting before) cost the server about twice the
+#: work of the inserts themselves (bench/floor.py).
+_POSTGRES_WRITE_TRANSACTION: Final = "SET LOCAL enable_seqscan = off"
 #: PostgreSQL, every transaction of a read-only engine (run first, inside it, so a pooling proxy
 #: cannot carry them over to another client): writes refused, and no JIT (compiling a query costs
 #: more than these scans and lookups ever win back).

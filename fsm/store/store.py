@@ -605,7 +605,7 @@ class BoundStore:
       fails that COMMIT.
     * Reads (``history``, ``attempts``, ``next_seq``) run in the caller's transaction at its
       isolation level, and see its own uncommitted writes.
-    * On PostgreSQL, the caller's transaction is not given ``plan_cache_mode``
+    * On PostgreSQL, the caller's transaction is not given ``enable_seqscan = off``
       (fsm's own write transactions are): its settings are the caller's.
     """
 
@@ -875,10 +875,6 @@ class StoreCore:
 
     def delete_conversation(self, conn: Connection, conversation_id: str) -> bool:
         """Delete a conversation and everything of it; whether it existed."""
-        if self.postgres:
-            # the cascade runs thousands of identical foreign-key checks on large tables:
-            # here a cached generic plan is right, and planning each one costs 3-5x
-            conn.execute(sa.text("SET LOCAL plan_cache_mode = auto"))
         deleted = conn.execute(
             sa.delete(Conversation).where(Conversation.id == conversation_id)
         ).rowcount
