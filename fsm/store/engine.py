@@ -86,6 +86,7 @@ __all__ = [
     "BUSY_TIMEOUT_SECONDS",
     "CONNECT_TIMEOUT_SECONDS",
     "DEFAULT_TIMEOUT",
+    "POOL_SIZE",
     "SCHEMA_ENV",
     "WRITE",
     "EngineNotConfiguredError",
@@ -117,6 +118,12 @@ BUSY_TIMEOUT_SECONDS = 30.0
 
 #: the longest a PostgreSQL connection attempt waits (seconds; less when the timeout is less).
 CONNECT_TIMEOUT_SECONDS = 10
+
+#: connections a store engine keeps open in its pool (SQLAlchemy's default is 5, and each
+#: connection past them, up to 10 more, is closed when it is returned): 16 threads or tasks
+#: writing at once keep their connections instead of reconnecting for every write
+#: (bench/floor.py). A ``pool_size`` (or ``poolclass``) given to the factory wins.
+POOL_SIZE = 16
 
 #: execution option that makes fsm begin a SQLite transaction with ``BEGIN IMMEDIATE``.
 WRITE = "fsm_write"
@@ -481,6 +488,7 @@ def create_engine(
     parsed = normalize_url(url)
     in_schema = store_schema(schema, parsed)
     kwargs.setdefault("json_serializer", dumps_json)
+    kwargs = _pool_kwargs(parsed, kwargs)
     if parsed.get_backend_name() == "sqlite":
         _make_parent(parsed)
     profile = _store_profile(foreign_keys=foreign_keys, busy_timeout=busy_timeout, timeout=timeout)
@@ -545,6 +553,7 @@ def create_async_engine(
     parsed = async_url(url)
     in_schema = store_schema(schema, parsed)
     kwargs.setdefault("json_serializer", dumps_json)
+    kwargs = _pool_kwargs(parsed, kwargs)
     sqlite = parsed.get_backend_name() == "sqlite"
     if sqlite:
         _make_parent(parsed)
@@ -699,6 +708,16 @@ def _make_parent(parsed: URL) -> None:
     database = parsed.database
     if database and database != ":memory:" and not database.startswith("file:"):
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
+def _pool_kwargs(url: URL, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with ``pool_size`` :data:`POOL_SIZE` for a pooled engine (PostgreSQL, a
+    SQLite file) unless the caller chose a pool or its size."""
+    if "poolclass" in kwargs or "pool" in kwargs or "pool_size" in kwargs:
+        return kwargs
+    if url.get_backend_name() == "sqlite" and sqlite_file(url) is None:
+        return kwargs  # in memory: SQLAlchemy's single-connection pools
+    return {**kwargs, "pool_size": POOL_SIZE}
 
 
 def _sqlite_kwargs(kwargs: dict[str, Any], busy_timeout: float) -> dict[str, Any]:

@@ -26,6 +26,7 @@ same idempotency key: the turn lands exactly once).
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -207,6 +208,7 @@ class ConversationStore(LedgerMethods):
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
         self._timeout = check_timeout(timeout)
+        self._busy_timeout = busy_timeout
         if engine is not None:
             if url is not None:
                 raise TypeError("ConversationStore takes a url or an engine, not both")
@@ -532,9 +534,25 @@ class ConversationStore(LedgerMethods):
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        """A write transaction (``BEGIN IMMEDIATE`` on SQLite), under the deadline."""
-        with self._writer.connect() as conn, self._transaction(conn, write=True) as conn:
-            yield conn
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite), under the deadline.
+
+        SQLite: the threads of this process take the database file's write lock in turn
+        (:func:`_sqlite_writer_lock`) before ``BEGIN IMMEDIATE``: SQLite has one writer at a
+        time, and its own busy handler makes a waiting writer sleep and poll (up to 100 ms
+        between tries), which under contention costs more than the writes. Other processes
+        still queue on ``BEGIN IMMEDIATE`` and its busy timeout."""
+        lock = None if self._core.postgres else _sqlite_writer_lock(self._url)
+        if lock is not None and not lock.acquire(timeout=self._busy_timeout):
+            raise StoreBusyError(
+                f"the database {self._core.url} stayed locked by another writer of this "
+                f"process for {self._busy_timeout:g} s (busy_timeout); retry later"
+            )
+        try:
+            with self._writer.connect() as conn, self._transaction(conn, write=True) as conn:
+                yield conn
+        finally:
+            if lock is not None:
+                lock.release()
 
     @contextmanager
     def _transaction(self, conn: Connection, *, write: bool) -> Iterator[Connection]:
@@ -1207,6 +1225,23 @@ def _read_attempts(conn: Connection, conversation_id: str) -> list[dict[str, Any
 
 
 # -- helpers -----------------------------------------------------------------------------------
+#: one lock per SQLite database file (or in-memory URL) for the writers of this process
+_SQLITE_WRITERS: dict[str, threading.RLock] = {}
+_SQLITE_WRITERS_GUARD = threading.Lock()
+
+
+def _sqlite_writer_lock(url: URL) -> threading.RLock:
+    """The lock the writers of this process take, in turn, on the SQLite database of ``url``
+    (re-entrant: a write inside another one of the same thread does not wait for itself)."""
+    path = sqlite_file(url)
+    key = str(path.resolve()) if path is not None else url.render_as_string()
+    with _SQLITE_WRITERS_GUARD:
+        lock = _SQLITE_WRITERS.get(key)
+        if lock is None:
+            lock = _SQLITE_WRITERS[key] = threading.RLock()
+        return lock
+
+
 def _require(conn: Connection, conversation_id: str, *, lock: bool = False) -> None:
     """Raise ConversationNotFoundError unless the conversation exists; ``lock`` takes its
     row lock (``SELECT ... FOR UPDATE``) for the rest of the transaction."""
