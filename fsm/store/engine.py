@@ -142,7 +142,7 @@ _POSTGRES_SETTINGS: Final[tuple[str, ...]] = ()
 #: one planned after the table was analyzed while tiny is a sequential scan, and stays one as
 #: the table grows (a bulk load, until autovacuum analyzes it again): every check then reads the
 #: whole table. Every key fsm checks has its index, so with sequential scans off each cached
-#: plan is an index probe whatever the statistics said (tests/store/test_write_plans.py shows
+#: plan is an index probe whatever the statistics said (tests/store/test_write_path.py shows
 #: it on a grown table), and the plans stay cached: replanning every check
 #: (``plan_cache_mode = force_custom_plan``, the setting before) cost the server about twice the
 #: work of the inserts themselves (bench/floor.py).

@@ -1,4 +1,5 @@
-"""The plans of a commit's foreign-key checks on PostgreSQL stay index probes as tables grow.
+"""The write path: the plans of a commit's foreign-key checks on PostgreSQL stay index probes as
+tables grow; SQLite writers of one process take turns; a commit's statements.
 
 A commit runs some 18 foreign-key checks; PostgreSQL caches a generic plan for each, per
 session. A plan made after the tables were analyzed while tiny is a sequential scan, and it is
@@ -125,3 +126,74 @@ def test_foreign_key_checks_stay_index_probes_on_a_grown_table(pg_url: sa.URL) -
         _explain(bare, theirs)
         _bare_turn(bare, 16)
         assert any(t.startswith("messages") for t in _seq_scans(theirs)), theirs
+
+
+def test_a_commit_is_few_statements(store: ConversationStore) -> None:
+    """PostgreSQL: SET LOCAL, the lock, one query, one INSERT, COMMIT; SQLite: BEGIN
+    IMMEDIATE, one query, one INSERT per table, COMMIT (bench/floor.py's figures)."""
+    conv = store.create_conversation()
+    seen: list[str] = []
+
+    def before(_c: Any, _cur: Any, statement: str, *_a: Any) -> None:
+        seen.append(statement.split(None, 1)[0].upper())
+
+    sa.event.listen(store.engine, "before_cursor_execute", before)
+    try:
+        store.commit_turn(conv, make_turn(response_id="few"), ["ok"])
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", before)
+    if store.dialect == "postgresql":
+        assert seen == ["SET", "SELECT", "SELECT", "WITH"], seen
+    else:
+        assert seen == ["BEGIN", "SELECT", "INSERT", "INSERT", "INSERT"], seen
+    assert store.history(conv)[-1]["content"] == "ok"
+
+
+def test_sqlite_writers_of_a_process_take_turns(tmp_path: Path) -> None:
+    """A thread waits for the file's write lock of this process (at most ``busy_timeout``:
+    then StoreBusyError, retryable); 16 threads on one file all land, in order."""
+    import threading
+
+    from fsm.store import store as store_module
+    from fsm.store.errors import StoreBusyError
+
+    url = sa.make_url(f"sqlite:///{tmp_path / 'turns.db'}")
+    upgrade(url)
+    with ConversationStore(url, busy_timeout=0.2) as store:
+        conv = store.create_conversation()
+        lock = store_module._sqlite_writer_lock(url)
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with lock:
+                held.set()
+                release.wait(5)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait(5)
+        try:
+            with pytest.raises(StoreBusyError) as busy:
+                store.append(conv, [{"role": "user", "content": "late"}])
+            assert busy.value.retryable
+        finally:
+            release.set()
+            holder.join()
+        errors: list[BaseException] = []
+
+        def write(i: int) -> None:
+            try:
+                for j in range(5):
+                    store.commit_turn(conv, make_turn(response_id=f"t{i}-{j}"), [f"{i}-{j}"])
+            except BaseException as exc:
+                errors.append(exc)
+
+        with ConversationStore(url) as patient:
+            store = patient
+            threads = [threading.Thread(target=write, args=(i,)) for i in range(16)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert not errors, errors
+            assert len(patient.history(conv)) == 16 * 5 * 2
