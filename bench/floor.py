@@ -569,7 +569,7 @@ def render_md(
         "trip), the next seq kept in Python; sqlite3, one transaction per turn, WAL, "
         "`synchronous=NORMAL`, foreign keys on (fsm's settings). Ratios are fsm's time over the "
         "other's: above 1, fsm is slower. *fsm statements*: what one commit sends, COMMIT "
-        "included (each a round trip on PostgreSQL).",
+        "included (each a round trip on PostgreSQL, where psycopg also sends its `BEGIN`).",
         "",
         *single_table(singles),
         "",

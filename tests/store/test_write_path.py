@@ -105,10 +105,17 @@ def test_foreign_key_checks_stay_index_probes_on_a_grown_table(pg_url: sa.URL) -
                 store.commit_turn(conv, make_turn(response_id=f"small-{i}"), ["ok"])
             for turn in range(8):
                 _bare_turn(bare, 2 * turn)
+            # the growth goes to both conversations (on a partitioned database each check
+            # reads the partition of its own conversation)
             admin.execute(
                 "INSERT INTO messages (conversation_id, seq, role, content, prev_seq,"
                 " prev_slots_left) SELECT 'grown', g, 'user', 'x', CASE WHEN g > 0 THEN g - 1"
                 f" END, CASE WHEN g > 0 THEN 0 END FROM generate_series(0, {GROWN - 1}) g"
+            )
+            admin.execute(
+                "INSERT INTO messages (conversation_id, seq, role, content, prev_seq,"
+                " prev_slots_left) SELECT 'bare', g, 'user', 'x', g - 1, 0"
+                f" FROM generate_series(16, {16 + GROWN - 1}) g"
             )
             ours: list[str] = []
             with store.engine.connect() as conn:  # the store's one pooled session
@@ -120,11 +127,13 @@ def test_foreign_key_checks_stay_index_probes_on_a_grown_table(pg_url: sa.URL) -
             store.commit_turn(conv, make_turn(response_id="grown"), ["ok"])
         assert ours and not _seq_scans(ours), ours
         assert sum("Index" in n and "Scan" in n for n in ours) >= 4, ours
+        if pg_partitions():
+            return  # the control below is shown on one table (partitions plan their own way)
         # the same, by a bare session with PostgreSQL's defaults: its cached checks read the
         # grown table from end to end
         theirs: list[str] = []
         _explain(bare, theirs)
-        _bare_turn(bare, 16)
+        _bare_turn(bare, 16 + GROWN)
         assert any(t.startswith("messages") for t in _seq_scans(theirs)), theirs
 
 
