@@ -174,6 +174,40 @@ def _like_fsm_on_sqlite(engine: sa.Engine) -> None:
             cursor.close()
 
 
+def agents_turn_items(tag: str) -> list[Any]:
+    """openai-agents' items of one turn: the assistant message, 3 ``function_call``, 3
+    ``function_call_output`` (the same calls and results as :func:`make_turn` and RESULTS)."""
+    calls = [
+        {
+            "type": "function_call",
+            "call_id": f"call_{tag}_{i}",
+            "name": "get_weather",
+            "arguments": f'{{"city": "City {i}"}}',
+        }
+        for i in range(3)
+    ]
+    outputs = [
+        {"type": "function_call_output", "call_id": f"call_{tag}_{i}", "output": RESULTS[i]}
+        for i in range(3)
+    ]
+    return [{"role": "assistant", "content": ""}, *calls, *outputs]
+
+
+def langchain_turn_messages(tag: str) -> list[Any]:
+    """LangChain's messages of one turn: an ``AIMessage`` with 3 ``tool_calls`` and the 3
+    ``ToolMessage`` answering them (needs langchain-core)."""
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    calls = [
+        {"name": "get_weather", "args": {"city": f"City {i}"}, "id": f"call_{tag}_{i}"}
+        for i in range(3)
+    ]
+    results: list[Any] = [
+        ToolMessage(content=RESULTS[i], tool_call_id=f"call_{tag}_{i}") for i in range(3)
+    ]
+    return [AIMessage(content="", tool_calls=calls), *results]
+
+
 def bench_agents(url: str, turns: int) -> Figures:
     """openai-agents' SQLAlchemySession on the same work."""
     try:
@@ -189,28 +223,12 @@ def bench_agents(url: str, turns: int) -> Figures:
     def session() -> Any:
         return SQLAlchemySession(uuid.uuid4().hex, engine=engine, create_tables=True)
 
-    def turn_items(tag: str) -> list[Any]:
-        calls = [
-            {
-                "type": "function_call",
-                "call_id": f"call_{tag}_{i}",
-                "name": "get_weather",
-                "arguments": f'{{"city": "City {i}"}}',
-            }
-            for i in range(3)
-        ]
-        outputs = [
-            {"type": "function_call_output", "call_id": f"call_{tag}_{i}", "output": RESULTS[i]}
-            for i in range(3)
-        ]
-        return [{"role": "assistant", "content": ""}, *calls, *outputs]
-
     async def run() -> Figures:
         try:
             passes = []
             for p in range(WRITE_PASSES):
                 writer = session()
-                prepared = [turn_items(f"p{p}r{i}") for i in range(turns)]
+                prepared = [agents_turn_items(f"p{p}r{i}") for i in range(turns)]
                 start = time.perf_counter()
                 for items in prepared:
                     await writer.add_items(items)
@@ -221,7 +239,7 @@ def bench_agents(url: str, turns: int) -> Figures:
             block = 0
             while (HISTORY_MESSAGES - 100 * block) >= 100:
                 user: list[Any] = [{"role": "user", "content": f"question {i}"} for i in range(93)]
-                await long.add_items(user + turn_items(f"h{block}"))
+                await long.add_items(user + agents_turn_items(f"h{block}"))
                 block += 1
             samples = []
             for _ in range(READS):
@@ -252,7 +270,7 @@ def bench_langchain(url: sa.URL, turns: int) -> Figures:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # langchain-community's sunset notice
             from langchain_community.chat_message_histories import SQLChatMessageHistory
-            from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+            from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
     except ImportError as exc:
         raise PeerUnavailable(f"{type(exc).__name__}: {exc}") from exc
     engine = sa.create_engine(url)
@@ -263,21 +281,11 @@ def bench_langchain(url: sa.URL, turns: int) -> Figures:
     def history() -> Any:
         return SQLChatMessageHistory(uuid.uuid4().hex, table_name=table, connection=engine)
 
-    def turn_messages(tag: str) -> list[BaseMessage]:
-        calls = [
-            {"name": "get_weather", "args": {"city": f"City {i}"}, "id": f"call_{tag}_{i}"}
-            for i in range(3)
-        ]
-        results: list[BaseMessage] = [
-            ToolMessage(content=RESULTS[i], tool_call_id=f"call_{tag}_{i}") for i in range(3)
-        ]
-        return [AIMessage(content="", tool_calls=calls), *results]
-
     try:
         passes = []
         for p in range(WRITE_PASSES):
             writer = history()
-            prepared = [turn_messages(f"p{p}r{i}") for i in range(turns)]
+            prepared = [langchain_turn_messages(f"p{p}r{i}") for i in range(turns)]
             start = time.perf_counter()
             for messages in prepared:
                 writer.add_messages(messages)
@@ -287,7 +295,7 @@ def bench_langchain(url: sa.URL, turns: int) -> Figures:
         long = history()
         for block in range(HISTORY_MESSAGES // 100):
             user: list[BaseMessage] = [HumanMessage(content=f"question {i}") for i in range(96)]
-            long.add_messages(user + turn_messages(f"h{block}"))
+            long.add_messages(user + langchain_turn_messages(f"h{block}"))
         assert len(long.messages) == HISTORY_MESSAGES
         read_s = timed(lambda: long.messages)
 
@@ -475,10 +483,11 @@ def render_md(
     return "\n".join(lines) + "\n"
 
 
-def write_md(section: str, path: Path = BENCHMARKS) -> None:
-    """Replace the ``## Store`` section of ``path`` (or append it); the rest stays byte-identical."""
+def write_md(section: str, path: Path = BENCHMARKS, heading: str = SECTION) -> None:
+    """Replace the ``heading`` section (by default ``## Store``) of ``path`` (or append it); the
+    rest stays byte-identical."""
     text = path.read_bytes().decode("utf-8") if path.exists() else ""
-    found = re.search(rf"^{re.escape(SECTION)}[ \t]*\r?$", text, re.MULTILINE)
+    found = re.search(rf"^{re.escape(heading)}[ \t]*\r?$", text, re.MULTILINE)
     if found:
         after = re.search(r"^## ", text[found.end() :], re.MULTILINE)
         end = found.end() + after.start() if after else len(text)

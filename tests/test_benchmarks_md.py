@@ -167,3 +167,53 @@ def test_memory_table(text: str) -> None:
     for row in body:
         assert re.match(r"(\d+\.\d MiB|> cap)", row[1]), row
         assert re.fullmatch(r"\d+\.\dx|-", row[2]), row
+
+
+FLOOR = "## Floor: store writes"
+MS = r"\d+\.\d\d ms"
+FLOOR_HEAD = [
+    "engine",
+    "fsm",
+    "floor",
+    "fsm/floor",
+    "openai-agents",
+    "fsm/openai-agents",
+    "langchain",
+    "fsm/langchain",
+    "fsm statements",
+]
+CONCURRENT_HEAD = [
+    "engine",
+    "conversations",
+    "fsm turns/s",
+    "fsm p99",
+    "floor turns/s",
+    "floor p99",
+    "fsm/floor turns/s",
+]
+
+
+def test_floor_section(text: str) -> None:
+    """The section of ``python bench/floor.py --write-md``: one writer (fsm, the floor, the
+    peers, ratios) and sixteen writers (turns per second, p99), per engine."""
+    section = text.split(FLOOR, 1)[1].split("\n## ", 1)[0]
+    assert "python bench/floor.py" in section
+    head, body = table_after(section, "")
+    assert head == FLOOR_HEAD
+    assert [row[0] for row in body][:1] == ["SQLite"] and len(body) in (1, 2), body
+    for row in body:
+        assert re.fullmatch(MS, row[1]) and re.fullmatch(MS, row[2]), row
+        assert re.fullmatch(r"\d+\.\d\d", row[3]), row
+        for value, ratio in ((row[4], row[5]), (row[6], row[7])):
+            assert (re.fullmatch(MS, value) and re.fullmatch(r"\d+\.\d\d", ratio)) or (
+                value == "skipped" and ratio == "-"
+            ), row
+        assert row[8].isdigit(), row
+    rest = section.split("Under concurrency", 1)[1]
+    head, body = table_after(rest, "")
+    assert head == CONCURRENT_HEAD
+    assert {row[1] for row in body} == {"16", "1,000"}, body
+    for row in body:
+        assert re.fullmatch(r"[\d,]+", row[2]) and re.fullmatch(r"[\d,]+", row[4]), row
+        assert re.fullmatch(MS, row[3]) and re.fullmatch(MS, row[5]), row
+        assert re.fullmatch(r"\d+\.\d\d", row[6]), row

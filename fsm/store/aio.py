@@ -62,7 +62,7 @@ from fsm.store.engine import (
     store_schema,
     sync_url,
 )
-from fsm.store.errors import ConversationExistsError
+from fsm.store.errors import ConversationExistsError, StoreBusyError
 from fsm.store.ledger import AsyncLedgerMethods
 from fsm.store.migrate import ensure_at_head
 from fsm.store.store import (
@@ -171,6 +171,8 @@ class AsyncConversationStore(AsyncLedgerMethods):
         self._busy_timeout = busy_timeout
         self._ready = False
         self._ready_lock = asyncio.Lock()
+        #: SQLite: the store's writers take turns (see :meth:`_write`)
+        self._writers = asyncio.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -423,12 +425,29 @@ class AsyncConversationStore(AsyncLedgerMethods):
 
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:
-        """A write transaction (``BEGIN IMMEDIATE`` on SQLite), under the deadline."""
-        async with (
-            self._writer.connect() as conn,
-            self._transaction(conn, write=True) as conn,
-        ):
-            yield conn
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite), under the deadline.
+
+        SQLite: the store's tasks take turns (an :class:`asyncio.Lock`) before ``BEGIN
+        IMMEDIATE``, as the sync store's threads do, instead of sleeping and polling in
+        SQLite's busy handler; other stores and processes queue on ``BEGIN IMMEDIATE``."""
+        lock = None if self._core.postgres else self._writers
+        if lock is not None:
+            try:
+                await asyncio.wait_for(lock.acquire(), self._busy_timeout)
+            except TimeoutError:
+                raise StoreBusyError(
+                    f"the database {self._core.url} stayed locked by another writer of this "
+                    f"store for {self._busy_timeout:g} s (busy_timeout); retry later"
+                ) from None
+        try:
+            async with (
+                self._writer.connect() as conn,
+                self._transaction(conn, write=True) as conn,
+            ):
+                yield conn
+        finally:
+            if lock is not None:
+                lock.release()
 
     @asynccontextmanager
     async def _transaction(

@@ -86,6 +86,7 @@ __all__ = [
     "BUSY_TIMEOUT_SECONDS",
     "CONNECT_TIMEOUT_SECONDS",
     "DEFAULT_TIMEOUT",
+    "POOL_SIZE",
     "SCHEMA_ENV",
     "WRITE",
     "EngineNotConfiguredError",
@@ -118,6 +119,12 @@ BUSY_TIMEOUT_SECONDS = 30.0
 #: the longest a PostgreSQL connection attempt waits (seconds; less when the timeout is less).
 CONNECT_TIMEOUT_SECONDS = 10
 
+#: connections a store engine keeps open in its pool (SQLAlchemy's default is 5, and each
+#: connection past them, up to 10 more, is closed when it is returned): 16 threads or tasks
+#: writing at once keep their connections instead of reconnecting for every write
+#: (bench/floor.py). A ``pool_size`` (or ``poolclass``) given to the factory wins.
+POOL_SIZE = 16
+
 #: execution option that makes fsm begin a SQLite transaction with ``BEGIN IMMEDIATE``.
 WRITE = "fsm_write"
 
@@ -130,10 +137,16 @@ _SYNC_POSTGRES: Final = "postgresql+psycopg"
 #: own transactions instead (:data:`_POSTGRES_WRITE_TRANSACTION`).
 _POSTGRES_SETTINGS: Final[tuple[str, ...]] = ()
 #: PostgreSQL, first in every write transaction of fsm (a connection with the :data:`WRITE`
-#: option; never a host's own transaction): plan each statement for the data at hand. PostgreSQL
-#: otherwise caches a generic plan for the foreign-key checks, and one made while a table was
-#: tiny keeps a sequential scan as it grows (until autovacuum analyzes it).
-_POSTGRES_WRITE_TRANSACTION: Final = "SET LOCAL plan_cache_mode = force_custom_plan"
+#: option; never a host's own transaction): no sequential scan where an index serves. A commit
+#: runs some 18 foreign-key checks, and PostgreSQL caches a generic plan for each, per session;
+#: one planned after the table was analyzed while tiny is a sequential scan, and stays one as
+#: the table grows (a bulk load, until autovacuum analyzes it again): every check then reads the
+#: whole table. Every key fsm checks has its index, so with sequential scans off each cached
+#: plan is an index probe whatever the statistics said (tests/store/test_write_path.py shows
+#: it on a grown table), and the plans stay cached: replanning every check
+#: (``plan_cache_mode = force_custom_plan``, the setting before) cost the server about twice the
+#: work of the inserts themselves (bench/floor.py).
+_POSTGRES_WRITE_TRANSACTION: Final = "SET LOCAL enable_seqscan = off"
 #: PostgreSQL, every transaction of a read-only engine (run first, inside it, so a pooling proxy
 #: cannot carry them over to another client): writes refused, and no JIT (compiling a query costs
 #: more than these scans and lookups ever win back).
@@ -475,6 +488,7 @@ def create_engine(
     parsed = normalize_url(url)
     in_schema = store_schema(schema, parsed)
     kwargs.setdefault("json_serializer", dumps_json)
+    kwargs = _pool_kwargs(parsed, kwargs)
     if parsed.get_backend_name() == "sqlite":
         _make_parent(parsed)
     profile = _store_profile(foreign_keys=foreign_keys, busy_timeout=busy_timeout, timeout=timeout)
@@ -539,6 +553,7 @@ def create_async_engine(
     parsed = async_url(url)
     in_schema = store_schema(schema, parsed)
     kwargs.setdefault("json_serializer", dumps_json)
+    kwargs = _pool_kwargs(parsed, kwargs)
     sqlite = parsed.get_backend_name() == "sqlite"
     if sqlite:
         _make_parent(parsed)
@@ -693,6 +708,16 @@ def _make_parent(parsed: URL) -> None:
     database = parsed.database
     if database and database != ":memory:" and not database.startswith("file:"):
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
+def _pool_kwargs(url: URL, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with ``pool_size`` :data:`POOL_SIZE` for a pooled engine (PostgreSQL, a
+    SQLite file) unless the caller chose a pool or its size."""
+    if "poolclass" in kwargs or "pool" in kwargs or "pool_size" in kwargs:
+        return kwargs
+    if url.get_backend_name() == "sqlite" and sqlite_file(url) is None:
+        return kwargs  # in memory: SQLAlchemy's single-connection pools
+    return {**kwargs, "pool_size": POOL_SIZE}
 
 
 def _sqlite_kwargs(kwargs: dict[str, Any], busy_timeout: float) -> dict[str, Any]:

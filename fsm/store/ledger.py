@@ -63,6 +63,7 @@ __all__ = [
     "LedgerMethods",
     "PendingTurn",
     "check_no_pending",
+    "pending_error",
 ]
 
 #: the state of one call's execution.
@@ -238,14 +239,20 @@ def check_no_pending(conn: Connection, conversation_id: str) -> None:
         )
     ).first()
     if row is not None:
-        raise PendingTurnError(
-            conversation_id,
-            int(row[0]),
-            int(row[1]),
-            f"pending turn {row[0]} (its tools are running, or a process crashed while they "
-            "ran) blocks other writes until it is committed or abandoned; resume it "
-            "(store.pending(), store.claim()) or abandon it, then retry",
-        )
+        raise pending_error(conversation_id, row[0], row[1])
+
+
+def pending_error(conversation_id: str, pending_id: object, at_seq: object) -> PendingTurnError:
+    """The :class:`~fsm.store.errors.PendingTurnError` of a write that found the
+    conversation's pending turn ``pending_id`` (at ``at_seq``)."""
+    return PendingTurnError(
+        conversation_id,
+        int(cast(int, pending_id)),
+        int(cast(int, at_seq)),
+        f"pending turn {pending_id} (its tools are running, or a process crashed while they "
+        "ran) blocks other writes until it is committed or abandoned; resume it "
+        "(store.pending(), store.claim()) or abandon it, then retry",
+    )
 
 
 # -- transaction bodies ------------------------------------------------------------------------

@@ -26,6 +26,7 @@ same idempotency key: the turn lands exactly once).
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -38,7 +39,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from fsm.parser import Anomaly, ParseResult, Turn
 from fsm.states import ToolCallState
-from fsm.store import plans
+from fsm.store import plans, writes
 from fsm.store.codec import as_utc
 from fsm.store.deadline import DEFAULT_TIMEOUT, Deadline, check_timeout
 from fsm.store.engine import (
@@ -64,7 +65,7 @@ from fsm.store.errors import (
     StoreUnavailableError,
     ValueRejectedError,
 )
-from fsm.store.ledger import LedgerMethods, check_no_pending
+from fsm.store.ledger import LedgerMethods, pending_error
 from fsm.store.migrate import ensure_at_head
 from fsm.store.models import Attempt, AttemptCall, Conversation, Message, ToolCallRow
 from fsm.store.plans import (
@@ -207,6 +208,7 @@ class ConversationStore(LedgerMethods):
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
         self._timeout = check_timeout(timeout)
+        self._busy_timeout = busy_timeout
         if engine is not None:
             if url is not None:
                 raise TypeError("ConversationStore takes a url or an engine, not both")
@@ -532,9 +534,25 @@ class ConversationStore(LedgerMethods):
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        """A write transaction (``BEGIN IMMEDIATE`` on SQLite), under the deadline."""
-        with self._writer.connect() as conn, self._transaction(conn, write=True) as conn:
-            yield conn
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite), under the deadline.
+
+        SQLite: the threads of this process take the database file's write lock in turn
+        (:func:`_sqlite_writer_lock`) before ``BEGIN IMMEDIATE``: SQLite has one writer at a
+        time, and its own busy handler makes a waiting writer sleep and poll (up to 100 ms
+        between tries), which under contention costs more than the writes. Other processes
+        still queue on ``BEGIN IMMEDIATE`` and its busy timeout."""
+        lock = None if self._core.postgres else _sqlite_writer_lock(self._url)
+        if lock is not None and not lock.acquire(timeout=self._busy_timeout):
+            raise StoreBusyError(
+                f"the database {self._core.url} stayed locked by another writer of this "
+                f"process for {self._busy_timeout:g} s (busy_timeout); retry later"
+            )
+        try:
+            with self._writer.connect() as conn, self._transaction(conn, write=True) as conn:
+                yield conn
+        finally:
+            if lock is not None:
+                lock.release()
 
     @contextmanager
     def _transaction(self, conn: Connection, *, write: bool) -> Iterator[Connection]:
@@ -605,7 +623,7 @@ class BoundStore:
       fails that COMMIT.
     * Reads (``history``, ``attempts``, ``next_seq``) run in the caller's transaction at its
       isolation level, and see its own uncommitted writes.
-    * On PostgreSQL, the caller's transaction is not given ``plan_cache_mode``
+    * On PostgreSQL, the caller's transaction is not given ``enable_seqscan = off``
       (fsm's own write transactions are): its settings are the caller's.
     """
 
@@ -875,10 +893,6 @@ class StoreCore:
 
     def delete_conversation(self, conn: Connection, conversation_id: str) -> bool:
         """Delete a conversation and everything of it; whether it existed."""
-        if self.postgres:
-            # the cascade runs thousands of identical foreign-key checks on large tables:
-            # here a cached generic plan is right, and planning each one costs 3-5x
-            conn.execute(sa.text("SET LOCAL plan_cache_mode = auto"))
         deleted = conn.execute(
             sa.delete(Conversation).where(Conversation.id == conversation_id)
         ).rowcount
@@ -943,10 +957,11 @@ class StoreCore:
         expected_seq: int | None,
     ) -> int:
         """Append rows from :meth:`plain_rows`; returns the next seq after them."""
-        _require(conn, conversation_id, lock=self.postgres)
-        check_no_pending(conn, conversation_id)
+        found = self.write_state(conn, conversation_id)
+        if found.pending is not None:
+            raise pending_error(conversation_id, *found.pending)
         with self.reading(conversation_id):
-            seq = _next_seq(conn, conversation_id)
+            seq = found.next_seq()
         _check_expected(conversation_id, expected_seq, seq)
         if not prepared:
             return seq
@@ -962,7 +977,7 @@ class StoreCore:
                     "prev_slots_left": 0 if at else None,
                 }
             )
-        conn.execute(sa.insert(Message), rows)
+        conn.execute(_INSERT_MESSAGE, rows)
         return seq + len(rows)
 
     def commit_turn(
@@ -977,14 +992,31 @@ class StoreCore:
     ) -> CommittedTurn:
         """Write a planned turn and its results (or return the stored copy of the same turn);
         ``ledger``: the tool ledger's commit of the conversation's pending turn (any other
-        commit waits while one is pending)."""
-        _require(conn, conversation_id, lock=self.postgres)
-        if not ledger:
-            check_no_pending(conn, conversation_id)
+        commit waits while one is pending).
+
+        Statements: on PostgreSQL the conversation's lock, one query (:func:`write_state`), one
+        ``INSERT`` of all the turn's rows; on SQLite (whose ``BEGIN IMMEDIATE`` already holds
+        the database's write lock) the query and one ``INSERT`` per table."""
         turn, calls, contents, assistant = plan.turn, plan.calls, plan.contents, plan.assistant
         n = len(calls)
+        params: dict[str, Any]
+        if idempotency_key is not None:
+            same, params = writes.BY_KEY, {"key": idempotency_key}
+        elif turn.response_id:
+            same, params = (
+                writes.BY_RESPONSE,
+                {"response_id": turn.response_id, "choice": turn.index},
+            )
+        else:
+            same, params = None, {}
+        found = self.write_state(conn, conversation_id, same, params)
+        if not ledger and found.pending is not None:
+            raise pending_error(conversation_id, *found.pending)
         with self.reading(conversation_id):
-            seq, stored_at = _position(conn, conversation_id, turn, idempotency_key)
+            if found.stored_at is not None and not _is_int(found.stored_at):
+                raise _Corrupt(f"a message has seq {_show(found.stored_at)}, not an integer")
+            stored_at = cast("int | None", found.stored_at)
+            seq = found.next_seq()
             if stored_at is not None:
                 stored = _read(conn, conversation_id, turn_at=stored_at, include_reasoning=False)
         if stored_at is not None:
@@ -1004,64 +1036,38 @@ class StoreCore:
                 conversation_id, stored_at, cast("list[HistoryMessage]", stored), False
             )
         _check_expected(conversation_id, expected_seq, seq)
-        conn.execute(
-            sa.insert(Message),
+        message = assistant_row(conversation_id, seq, turn, n, idempotency_key)
+        call_rows = [
             {
                 "conversation_id": conversation_id,
-                "seq": seq,
-                "role": "assistant",
-                "content": turn.content,
-                "refusal": turn.refusal,
-                "reasoning": turn.reasoning,
-                "model": turn.model,
-                "response_id": turn.response_id or None,
-                "choice": turn.index,
-                "finish_reason": turn.finish_reason,
-                "usage": json_safe(turn.usage),
-                "idempotency_key": idempotency_key,
-                "n_calls": n,
-                "slots_left": n,
-                "prev_seq": seq - 1 if seq else None,
-                "prev_slots_left": 0 if seq else None,
-                "block_end_seq": seq + n if n else None,
-            },
-        )
-        if n:
-            conn.execute(
-                sa.insert(ToolCallRow),
-                [
-                    {
-                        "conversation_id": conversation_id,
-                        "assistant_seq": seq,
-                        "position": p,
-                        "assistant_n_calls": n,
-                        **plans.call_columns(call),
-                        "state": call.state,
-                    }
-                    for p, call in enumerate(calls)
-                ],
-            )
-            conn.execute(
-                sa.insert(Message),
-                [
-                    {
-                        "conversation_id": conversation_id,
-                        "seq": seq + 1 + p,
-                        "role": "tool",
-                        "content": text,
-                        "content_parts": parts,
-                        "tool_call_id": call.id,
-                        # a legacy call's result is a "function" message: it keeps the name
-                        "name": call.name if call.legacy else None,
-                        "assistant_seq": seq,
-                        "call_position": p,
-                        "slots_left": n - 1 - p,
-                        "prev_seq": seq + p,
-                        "prev_slots_left": n - p,
-                    }
-                    for p, (call, (text, parts)) in enumerate(zip(calls, contents, strict=True))
-                ],
-            )
+                "assistant_seq": seq,
+                "position": p,
+                "assistant_n_calls": n,
+                **plans.call_columns(call),
+                "state": call.state,
+            }
+            for p, call in enumerate(calls)
+        ]
+        result_rows = [
+            {
+                "conversation_id": conversation_id,
+                "seq": seq + 1 + p,
+                "role": "tool",
+                "content": text,
+                "content_parts": parts,
+                "tool_call_id": call.id,
+                # a legacy call's result is a "function" message: it keeps the name
+                "name": call.name if call.legacy else None,
+                "assistant_seq": seq,
+                "call_position": p,
+                "n_calls": 0,
+                "slots_left": n - 1 - p,
+                "prev_seq": seq + p,
+                "prev_slots_left": n - p,
+            }
+            for p, (call, (text, parts)) in enumerate(zip(calls, contents, strict=True))
+        ]
+        self.insert_turn(conn, message, call_rows, result_rows)
         messages = [assistant] + [
             _tool_message(call, text, parts)
             for call, (text, parts) in zip(calls, contents, strict=True)
@@ -1070,13 +1076,74 @@ class StoreCore:
             conversation_id, seq, cast("list[HistoryMessage]", messages), created=True
         )
 
+    def write_state(
+        self,
+        conn: Connection,
+        conversation_id: str,
+        same: str | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> WriteState:
+        """What a write needs before it inserts (see :func:`fsm.store.writes.state`): on
+        PostgreSQL the conversation's row lock is taken first, by its own statement, so the
+        query after it reads what the writer it waited for committed. Raises
+        :class:`~fsm.store.errors.ConversationNotFoundError`."""
+        cid = {"cid": conversation_id}
+        if self.postgres and conn.execute(writes.lock(for_update=True), cid).first() is None:
+            raise ConversationNotFoundError(conversation_id)
+        row = tuple(
+            conn.execute(
+                writes.state(exists=not self.postgres, same=same), {**cid, **(params or {})}
+            ).one()
+        )
+        if not self.postgres:
+            if row[0] is None:
+                raise ConversationNotFoundError(conversation_id)
+            row = row[1:]
+        pending_id, pending_at, stored_at, last_seq, slots_left = row
+        return WriteState(
+            None if pending_id is None else (pending_id, pending_at),
+            stored_at,
+            last_seq,
+            slots_left,
+        )
+
+    def insert_turn(
+        self,
+        conn: Connection,
+        message: dict[str, Any],
+        call_rows: list[dict[str, Any]],
+        result_rows: list[dict[str, Any]],
+    ) -> None:
+        """Insert a turn's rows: on PostgreSQL in one statement (one round trip), on SQLite
+        one statement per table (assistant message, calls, results: each table's foreign keys
+        are checked at the end of its statement)."""
+        n = len(call_rows)
+        if self.postgres:
+            call_columns = tuple(call_rows[0]) if n else ()
+            columns = tuple(message)
+            if n:
+                columns += tuple(c for c in result_rows[0] if c not in message)
+            translate = conn.get_execution_options().get("schema_translate_map") or {}
+            conn.execute(
+                writes.insert_turn(translate.get(None), columns, call_columns, n),
+                {
+                    **writes.turn_params("m", columns, [message, *result_rows]),
+                    **writes.turn_params("c", call_columns, call_rows),
+                },
+            )
+            return
+        conn.execute(writes.insert_row(writes.MESSAGES), message)
+        if n:
+            conn.execute(writes.insert_row(writes.TOOL_CALLS), call_rows)
+            conn.execute(writes.insert_row(writes.MESSAGES), result_rows)
+
     def record_attempt(
         self, conn: Connection, conversation_id: str, plan: AttemptPlan
     ) -> list[int]:
         """Insert planned attempts at the conversation's current position; their ids."""
-        _require(conn, conversation_id, lock=self.postgres)
+        found = self.write_state(conn, conversation_id)
         with self.reading(conversation_id):
-            at_seq = _next_seq(conn, conversation_id)
+            at_seq = found.next_seq()
         ids: list[int] = []
         for row, calls in plan:
             attempt_id = conn.execute(
@@ -1158,63 +1225,79 @@ def _read_attempts(conn: Connection, conversation_id: str) -> list[dict[str, Any
 
 
 # -- helpers -----------------------------------------------------------------------------------
+#: one lock per SQLite database file (or in-memory URL) for the writers of this process
+_SQLITE_WRITERS: dict[str, threading.RLock] = {}
+_SQLITE_WRITERS_GUARD = threading.Lock()
+
+
+def _sqlite_writer_lock(url: URL) -> threading.RLock:
+    """The lock the writers of this process take, in turn, on the SQLite database of ``url``
+    (re-entrant: a write inside another one of the same thread does not wait for itself)."""
+    path = sqlite_file(url)
+    key = str(path.resolve()) if path is not None else url.render_as_string()
+    with _SQLITE_WRITERS_GUARD:
+        lock = _SQLITE_WRITERS.get(key)
+        if lock is None:
+            lock = _SQLITE_WRITERS[key] = threading.RLock()
+        return lock
+
+
 def _require(conn: Connection, conversation_id: str, *, lock: bool = False) -> None:
     """Raise ConversationNotFoundError unless the conversation exists; ``lock`` takes its
     row lock (``SELECT ... FOR UPDATE``) for the rest of the transaction."""
-    query = sa.select(Conversation.id).where(Conversation.id == conversation_id)
-    if lock:
-        query = query.with_for_update()
-    if conn.execute(query).first() is None:
+    if conn.execute(writes.lock(for_update=lock), {"cid": conversation_id}).first() is None:
         raise ConversationNotFoundError(conversation_id)
 
 
-def _last_row(conversation_id: str) -> sa.Select[int, int]:
-    """The conversation's last message: its seq and open result slots (through the key)."""
-    return (
-        sa.select(Message.seq, Message.slots_left)
-        .where(Message.conversation_id == conversation_id)
-        .order_by(Message.seq.desc())
-        .limit(1)
-    )
-
-
 def _next_seq(conn: Connection, conversation_id: str) -> int:
-    last = conn.execute(_last_row(conversation_id)).first()
-    return _after(*last) if last is not None else 0
+    row = conn.execute(writes.state(exists=False, same=None), {"cid": conversation_id}).one()
+    return WriteState(None, None, row[3], row[4]).next_seq()
 
 
-def _position(
-    conn: Connection, conversation_id: str, turn: Turn, idempotency_key: str | None
-) -> tuple[int, int | None]:
-    """The next seq, and the seq of an earlier commit of the same turn (or ``None``): the
-    same idempotency key if one is given, else the same response id and choice."""
-    same: sa.ColumnElement[bool]
-    if idempotency_key is not None:
-        same = Message.idempotency_key == idempotency_key
-    elif turn.response_id:
-        same = sa.and_(
-            Message.response_id == turn.response_id,
-            Message.choice == turn.index,
-            Message.role == "assistant",
-        )
-    else:
-        return _next_seq(conn, conversation_id), None
-    stored = (
-        sa.select(sa.func.min(Message.seq))
-        .where(Message.conversation_id == conversation_id, same)
-        .scalar_subquery()
-    )
-    last = _last_row(conversation_id)
-    at, last_seq, slots_left = conn.execute(
-        sa.select(
-            stored,
-            last.with_only_columns(Message.seq).scalar_subquery(),
-            last.with_only_columns(Message.slots_left).scalar_subquery(),
-        )
-    ).one()
-    if at is not None and not _is_int(at):
-        raise _Corrupt(f"a message has seq {_show(at)}, not an integer")
-    return (0 if last_seq is None else _after(last_seq, slots_left)), at
+@dataclass(frozen=True, slots=True)
+class WriteState:
+    """What :meth:`StoreCore.write_state` read: the conversation's pending turn (its id and
+    at_seq, or ``None``), the seq of an earlier commit of the same turn (or ``None``), and its
+    last message's seq and open result slots (``None``: no message yet)."""
+
+    pending: tuple[object, object] | None
+    stored_at: object
+    last_seq: object
+    slots_left: object
+
+    def next_seq(self) -> int:
+        """The seq the next message gets (``_Corrupt`` if the last message is broken)."""
+        return 0 if self.last_seq is None else _after(self.last_seq, self.slots_left)
+
+
+def assistant_row(
+    conversation_id: str, seq: int, turn: Turn, n: int, idempotency_key: str | None
+) -> dict[str, Any]:
+    """The ``messages`` row of a turn's assistant message at ``seq`` with ``n`` calls: the one
+    place its columns are built."""
+    return {
+        "conversation_id": conversation_id,
+        "seq": seq,
+        "role": "assistant",
+        "content": turn.content,
+        "refusal": turn.refusal,
+        "reasoning": turn.reasoning,
+        "model": turn.model,
+        "response_id": turn.response_id or None,
+        "choice": turn.index,
+        "finish_reason": turn.finish_reason,
+        "usage": json_safe(turn.usage),
+        "idempotency_key": idempotency_key,
+        "n_calls": n,
+        "slots_left": n,
+        "prev_seq": seq - 1 if seq else None,
+        "prev_slots_left": 0 if seq else None,
+        "block_end_seq": seq + n if n else None,
+    }
+
+
+#: ``append``'s insert (its rows all have the same keys)
+_INSERT_MESSAGE = sa.insert(Message)
 
 
 def _read(

@@ -107,12 +107,12 @@ def test_the_server_side_deadline_is_set_per_transaction(db_url: sa.URL) -> None
         assert len(local) == 2, seen  # the write and the read: one each, first
         assert seen[0] == local[0]
         # 3.5 s less a fifth; the lock wait a tenth shorter still (the write transaction also
-        # plans its statements for the data at hand, in the same round trip)
+        # turns sequential scans off, in the same round trip)
         deadline = (
             "SET LOCAL statement_timeout = 2800; SET LOCAL lock_timeout = 2520; "
             "SET LOCAL idle_in_transaction_session_timeout = 2800"
         )
-        assert local[0] == f"SET LOCAL plan_cache_mode = force_custom_plan; {deadline}"
+        assert local[0] == f"SET LOCAL enable_seqscan = off; {deadline}"
         assert local[1] == deadline
         with store.engine.connect() as conn:
             # inside a transaction of the store's engine: the deadline

@@ -215,7 +215,7 @@ def test_configure_engine_sets_sqlite_pragmas_once(engine_name: str, db_url: sa.
 
 def test_postgres_sessions_carry_no_fsm_setting(engine_name: str, db_url: sa.URL) -> None:
     """Transaction-pooling safe: fsm sets nothing per session; its write transactions set
-    ``plan_cache_mode`` with ``SET LOCAL``, and read-only transactions are ``READ ONLY`` one
+    ``enable_seqscan`` with ``SET LOCAL``, and read-only transactions are ``READ ONLY`` one
     transaction at a time."""
     if engine_name != "postgresql":
         pytest.skip("PostgreSQL settings")
@@ -225,12 +225,12 @@ def test_postgres_sessions_carry_no_fsm_setting(engine_name: str, db_url: sa.URL
         cid = store.create_conversation("c1")
         store.commit_turn(cid, make_turn(), ["r"])
         with store.engine.connect() as conn:
-            assert conn.exec_driver_sql("SHOW plan_cache_mode").scalar_one() == "auto"
+            assert conn.exec_driver_sql("SHOW enable_seqscan").scalar_one() == "on"
     sets = [s for s in seen if s.upper().startswith("SET")]
     assert sets and all(s.startswith("SET LOCAL ") for s in sets), sets
     # each write transaction begins with it (with the store's deadline, in the same round
     # trip): create_conversation, then commit_turn
-    plan = [s for s in sets if s.startswith("SET LOCAL plan_cache_mode = force_custom_plan")]
+    plan = [s for s in sets if s.startswith("SET LOCAL enable_seqscan = off")]
     assert len(plan) == 2, sets
     readonly = create_readonly_engine(db_url)
     try:

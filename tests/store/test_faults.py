@@ -45,11 +45,26 @@ CALLS = [
     ("call_a", "add", '{"a": 2, "b": 3}'),
 ]
 RESULTS = ["5", "none", "5 again"]
-#: where the writer is paused: after its first INSERT (the assistant message), after its last
-#: INSERT (the results), or at COMMIT (every row written, the commit not yet sent)
+#: where the writer is paused: after its first write (SQLite: the INSERT of the assistant
+#: message; PostgreSQL, which writes the whole turn in one statement: the conversation's lock),
+#: after its last INSERT (the results), or at COMMIT (every row written, the commit not yet sent)
 PAUSE_POINTS = ["first_insert", "last_insert", "commit"]
-#: the INSERTs of a turn with calls: assistant message, calls, results
-INSERTS = 3
+
+
+def _writes(engine: sa.Engine, statement: str) -> bool:
+    """Whether ``statement`` is one of the writes of a commit that :func:`add_pause` counts:
+    SQLite's three INSERTs (assistant message, calls, results); PostgreSQL's lock and its one
+    INSERT of the turn (``WITH written_calls AS (INSERT ...) INSERT ...``)."""
+    text = statement.lstrip().upper()
+    if engine.dialect.name == "postgresql":
+        return text.startswith(("INSERT", "WITH")) or text.endswith("FOR UPDATE")
+    return text.startswith("INSERT")
+
+
+def _inserts(engine: sa.Engine) -> int:
+    return 2 if engine.dialect.name == "postgresql" else 3
+
+
 TIMEOUT = 20.0
 
 
@@ -81,16 +96,17 @@ def seed(store: ConversationStore) -> str:
 def add_pause(engine: sa.Engine, point: str, on_pause: Callable[[Any], None]) -> Callable[[], None]:
     """Call ``on_pause(dbapi_connection)`` at ``point`` of the next commit; returns a remover."""
     inserts = {"n": 0}
-    target = 1 if point == "first_insert" else INSERTS
+    writes = _inserts(engine)
+    target = 1 if point == "first_insert" else writes
 
     def after(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if statement.lstrip().upper().startswith("INSERT"):
+        if _writes(engine, statement):
             inserts["n"] += 1
             if inserts["n"] == target:
                 on_pause(conn.connection.dbapi_connection)
 
     def at_commit(conn: Any) -> None:
-        if inserts["n"] == INSERTS:
+        if inserts["n"] == writes:
             on_pause(conn.connection.dbapi_connection)
 
     if point == "commit":

@@ -333,7 +333,7 @@ def test_black_hole_raises_within_the_deadline_and_frees_the_lock(
         n = (
             len(statements)
             if where == "at COMMIT"
-            else next(i for i, s in enumerate(statements, 1) if s.startswith("INSERT"))
+            else next(i for i, s in enumerate(statements, 1) if s.startswith(("INSERT", "WITH")))
         )
         turn = make_turn(CALLS, response_id=f"hole-{where}")
         with at_statement(victim.engine, n, proxy.blackhole):

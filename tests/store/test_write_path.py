@@ -1,0 +1,208 @@
+"""The write path: the plans of a commit's foreign-key checks on PostgreSQL stay index probes as
+tables grow; SQLite writers of one process take turns; a commit's statements.
+
+A commit runs some 18 foreign-key checks; PostgreSQL caches a generic plan for each, per
+session. A plan made after the tables were analyzed while tiny is a sequential scan, and it is
+kept as the tables grow (a bulk load, until autovacuum analyzes them again). fsm's write
+transactions turn sequential scans off (``SET LOCAL enable_seqscan = off``,
+:data:`fsm.store.engine._POSTGRES_WRITE_TRANSACTION`), so each cached plan is an index probe
+whatever the statistics said. Shown here with ``auto_explain``, which reports the plans of the
+checks (nested statements) to the client: the same session, the same scenario, once through
+fsm (index probes) and once through a bare connection (sequential scans of the grown table).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from fsm.store import ConversationStore, upgrade
+from tests.helpers.store import empty_database, make_turn, pg_partitions
+
+GROWN = 20_000
+TABLES = ("conversations", "messages", "tool_calls")
+AUTO_EXPLAIN = (
+    "LOAD 'auto_explain'",
+    "SET auto_explain.log_min_duration = 0",
+    "SET auto_explain.log_level = notice",
+    "SET auto_explain.log_nested_statements = on",
+)
+
+
+@pytest.fixture
+def pg_url(tmp_path: Path) -> Iterator[sa.URL]:
+    for url in empty_database("postgresql", tmp_path / "unused.db"):
+        upgrade(url, partitions=pg_partitions())
+        yield url
+
+
+def _connect(url: sa.URL) -> psycopg.Connection[Any]:
+    args = {"host": url.host, "port": url.port, "user": url.username, "dbname": url.database}
+    args.update({key: str(value) for key, value in url.query.items()})
+    return psycopg.connect(password=url.password, autocommit=True, **args)
+
+
+def _explain(conn: psycopg.Connection[Any], notices: list[str]) -> None:
+    """Report the plans of every statement run on ``conn`` from now on, nested ones too."""
+    for setting in AUTO_EXPLAIN:
+        conn.execute(setting)
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+
+
+def _seq_scans(notices: list[str]) -> set[str]:
+    return set(
+        re.findall(r"Seq Scan on ((?:messages|tool_calls|conversations)\w*)", "\n".join(notices))
+    )
+
+
+def _bare_turn(conn: psycopg.Connection[Any], seq: int) -> None:
+    """One turn of one call, written by hand in one transaction, as a bare client would."""
+    with conn.transaction():
+        conn.execute(
+            "INSERT INTO messages (conversation_id, seq, role, n_calls, slots_left, prev_seq,"
+            " prev_slots_left, block_end_seq) VALUES ('bare', %s, 'assistant', 1, 1, %s, %s, %s)",
+            (seq, seq - 1 if seq else None, 0 if seq else None, seq + 1),
+        )
+        conn.execute(
+            "INSERT INTO tool_calls (conversation_id, assistant_seq, position, assistant_n_calls,"
+            " call_id, type, name, arguments, repaired, state) VALUES ('bare', %s, 0, 1, 'c',"
+            " 'function', 'f', '{}', false, 'finished')",
+            (seq,),
+        )
+        conn.execute(
+            "INSERT INTO messages (conversation_id, seq, role, content, tool_call_id,"
+            " assistant_seq, call_position, slots_left, prev_seq, prev_slots_left) VALUES"
+            " ('bare', %s, 'tool', 'ok', 'c', %s, 0, 0, %s, 1)",
+            (seq + 1, seq, seq),
+        )
+
+
+@pytest.mark.postgres
+def test_foreign_key_checks_stay_index_probes_on_a_grown_table(pg_url: sa.URL) -> None:
+    with _connect(pg_url) as admin, _connect(pg_url) as bare:
+        relations = admin.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = current_schema() AND c.relkind = 'r'"
+        ).fetchall()
+        for (table,) in relations:  # autovacuum would analyze the grown tables: not here
+            admin.execute(f'ALTER TABLE "{table}" SET (autovacuum_enabled = false)')
+        admin.execute("INSERT INTO conversations (id) VALUES ('bare'), ('grown')")
+        with ConversationStore(pg_url) as store:
+            conv = store.create_conversation()
+            for i in range(2):
+                store.commit_turn(conv, make_turn(response_id=f"tiny-{i}"), ["ok"])
+            for table in TABLES:  # analyzed while tiny, as autovacuum does early on
+                admin.execute(f"ANALYZE {table}")
+            # the checks' plans are made now, from the tiny statistics, and cached: past the
+            # 5 custom plans PostgreSQL settles on a generic one
+            for i in range(8):
+                store.commit_turn(conv, make_turn(response_id=f"small-{i}"), ["ok"])
+            for turn in range(8):
+                _bare_turn(bare, 2 * turn)
+            # the growth goes to both conversations (on a partitioned database each check
+            # reads the partition of its own conversation)
+            admin.execute(
+                "INSERT INTO messages (conversation_id, seq, role, content, prev_seq,"
+                " prev_slots_left) SELECT 'grown', g, 'user', 'x', CASE WHEN g > 0 THEN g - 1"
+                f" END, CASE WHEN g > 0 THEN 0 END FROM generate_series(0, {GROWN - 1}) g"
+            )
+            admin.execute(
+                "INSERT INTO messages (conversation_id, seq, role, content, prev_seq,"
+                " prev_slots_left) SELECT 'bare', g, 'user', 'x', g - 1, 0"
+                f" FROM generate_series(16, {16 + GROWN - 1}) g"
+            )
+            ours: list[str] = []
+            with store.engine.connect() as conn:  # the store's one pooled session
+                raw = conn.connection.driver_connection
+                assert isinstance(raw, psycopg.Connection)
+                conn.rollback()
+                _explain(raw, ours)
+                raw.commit()  # the settings are the session's (a rollback would undo them)
+            store.commit_turn(conv, make_turn(response_id="grown"), ["ok"])
+        assert ours and not _seq_scans(ours), ours
+        assert sum("Index" in n and "Scan" in n for n in ours) >= 4, ours
+        if pg_partitions():
+            return  # the control below is shown on one table (partitions plan their own way)
+        # the same, by a bare session with PostgreSQL's defaults: its cached checks read the
+        # grown table from end to end
+        theirs: list[str] = []
+        _explain(bare, theirs)
+        _bare_turn(bare, 16 + GROWN)
+        assert any(t.startswith("messages") for t in _seq_scans(theirs)), theirs
+
+
+def test_a_commit_is_few_statements(store: ConversationStore) -> None:
+    """PostgreSQL: SET LOCAL, the lock, one query, one INSERT, COMMIT; SQLite: BEGIN
+    IMMEDIATE, one query, one INSERT per table, COMMIT (bench/floor.py's figures)."""
+    conv = store.create_conversation()
+    seen: list[str] = []
+
+    def before(_c: Any, _cur: Any, statement: str, *_a: Any) -> None:
+        seen.append(statement.split(None, 1)[0].upper())
+
+    sa.event.listen(store.engine, "before_cursor_execute", before)
+    try:
+        store.commit_turn(conv, make_turn(response_id="few"), ["ok"])
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", before)
+    if store.dialect == "postgresql":
+        assert seen == ["SET", "SELECT", "SELECT", "WITH"], seen
+    else:
+        assert seen == ["BEGIN", "SELECT", "INSERT", "INSERT", "INSERT"], seen
+    assert store.history(conv)[-1]["content"] == "ok"
+
+
+def test_sqlite_writers_of_a_process_take_turns(tmp_path: Path) -> None:
+    """A thread waits for the file's write lock of this process (at most ``busy_timeout``:
+    then StoreBusyError, retryable); 16 threads on one file all land, in order."""
+    import threading
+
+    from fsm.store import store as store_module
+    from fsm.store.errors import StoreBusyError
+
+    url = sa.make_url(f"sqlite:///{tmp_path / 'turns.db'}")
+    upgrade(url)
+    with ConversationStore(url, busy_timeout=0.2) as store:
+        conv = store.create_conversation()
+        lock = store_module._sqlite_writer_lock(url)
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with lock:
+                held.set()
+                release.wait(5)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait(5)
+        try:
+            with pytest.raises(StoreBusyError) as busy:
+                store.append(conv, [{"role": "user", "content": "late"}])
+            assert busy.value.retryable
+        finally:
+            release.set()
+            holder.join()
+        errors: list[BaseException] = []
+
+        def write(i: int) -> None:
+            try:
+                for j in range(5):
+                    store.commit_turn(conv, make_turn(response_id=f"t{i}-{j}"), [f"{i}-{j}"])
+            except BaseException as exc:
+                errors.append(exc)
+
+        with ConversationStore(url) as patient:
+            store = patient
+            threads = [threading.Thread(target=write, args=(i,)) for i in range(16)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert not errors, errors
+            assert len(patient.history(conv)) == 16 * 5 * 2
