@@ -76,6 +76,7 @@ from fsm.store.plans import (
     _tool_message,
     json_safe,
 )
+from fsm.store.render import HistoryFormat, check_format, render
 from fsm.telemetry import store_write
 from fsm.toolcall import is_json
 from fsm.types import Message as HistoryMessage
@@ -471,8 +472,10 @@ class ConversationStore(LedgerMethods):
         *,
         last: int | None = None,
         include_reasoning: bool = False,
+        format: HistoryFormat = "chat",
     ) -> list[HistoryMessage]:
-        """The conversation as an OpenAI ``messages`` list, ready to send.
+        """The conversation as an OpenAI ``messages`` list, ready to send (or, with
+        ``format``, as the input of another API).
 
         Tool call ids and arguments are byte-exact; each assistant message with tool calls is
         followed by its results in call order. ``last=N`` returns the smallest window of at
@@ -492,11 +495,24 @@ class ConversationStore(LedgerMethods):
         every violation (``fsm audit check --db URL``). ``append``, ``commit_turn`` and
         ``next_seq`` raise it too when the conversation's last message is broken (a text seq,
         result slots left open).
+
+        ``format`` names the API the history is for: ``"chat"`` (Chat Completions
+        ``messages``, the default), ``"responses"`` (Responses API ``input`` items: messages,
+        ``function_call`` / ``custom_tool_call`` items and one ``function_call_output`` per
+        ``call_id``) or ``"anthropic"`` (Messages API ``messages``: each assistant message's
+        content blocks, then ONE user message of ``tool_result`` blocks in call order;
+        ``system`` and ``developer`` messages are left out, as the API takes them as
+        ``system``). A turn read back in the format that wrote it is what its parser's
+        ``Turn.to_items()`` / ``Turn.to_anthropic()`` gave, byte-exact (reasoning items with
+        ``encrypted_content``, thinking signatures, built-in tool items); read in another
+        format, only its text and calls remain (the rule: :mod:`fsm.store.render`). A format
+        other than ``"chat"`` costs two more small queries in the same snapshot.
         """
         self._core.check_conversation_id(conversation_id)
         self._core.check_last(last)
+        fmt = check_format(format)
         with self._reader() as conn:
-            return self._core.history(conn, conversation_id, last, include_reasoning)
+            return self._core.history(conn, conversation_id, last, include_reasoning, fmt)
 
     def attempts(self, conversation_id: str) -> list[dict[str, Any]]:
         """The recorded attempts of a conversation, oldest first.
@@ -719,11 +735,13 @@ class BoundStore:
         *,
         last: int | None = None,
         include_reasoning: bool = False,
+        format: HistoryFormat = "chat",
     ) -> list[HistoryMessage]:
         """:meth:`ConversationStore.history`, in the caller's transaction."""
         self._core.check_conversation_id(conversation_id)
         self._core.check_last(last)
-        return self._core.history(self._conn, conversation_id, last, include_reasoning)
+        fmt = check_format(format)
+        return self._core.history(self._conn, conversation_id, last, include_reasoning, fmt)
 
     def attempts(self, conversation_id: str) -> list[dict[str, Any]]:
         """:meth:`ConversationStore.attempts`, in the caller's transaction."""
@@ -1019,6 +1037,8 @@ class StoreCore:
                 "finish_reason": turn.finish_reason,
                 "usage": json_safe(turn.usage),
                 "idempotency_key": idempotency_key,
+                "format": plan.format,
+                "provider_items": plan.provider_items,
                 "n_calls": n,
                 "slots_left": n,
                 "prev_seq": seq - 1 if seq else None,
@@ -1095,11 +1115,19 @@ class StoreCore:
         return ids
 
     def history(
-        self, conn: Connection, conversation_id: str, last: int | None, include_reasoning: bool
+        self,
+        conn: Connection,
+        conversation_id: str,
+        last: int | None,
+        include_reasoning: bool,
+        fmt: HistoryFormat = "chat",
     ) -> list[HistoryMessage]:
         """The history (see :meth:`ConversationStore.history`), in a read transaction."""
         with self.reading(conversation_id):
             messages = _read(conn, conversation_id, last=last, include_reasoning=include_reasoning)
+            if fmt != "chat" and messages:
+                seqs, provider = _read_provider(conn, conversation_id, len(messages))
+                messages = render(messages, provider, fmt, seqs)
         if not messages:
             _require(conn, conversation_id)
         return cast("list[HistoryMessage]", messages)  # checked against the contract as it was read
@@ -1423,7 +1451,7 @@ def _read(
                 raise _Corrupt(f"{where} has a value that is not text")
             if not name.strip(_JSON_WHITESPACE):
                 raise _Corrupt(f"{where} has a blank name")
-            if not is_json(arguments):
+            if kind != "custom" and not is_json(arguments):  # custom: free text (0007)
                 raise _Corrupt(f"{where} has arguments that are not JSON")
             if call_id != blocks[assistant_seq][1][position]:
                 raise _Corrupt(
@@ -1431,7 +1459,9 @@ def _read(
                     f"not the call's id {_show(call_id)}"
                 )
             target.append(
-                {
+                {"id": call_id, "type": kind, "custom": {"name": name, "input": arguments}}
+                if kind == "custom"  # a free-text call, as Chat Completions sends custom tools
+                else {
                     "id": call_id,
                     "type": kind,
                     "function": {"name": name, "arguments": arguments},
@@ -1452,6 +1482,35 @@ def _read(
             )
         assistant["function_call"] = function
     return messages
+
+
+def _read_provider(
+    conn: Connection, conversation_id: str, count: int
+) -> tuple[list[int], dict[int, tuple[Any, Any]]]:
+    """The seqs of the last ``count`` messages (what :func:`_read` just read, in the same
+    snapshot: dense seqs ending at the last message) and the ``format`` and
+    ``provider_items`` of their assistant messages, for :func:`~fsm.store.render.render`."""
+    m = Message
+    last = conn.execute(
+        sa.select(sa.func.max(m.seq)).where(m.conversation_id == conversation_id)
+    ).scalar_one()
+    first = int(last) + 1 - count
+    try:
+        rows = conn.execute(
+            sa.select(m.seq, m.format, m.provider_items).where(
+                m.conversation_id == conversation_id,
+                m.seq >= first,
+                sa.type_coerce(m.role, sa.String) == "assistant",
+                m.format.is_not(None),
+            )
+        ).all()
+    except (ValueError, TypeError) as exc:  # JSON that is not JSON
+        raise _Corrupt(f"stored provider items cannot be read back: {_first_line(exc)}") from None
+    provider = {seq: (fmt, items) for seq, fmt, items in rows}
+    for seq, (_fmt, items) in provider.items():
+        if items is not None and not isinstance(items, list):
+            raise _Corrupt(f"message {seq} has provider items {_show(items)}, not a list")
+    return list(range(first, first + count)), provider
 
 
 def _after(last_seq: object, slots_left: object) -> int:

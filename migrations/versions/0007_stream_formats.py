@@ -88,9 +88,7 @@ def upgrade() -> None:
             for column in _columns():
                 batch.add_column(column)
             batch.create_check_constraint(op.f("ck_messages_format"), sa.text(_FORMAT))
-            batch.create_check_constraint(
-                op.f("ck_messages_format_types"), sa.text(_FORMAT_TYPES)
-            )
+            batch.create_check_constraint(op.f("ck_messages_format_types"), sa.text(_FORMAT_TYPES))
         with op.batch_alter_table("tool_calls", recreate="always") as batch:
             batch.drop_constraint(op.f("ck_tool_calls_arguments"), type_="check")
             batch.create_check_constraint(
