@@ -309,6 +309,8 @@ MESSAGE_FORMAT_CHECK = (
     "(format IS NULL OR (role = 'assistant' AND format IN ('chat', 'responses', 'anthropic')))"
     " AND (provider_items IS NULL OR role = 'assistant')"
 )
+#: ``attempts.format`` (migration 0007): one of :data:`FORMATS`, or NULL.
+ATTEMPT_FORMAT_CHECK = "format IS NULL OR format IN ('chat', 'responses', 'anthropic')"
 #: the SQLite types of the columns of migration 0007 (a check of their own).
 MESSAGE_FORMAT_TYPES: dict[str, list[str]] = {
     "nullable_texts": ["format"],
@@ -548,6 +550,14 @@ class Message(Base):
             **_partial("role = 'assistant'"),
         ),
         sa.Index("ix_messages_created_at", "created_at", **_partial("role = 'assistant'")),
+        # fsm audit calls --format (migration 0007)
+        sa.Index(
+            "ix_messages_format_conversation_id_seq",
+            "format",
+            "conversation_id",
+            "seq",
+            **_partial("role = 'assistant'"),
+        ),
     )
 
 
@@ -641,12 +651,17 @@ class Attempt(Base):
     anomalies: Mapped[list[Any]] = mapped_column()
     #: why the turn failed after its tools ran (a commit that failed), if it did.
     error: Mapped[str | None] = mapped_column(StoredText)
+    #: the API of the attempt's stream (``chat``, ``responses``, ``anthropic``; migration
+    #: 0007; NULL: unknown, or written before it).
+    format: Mapped[str | None] = mapped_column(sa.Text)
 
     # audit (migration 0002): attempts in key order, and failures by model and by time; hash
     # indexes on PostgreSQL, whose b-tree entries cannot exceed ~2.7 KB (migration 0003)
     __table_args__ = (
         sa.PrimaryKeyConstraint("conversation_id", "id"),
         _sqlite_check(sqlite_types_check(**ATTEMPT_TYPES), "types"),
+        sa.CheckConstraint(ATTEMPT_FORMAT_CHECK, name="format"),
+        _sqlite_check(sqlite_types_check(nullable_texts=["format"]), "format_types"),
         sa.Index("ix_attempts_conversation_id_at_seq_id", "conversation_id", "at_seq", "id"),
         # an attempt by its id alone, as the audit joins calls to it (migration 0004: the key
         # now leads with conversation_id)

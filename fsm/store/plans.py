@@ -472,7 +472,12 @@ def _attempt_row(
     }
     if result is not None:
         row.update(response_id=result.response_id, model=result.model, usage=result.usage)
+        fmt = getattr(result, "format", None)
+        row["format"] = fmt if fmt in ("chat", "responses", "anthropic") else None
     if turn is not None:
+        fmt = getattr(turn, "format", None)
+        if fmt in ("chat", "responses", "anthropic"):
+            row["format"] = fmt
         row.update(
             response_id=turn.response_id,
             model=turn.model,

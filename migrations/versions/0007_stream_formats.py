@@ -16,14 +16,17 @@ them:
   ``thinking`` blocks with their signatures, ``redacted_thinking``, built-in tool items), with
   each tool call and the text standing as a reference to the format-neutral row that holds
   it. Only on assistant rows (``ck_messages_format``).
+* ``attempts.format`` (nullable text): the API of an attempt's stream (``ck_attempts_format``).
+* ``ix_messages_format_conversation_id_seq``: ``fsm audit calls --format`` finds the assistant
+  messages of one format through it (partial: assistant rows only).
 * ``ck_tool_calls_arguments`` now exempts calls whose ``type`` is ``custom`` (a Responses
   ``custom_tool_call``: its input is free text, never JSON); every other call still has blank
   or valid JSON arguments.
 
-SQLite pins the types of the two new columns in a check of their own,
-``ck_messages_format_types``, so that this revision does not depend on the text of
+SQLite pins the types of the new columns in checks of their own,
+``ck_messages_format_types`` and ``ck_attempts_format_types``, so that this revision does not depend on the text of
 ``ck_messages_types`` (which other revisions may extend). SQLite cannot alter a check: batch
-mode rebuilds ``messages`` and ``tool_calls`` (foreign keys off, as ``fsm db upgrade`` has
+mode rebuilds ``messages``, ``tool_calls`` and ``attempts`` (foreign keys off, as ``fsm db upgrade`` has
 them). The downgrade drops the columns and restores the old arguments check (a custom call whose
 input is not JSON then stops it, naming the check).
 
@@ -59,6 +62,9 @@ _FORMAT = (
     "(format IS NULL OR (role = 'assistant' AND format IN ('chat', 'responses', 'anthropic')))"
     " AND (provider_items IS NULL OR role = 'assistant')"
 )
+_ATTEMPT_FORMAT = "format IS NULL OR format IN ('chat', 'responses', 'anthropic')"
+_ATTEMPT_FORMAT_TYPES = "(format IS NULL OR typeof(format) = 'text')"
+_INDEX = "ix_messages_format_conversation_id_seq"
 _FORMAT_TYPES = (
     "(format IS NULL OR typeof(format) = 'text')"
     " AND (provider_items IS NULL OR (typeof(provider_items) = 'text'"
@@ -94,19 +100,45 @@ def upgrade() -> None:
             batch.create_check_constraint(
                 op.f("ck_tool_calls_arguments"), sa.text(_SQLITE_ARGUMENTS)
             )
+        with op.batch_alter_table("attempts", recreate="always") as batch:
+            batch.add_column(sa.Column("format", sa.Text(), nullable=True))
+            batch.create_check_constraint(op.f("ck_attempts_format"), sa.text(_ATTEMPT_FORMAT))
+            batch.create_check_constraint(
+                op.f("ck_attempts_format_types"), sa.text(_ATTEMPT_FORMAT_TYPES)
+            )
+        _create_index()
         return
     for column in _columns():
         op.add_column("messages", column)
     op.create_check_constraint(op.f("ck_messages_format"), "messages", sa.text(_FORMAT))
+    op.add_column("attempts", sa.Column("format", sa.Text(), nullable=True))
+    op.create_check_constraint(op.f("ck_attempts_format"), "attempts", sa.text(_ATTEMPT_FORMAT))
+    _create_index()
     op.drop_constraint(op.f("ck_tool_calls_arguments"), "tool_calls", type_="check")
     op.create_check_constraint(
         op.f("ck_tool_calls_arguments"), "tool_calls", sa.text(_PG_ARGUMENTS)
     )
 
 
+def _create_index() -> None:
+    where = sa.text("role = 'assistant'")
+    op.create_index(
+        _INDEX,
+        "messages",
+        ["format", "conversation_id", "seq"],
+        sqlite_where=where,
+        postgresql_where=where,
+    )
+
+
 def downgrade() -> None:
+    op.drop_index(_INDEX, table_name="messages")
     if op.get_bind().dialect.name == "sqlite":
         _require_foreign_keys_off()
+        with op.batch_alter_table("attempts", recreate="always") as batch:
+            batch.drop_constraint(op.f("ck_attempts_format_types"), type_="check")
+            batch.drop_constraint(op.f("ck_attempts_format"), type_="check")
+            batch.drop_column("format")
         with op.batch_alter_table("tool_calls", recreate="always") as batch:
             batch.drop_constraint(op.f("ck_tool_calls_arguments"), type_="check")
             batch.create_check_constraint(
@@ -122,6 +154,8 @@ def downgrade() -> None:
     op.create_check_constraint(
         op.f("ck_tool_calls_arguments"), "tool_calls", sa.text(_PG_ARGUMENTS_0003)
     )
+    op.drop_constraint(op.f("ck_attempts_format"), "attempts", type_="check")
+    op.drop_column("attempts", "format")
     op.drop_constraint(op.f("ck_messages_format"), "messages", type_="check")
     for column in reversed(_columns()):
         op.drop_column("messages", column.name)
