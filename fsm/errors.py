@@ -20,6 +20,7 @@ __all__ = [
     "IncompleteTurnError",
     "LocalProtocolError",
     "RemoteProtocolError",
+    "ToolResultError",
 ]
 
 
@@ -91,3 +92,9 @@ class IncompleteTurnError(FsmError):
         self.choice = choice
         self.states = states or {}
         super().__init__(message)
+
+
+class ToolResultError(FsmError, ValueError):
+    """The results given to ``Turn.to_items(results=...)`` / ``Turn.to_anthropic(results=...)``
+    do not answer the turn's calls exactly (a call without a result, a result for no call, or a
+    list of the wrong length): the real APIs refuse such a follow-up, so it is never rendered."""

@@ -125,6 +125,9 @@ class Limits:
 
 _DEFAULT_LIMITS: Final = Limits()
 
+#: the values of ``StreamParser(format=...)``
+_FORMAT_NAMES: Final = ("auto", "chat", "responses", "anthropic")
+
 
 _OPEN: Final = StreamState.OPEN
 _ENDED: Final = StreamState.ENDED
@@ -140,9 +143,19 @@ class StreamParser:
             (never for ``finish_reason: length``). Off by default: a truncated call is never
             executed.
         limits: bounds on memory; see :class:`Limits`.
+        format: the stream format: ``"auto"`` (the default: detected from the first event that
+            carries JSON), ``"chat"`` (Chat Completions chunks), ``"responses"`` (the OpenAI
+            Responses API) or ``"anthropic"`` (Anthropic Messages); see :mod:`fsm.formats`.
     """
 
-    def __init__(self, *, repair_json: bool = False, limits: Limits | None = None) -> None:
+    def __init__(
+        self, *, repair_json: bool = False, limits: Limits | None = None, format: str = "auto"
+    ) -> None:
+        if format not in _FORMAT_NAMES:
+            raise ValueError(
+                f"StreamParser(format=...) must be one of {', '.join(_FORMAT_NAMES)}, "
+                f"got {format!r}"
+            )
         self.repair_json = repair_json
         self.limits = limits or _DEFAULT_LIMITS
         self._framer = SSEFramer(self.limits.max_event_bytes)
@@ -164,12 +177,25 @@ class StreamParser:
         self._stream_bytes = 0
         self._max_stream_bytes = self.limits.max_stream_bytes
         self._max_text_bytes = self.limits.max_text_bytes
+        #: the stream format, ``None`` until detected; the error code of an error end
+        self._format: str | None = None if format == "auto" else format
+        self._error_code: str | None = None
+        if format != "chat":
+            from fsm.formats import install
+
+            install(self, format)
 
     # -- public API ---------------------------------------------------------------------------
     @property
     def turns(self) -> dict[int, Turn]:
         """``{choice_index: Turn}``, a live view."""
         return self._turns
+
+    @property
+    def format(self) -> str | None:
+        """The stream format (``"chat"``, ``"responses"``, ``"anthropic"``), ``None`` while it
+        is not yet detected."""
+        return self._format
 
     @property
     def anomalies(self) -> list[Anomaly]:
@@ -197,6 +223,8 @@ class StreamParser:
             error=self._error,
             anomaly_counts=dict(self._anomaly_counts),
             event_count=self._event_number,
+            format=self._format,
+            error_code=self._error_code,
         )
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
@@ -214,7 +242,7 @@ class StreamParser:
             if data and self._framer_usable:
                 for _name, _payload, _offset in self._feed_framer(bytes(data)):
                     self._event_number += 1
-                    self._anomaly("data_after_end", "an SSE event after the end of the stream")
+                    self._after_end(_name, _payload)
             # after an oversized event nothing more is framed: the rest is ignored silently, as
             # the same bytes would have been had they come in the same read
             return self._take()
@@ -289,10 +317,7 @@ class StreamParser:
         if isinstance(chunk, str | bytes | bytearray):
             text = chunk.strip()
             if text in ("[DONE]", b"[DONE]"):
-                if self._status is _OPEN:
-                    self._end("done", None)
-                else:
-                    self._anomaly("data_after_end", "[DONE] after the end of the stream")
+                self._done_sentinel()
                 return self._take()
             if self._status is not _OPEN:
                 self._anomaly("data_after_end", "a chunk after the end of the stream")
@@ -348,6 +373,31 @@ class StreamParser:
             raise LocalProtocolError(
                 f"{what}() called after the stream was closed by receive_eof() or abort(); "
                 "use a new StreamParser for a new response"
+            )
+
+    # -- hooks a stream format replaces (fsm.formats installs its own on the instance) --
+    def _after_end(self, name: str, payload: bytes) -> None:
+        """An SSE event after the end of the stream."""
+        self._anomaly("data_after_end", "an SSE event after the end of the stream")
+
+    def _done_sentinel(self) -> None:
+        """``[DONE]`` fed as a chunk: the end of a Chat Completions stream."""
+        if self._status is _OPEN:
+            self._end("done", None)
+        else:
+            self._anomaly("data_after_end", "[DONE] after the end of the stream")
+
+    def _typed_event(self, chunk: dict[str, Any]) -> None:
+        """A chunk with no choices but a ``type``: an event of another format is a protocol
+        error (a stream that changes format midway); any other ``type`` is ignored."""
+        from fsm.formats import foreign_format
+
+        other = foreign_format(chunk.get("type"))
+        if other is not None:
+            self._fail(
+                f"the stream changed format: a {other} event ({chunk['type']!r}) in a Chat "
+                "Completions stream",
+                "type",
             )
 
     def _feed_framer(self, data: bytes) -> list[tuple[str, bytes, int]]:
@@ -506,6 +556,8 @@ class StreamParser:
                         return
         elif choices is not None and type(choices) is not list:
             self._fail(f"must be a list or null, got {_json_type(choices)}", "choices")
+        elif "type" in chunk:
+            self._typed_event(chunk)
         error = chunk.get("error")
         if error is not None:
             self._end("error", _error_message(error))

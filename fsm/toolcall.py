@@ -170,6 +170,40 @@ class ToolCall:
             "function": {"name": self.name, "arguments": self.arguments},
         }
 
+    #: the Responses output item id of the call (``fc_...``); ``None`` for a Chat Completions or
+    #: Anthropic call (:class:`fsm.formats.turn.ItemToolCall` sets it)
+    item_id: str | None = None
+
+    @property
+    def custom(self) -> bool:
+        """Whether the call is a custom tool call (Responses ``custom_tool_call``, Chat
+        Completions ``type: "custom"``): its :attr:`arguments` are free text, never parsed as
+        JSON. :attr:`type` is then ``"custom"``."""
+        return self._type == "custom"
+
+    @property
+    def input(self) -> Any:
+        """The arguments as a value: the parsed JSON object (``{}`` when the arguments are
+        empty), or a custom call's text as is. Raises ``ValueError`` for arguments that are not
+        JSON (only a ``finished`` call's are sure to be)."""
+        if self.custom:
+            return self.arguments
+        text = self.arguments
+        return loads_strict(text) if text.strip() else {}
+
+    def result_item(self, output: Any) -> dict[str, Any]:
+        """The Responses input item that answers this call: ``{"type": "function_call_output",
+        "call_id": ..., "output": output}`` (``custom_tool_call_output`` for a custom call)."""
+        kind = "custom_tool_call_output" if self.custom else "function_call_output"
+        return {"type": kind, "call_id": self.id, "output": output}
+
+    def result_block(self, content: Any, *, is_error: bool = False) -> dict[str, Any]:
+        """The Anthropic ``tool_result`` content block that answers this call."""
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": self.id, "content": content}
+        if is_error:
+            block["is_error"] = True
+        return block
+
     def to_function_call(self) -> FunctionCall:
         """The call as the legacy ``function_call`` of an assistant message."""
         return {"name": self.name, "arguments": self.arguments}

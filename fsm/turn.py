@@ -8,8 +8,9 @@ A :class:`Turn` owns the two per-choice rules of the spec: *routing* a tool-call
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from fsm.errors import IncompleteTurnError, RemoteProtocolError
 from fsm.events import Event
@@ -342,6 +343,45 @@ class Turn:
             message["tool_calls"] = [c.to_dict() for c in calls]
         return message
 
+    #: the stream format the turn came from: ``"chat"`` here; ``"responses"`` /
+    #: ``"anthropic"`` for the turns of :mod:`fsm.formats`
+    format: ClassVar[str] = "chat"
+
+    def output_items(self) -> list[dict[str, Any]]:
+        """The provider's own items of the turn, verbatim, in output order, as JSON-serializable
+        copies: Responses output items (reasoning with ``encrypted_content``, messages, calls,
+        built-in tool items) or Anthropic content blocks (thinking with its signature, text,
+        ``tool_use``, server tool blocks). ``[]`` for a Chat Completions turn. Never raises:
+        the items of an incomplete turn can be kept as an attempt."""
+        return []
+
+    def to_items(self, results: Mapping[str, Any] | Sequence[Any] | None = None) -> list[Any]:
+        """The turn as Responses API input items, in output order (reasoning, message,
+        ``function_call`` / ``custom_tool_call``, built-in tool items); with ``results`` (a
+        mapping of call id to output, or the outputs in call order) also one
+        ``function_call_output`` / ``custom_tool_call_output`` per call, in call order. Items
+        only another provider understands are dropped (see README "Three stream formats").
+
+        Only for a complete turn (:class:`~fsm.errors.IncompleteTurnError` otherwise)."""
+        from fsm.formats.render import to_items
+
+        return to_items(self, results)
+
+    def to_anthropic(
+        self, results: Mapping[str, Any] | Sequence[Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """The turn as Anthropic Messages: one ``assistant`` message of content blocks in index
+        order (thinking with its signature, redacted thinking, text, ``tool_use`` with ``input``
+        the parsed object, server tool blocks), and with ``results`` (a mapping of call id to
+        content, or the contents in call order) ONE ``user`` message of ``tool_result`` blocks
+        in call order.
+
+        Only for a complete turn, or an Anthropic turn stopped by ``pause_turn`` (sent back to
+        let the model continue); :class:`~fsm.errors.IncompleteTurnError` otherwise."""
+        from fsm.formats.render import to_anthropic
+
+        return to_anthropic(self, results)
+
     def to_json(self) -> dict[str, Any]:
         """The turn as the ``choices[]`` entry of ``fsm parse --json``."""
         return {
@@ -407,6 +447,12 @@ class ParseResult:
     anomaly_counts: dict[str, int] = field(default_factory=dict)
     #: SSE events and chunks received (``0``: the input held no event at all, not a stream).
     event_count: int = 0
+    #: the stream's format: ``"chat"``, ``"responses"`` or ``"anthropic"``; ``None`` when no
+    #: event carried JSON (nothing to detect it from)
+    format: str | None = None
+    #: the error's code or type when the stream ended with an error that had one
+    #: (``"rate_limit_exceeded"``, ``"overloaded_error"``), else ``None``
+    error_code: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -434,4 +480,6 @@ class ParseResult:
             "end": {"how": self.end_how, "reason": self.end_reason},
             "anomalies": [{"kind": a.kind, "detail": a.detail} for a in self.anomalies],
             "choices": [t.to_json() for t in self.turns],
+            "format": self.format,
+            "error_code": self.error_code,
         }

@@ -26,7 +26,10 @@ def test_json_output_has_exactly_the_documented_shape() -> None:
     code, out, _ = run(["parse", "--json", str(EXAMPLES / "parallel_add_multiply.sse")])
     assert code == 0
     data = json.loads(out)
-    assert list(data) == ["response_id", "model", "usage", "end", "anomalies", "choices"]
+    assert list(data) == [
+        "response_id", "model", "usage", "end", "anomalies", "choices", "format", "error_code"
+    ]  # fmt: skip
+    assert data["format"] == "chat"
     assert data["end"] == {"how": "done", "reason": None}
     (choice,) = data["choices"]
     assert list(choice) == [

@@ -1,0 +1,369 @@
+"""The turn and call of a Responses API or Anthropic Messages stream.
+
+:class:`ItemTurn` is a :class:`~fsm.turn.Turn` that also keeps, in output order, every item
+(Responses output item, Anthropic content block) the stream carried, verbatim: what the next
+request must send back (encrypted reasoning, thinking signatures, built-in tool items). Its text
+fields are read from those items, so a ``.done`` text that wins over the deltas is the text of
+the turn. :class:`ItemToolCall` is a :class:`~fsm.toolcall.ToolCall` with the Responses item id
+and a way for a ``.done`` text to replace what the deltas built.
+
+Both end by the same ending table (:mod:`fsm.states`) and the same machine as Chat Completions
+calls: only the mapping from the format's stop signal to the table's row is the format's own.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, ClassVar, Final
+
+from fsm.events import Event
+from fsm.jsonutil import JsonSyntax, is_json, repair_json
+from fsm.states import (
+    ARGUMENT_ENDINGS,
+    CALL_NOT_FINISHED,
+    MISSING_NAME,
+    NO_TOOL_CALLS,
+    CallEnding,
+    Ending,
+    ToolCallState,
+    ending,
+    fire,
+)
+from fsm.toolcall import FLUSH_EVERY, ToolCall, pair_surrogates
+from fsm.turn import CONTENT, REASONING, REFUSAL, Turn, _Meta
+from fsm.types import CustomToolCall, FunctionToolCall
+
+__all__ = ["AnthropicTurn", "Item", "ItemToolCall", "ItemTurn", "ResponsesTurn", "Text"]
+
+_OPENED: Final = ToolCallState.OPENED
+
+
+class Text:
+    """One text of an item (a message part, a summary part, a block's text or thinking), kept
+    in two levels like a call's arguments so memory tracks its size. ``field`` says which text
+    of the turn it belongs to (:data:`~fsm.turn.CONTENT`, ``REASONING``, ``REFUSAL``), or
+    ``None`` (a signature)."""
+
+    __slots__ = ("blocks", "field", "nbytes", "parts")
+
+    def __init__(self, field: int | None) -> None:
+        self.field = field
+        self.parts: list[str] = []
+        self.blocks: list[str] = []
+        self.nbytes = 0
+
+    def add(self, text: str, nbytes: int) -> None:
+        """Append a fragment of ``nbytes`` UTF-8 bytes."""
+        parts = self.parts
+        parts.append(text)
+        self.nbytes += nbytes
+        if len(parts) >= FLUSH_EVERY:
+            self.blocks.append("".join(parts))
+            parts.clear()
+
+    def value(self) -> str:
+        """The whole text (surrogate halves that pair up joined)."""
+        if not self.parts and len(self.blocks) == 1:
+            return self.blocks[0]
+        text = pair_surrogates("".join(self.blocks) + "".join(self.parts))
+        self.blocks[:] = [text]
+        self.parts.clear()
+        return text
+
+    def replace(self, text: str, nbytes: int) -> None:
+        """Make the text ``text`` (a ``.done`` text that won)."""
+        self.blocks[:] = [text]
+        self.parts.clear()
+        self.nbytes = nbytes
+
+
+class Item:
+    """One output item / content block, in output order.
+
+    ``data`` is the item as the provider sent it (``output_item.added`` or
+    ``content_block_start``, replaced by ``output_item.done`` when that arrives); ``texts`` the
+    texts streamed into it, by a key of the format (content index, summary index, ``"text"``);
+    ``call`` the client call it is, if any."""
+
+    __slots__ = (
+        "call", "data", "done", "first_ids", "index", "kind", "message", "raw_input", "texts",
+        "whole",
+    )  # fmt: skip
+
+    def __init__(self, kind: str, data: dict[str, Any], index: int, message: int = 0) -> None:
+        self.kind = kind
+        self.data = data
+        self.index = index
+        #: which message of the stream it belongs to (an Anthropic stream with a second
+        #: ``message_start`` has two)
+        self.message = message
+        self.texts: dict[Any, Text] = {}
+        self.call: ItemToolCall | None = None
+        #: whether the item is whole (``output_item.done`` / ``content_block_stop``)
+        self.done = False
+        #: the streamed JSON of a provider-executed tool's input (server_tool_use, mcp_tool_use)
+        self.raw_input: Text | None = None
+        #: whether a call's input came whole at its start (no delta expected)
+        self.whole = False
+        #: the ids first seen (``id``, ``call_id``): kept when a later event changes them
+        self.first_ids: dict[str, Any] = {
+            key: data[key] for key in ("id", "call_id") if type(data.get(key)) is str
+        }
+
+    def text(self, key: Any, field: int | None) -> Text:
+        """The text of ``key``, created empty if new."""
+        text = self.texts.get(key)
+        if text is None:
+            text = self.texts[key] = Text(field)
+        return text
+
+
+class ItemToolCall(ToolCall):
+    """A call of a Responses or Anthropic turn (see :class:`~fsm.toolcall.ToolCall`).
+
+    ``item_id`` is the Responses output item's id (``fc_...``, ``ctc_...``; ``None`` for an
+    Anthropic call, whose block id is :attr:`id`)."""
+
+    __slots__ = ("forced", "item_id")
+
+    def __init__(
+        self,
+        *,
+        choice: int,
+        ordinal: int,
+        index: int | None,
+        id: str,
+        name: str,
+        type: str,
+        item_id: str | None = None,
+    ) -> None:
+        super().__init__(choice=choice, ordinal=ordinal, index=index, id=id, name=name, type=type)
+        self.item_id = item_id
+        #: an ending decided before the stream ended (the calls of an Anthropic message that a
+        #: second ``message_start`` cut off), else ``None``
+        self.forced: CallEnding | None = None
+
+    def replace_arguments(self, text: str, nbytes: int) -> None:
+        """Make the arguments ``text`` (a ``.done`` text that differs from the deltas: the
+        ``done`` text wins). The caller checked the limits."""
+        self._parts = [text] if text else []
+        self._blocks = []
+        self.argument_bytes = nbytes
+        if text and self.state is _OPENED:
+            fire(self, "accumulate")
+
+    def to_dict(self) -> FunctionToolCall:
+        """The call as a Chat Completions ``tool_calls[]`` entry; a custom call in the custom
+        shape (``{"id", "type": "custom", "custom": {"name", "input"}}``)."""
+        if self.custom:
+            custom: CustomToolCall = {
+                "id": self.id,
+                "type": "custom",
+                "custom": {"name": self.name, "input": self.arguments},
+            }
+            return custom  # type: ignore[return-value]
+        return super().to_dict()
+
+
+class ItemTurn(Turn):
+    """The one turn of a Responses or Anthropic stream (choice index 0): a
+    :class:`~fsm.turn.Turn` whose text comes from its items, which it keeps verbatim in output
+    order (:meth:`output_items`)."""
+
+    __slots__ = ("items", "messages")
+
+    format: ClassVar[str] = "?"
+
+    def __init__(self, index: int, meta: _Meta) -> None:
+        super().__init__(index, meta)
+        #: every item / block, in arrival order
+        self.items: list[Item] = []
+        #: how many messages the stream started (Anthropic ``message_start``)
+        self.messages = 0
+
+    # -- text, read from the items --------------------------------------------------------------
+    def _field(self, field: int) -> str | None:
+        out = [t.value() for item in self.ordered_items() for t in item.texts.values()
+               if t.field == field and t.nbytes]  # fmt: skip
+        return "".join(out) if out else None
+
+    @property
+    def content(self) -> str | None:
+        """The text of the turn's messages (Responses ``output_text``, Anthropic ``text``
+        blocks), concatenated in output order; ``None`` if there is none."""
+        return self._field(CONTENT)
+
+    @property
+    def reasoning(self) -> str | None:
+        """Reasoning summaries and reasoning text (Responses), thinking (Anthropic)."""
+        return self._field(REASONING)
+
+    @property
+    def refusal(self) -> str | None:
+        """Refusal text (Responses ``refusal`` parts)."""
+        return self._field(REFUSAL)
+
+    def ordered_items(self) -> list[Item]:
+        """The items in output order."""
+        return self.items
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The client calls in output order."""
+        if self._final_calls is not None:
+            return list(self._final_calls)
+        return [item.call for item in self.ordered_items() if item.call is not None]
+
+    # -- ending -----------------------------------------------------------------------------------
+    def ending_row(self, how: str) -> Ending:
+        """The row of the ending table for a stream that ended ``how`` (the format's own
+        mapping of its stop signal)."""
+        raise NotImplementedError
+
+    def end(self, how: str, reason: str | None, *, repair: bool, max_depth: int) -> list[Event]:
+        """End the turn (see :meth:`fsm.turn.Turn.end`): every call by the row of
+        :meth:`ending_row`, a custom call ``finished`` whatever its text."""
+        row = self.ending_row(how)
+        why = None if row.trigger is None else (row.reason or reason or how)
+        calls: list[ToolCall] = list(self.tool_calls)
+        events: list[Event] = []
+        for position, call in enumerate(calls):
+            call.position = position
+            forced = call.forced if isinstance(call, ItemToolCall) else None
+            if call.over_limit is not None:
+                event = call.end("abort", call.over_limit)
+            elif not call.name.strip():
+                event = call.end(*MISSING_NAME)
+            elif forced is not None:
+                event = call.end(*forced)
+            elif row.trigger is None:
+                if call.custom:
+                    event = call.end("finish", None)
+                else:
+                    raw = call.raw_arguments
+                    syntax = is_json(raw, max_depth)
+                    suffix = (
+                        repair_json(raw, max_depth)
+                        if syntax is JsonSyntax.INVALID and repair
+                        else None
+                    )
+                    if suffix:
+                        event = call.end("finish", None, suffix)
+                    else:
+                        event = call.end(*ARGUMENT_ENDINGS[syntax])
+            else:
+                event = call.end(row.trigger, why)
+            events.append(event)
+        self._final_calls = calls
+        self.by_index = {}
+        self._by_id = {}
+        self._last = None
+        self.ended = True
+        self.end_reason = how
+        if row.trigger is not None:
+            self.incomplete_reason = why
+        elif not calls and self.promises_calls():
+            self.incomplete_reason = NO_TOOL_CALLS
+        elif any(c.state is not ToolCallState.FINISHED for c in calls):
+            self.incomplete_reason = CALL_NOT_FINISHED
+        self.complete = self.incomplete_reason is None
+        return events
+
+    def promises_calls(self) -> bool:
+        """Whether the stop signal says calls were made (then a turn with none is
+        ``no_tool_calls``)."""
+        return False
+
+    # -- what goes back ---------------------------------------------------------------------------
+    def output_items(self) -> list[dict[str, Any]]:
+        """The turn's items, verbatim, in output order (JSON-serializable copies); see
+        :func:`fsm.formats.render.output_items`."""
+        from fsm.formats.render import output_items
+
+        return output_items(self)
+
+    def to_json(self) -> dict[str, Any]:
+        """The turn as ``fsm parse --json`` prints it: the Chat Completions shape, plus
+        ``format`` and the types of its items in output order."""
+        out = super().to_json()
+        out["format"] = self.format
+        out["items"] = [item.kind for item in self.ordered_items()]
+        for entry, call in zip(out["tool_calls"], self.tool_calls, strict=True):
+            if call.item_id is not None:
+                entry["item_id"] = call.item_id
+        return out
+
+
+class ResponsesTurn(ItemTurn):
+    """The turn of an OpenAI Responses API stream. ``finish_reason`` is ``"completed"``, the
+    ``incomplete_details.reason`` of ``response.incomplete`` (``"max_output_tokens"``,
+    ``"content_filter"``, ...), ``"failed"`` for ``response.failed``, else ``None``."""
+
+    __slots__ = ()
+
+    format: ClassVar[str] = "responses"
+
+    def ordered_items(self) -> list[Item]:
+        """The items by ``output_index`` (then arrival)."""
+        items = self.items
+        for a, b in itertools.pairwise(items):
+            if b.index < a.index:
+                return sorted(items, key=_by_index)
+        return items
+
+    def ending_row(self, how: str) -> Ending:
+        finish = self.finish_reason
+        if how == "eof":
+            return _EOF
+        if how != "done":
+            return ending(how, None)
+        if finish == "completed":
+            return ending("done", None)
+        if finish == "max_output_tokens":
+            return ending("done", "length")
+        if finish == "content_filter":
+            return ending("done", "content_filter")
+        return Ending("abort", f"incomplete:{finish}")
+
+
+#: stop reasons of an Anthropic message ended by its arguments
+ANTHROPIC_NORMAL_STOPS: Final = frozenset({"tool_use", "end_turn", "stop_sequence"})
+#: stop reasons meaning the output was cut by a token limit
+ANTHROPIC_LENGTH_STOPS: Final = frozenset({"max_tokens", "model_context_window_exceeded"})
+#: every stop reason with a meaning of its own
+ANTHROPIC_STOPS: Final = ANTHROPIC_NORMAL_STOPS | ANTHROPIC_LENGTH_STOPS | {"refusal", "pause_turn"}
+#: ``Turn.incomplete_reason`` of an Anthropic turn that stopped with ``pause_turn``: send it
+#: back as is to let the model continue; nothing is executed
+PAUSE_TURN: Final = "pause_turn"
+
+_EOF: Final = Ending("abort", "eof")
+
+
+class AnthropicTurn(ItemTurn):
+    """The turn of an Anthropic Messages stream. ``finish_reason`` is the last ``stop_reason``
+    (``message_delta``, or ``message_start`` when the message came whole)."""
+
+    __slots__ = ()
+
+    format: ClassVar[str] = "anthropic"
+
+    def ending_row(self, how: str) -> Ending:
+        finish = self.finish_reason
+        if how == "eof":
+            return _EOF
+        if how != "done":
+            return ending(how, None)
+        if finish in ANTHROPIC_LENGTH_STOPS:
+            return ending("done", "length")
+        if finish == "refusal":
+            return Ending("abort", "refusal")
+        if finish == PAUSE_TURN:
+            return Ending("abort", PAUSE_TURN)
+        return ending("done", None)
+
+    def promises_calls(self) -> bool:
+        return self.finish_reason == "tool_use"
+
+
+def _by_index(item: Item) -> int:
+    return item.index
