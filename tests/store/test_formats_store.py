@@ -400,11 +400,11 @@ def test_raw_sql_within_the_format_columns_is_accepted(seeded: ConversationStore
 def test_sqlite_pins_the_types_of_the_format_columns(seeded: ConversationStore) -> None:
     if seeded.engine.dialect.name != "sqlite":
         pytest.skip("PostgreSQL's column types refuse the value")
-    for values, check in (
+    for values, constraint in (
         ({"format": 5}, "ck_messages_format"),
         ({"provider_items": "not json"}, "ck_messages_format_types"),
     ):
-        with pytest.raises(sa.exc.IntegrityError, match=check), seeded.engine.begin() as conn:
+        with pytest.raises(sa.exc.IntegrityError, match=constraint), seeded.engine.begin() as conn:
             _insert(conn, "messages", _assistant(1, **values))
 
 
