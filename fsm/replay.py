@@ -964,7 +964,7 @@ def _check_anthropic_round(
     if not previous.calls:
         return None
     expected_ids = [c[0] for c in previous.calls]
-    at = next(
+    found = next(
         (
             i
             for i in range(len(messages) - 1, -1, -1)
@@ -974,11 +974,12 @@ def _check_anthropic_round(
         ),
         None,
     )
-    if at is None:
+    if found is None:
         return (
             f"no assistant message with tool_use blocks: the previous turn streamed tool calls "
             f"{expected_ids} and the request must carry them back"
         )
+    at = found
     uses = [b for b in messages[at]["content"] if b.get("type") == "tool_use"]
     if [b.get("id") for b in uses] != expected_ids:
         return (
