@@ -50,6 +50,7 @@ from fsm.store.errors import InvalidTurnError
 __all__ = [
     "CALL_REF",
     "HistoryFormat",
+    "RenderedHistory",
     "check_format",
     "render",
     "stored_items",
@@ -110,6 +111,19 @@ def stored_items(turn: Any) -> tuple[str, list[dict[str, Any]] | None]:
 
 
 # -- rendering ---------------------------------------------------------------------------------
+class RenderedHistory(list[dict[str, Any]]):
+    """A history rendered for the Responses API or Anthropic: a plain list of its items or
+    messages, which also says how many stored messages it renders (:attr:`message_count`:
+    an assistant message becomes several Responses items, a tool block one Anthropic message),
+    so that a writer can name the seq it expects to append at."""
+
+    message_count: int
+
+    def __init__(self, items: list[dict[str, Any]], message_count: int) -> None:
+        super().__init__(items)
+        self.message_count = message_count
+
+
 def render(
     messages: Sequence[Mapping[str, Any]],
     provider: Mapping[int, tuple[Any, Any]],
@@ -121,7 +135,7 @@ def render(
     assistant messages that have them. See the module docstring for the rule."""
     if fmt == "chat":
         return [dict(m) for m in messages]
-    out: list[dict[str, Any]] = []
+    out = RenderedHistory([], len(messages))
     i = 0
     while i < len(messages):
         message = messages[i]
