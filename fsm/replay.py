@@ -272,17 +272,26 @@ def _responses_output(sent: _Sent) -> list[dict[str, Any]]:
 
 
 def demo_script(
-    tool_results: Sequence[str] | None = None, *, delay: float = 0.0
+    tool_results: Sequence[str] | None = None,
+    *,
+    delay: float = 0.0,
+    format: StreamFormat = "chat",
 ) -> list[ReplayTurn]:
     """The project's demo conversation: ``parallel_add_multiply.sse`` (two tool calls, ``add``
     and ``multiply``) then ``final_answer.sse``. ``tool_results``, when given, are the tool
     message contents the second request must carry (add's, then multiply's); ``delay`` paces
-    both streams (seconds between events) so that a demo visibly streams."""
+    both streams (seconds between events) so that a demo visibly streams. ``format``
+    ``"responses"`` or ``"anthropic"`` gives the same conversation in that API's streams
+    (``responses_*.sse``, ``anthropic_*.sse``: with a reasoning item or a thinking block that
+    the follow-up must send back verbatim)."""
+    first, final = {
+        "chat": ("parallel_add_multiply.sse", "final_answer.sse"),
+        "responses": ("responses_add_multiply.sse", "responses_final_answer.sse"),
+        "anthropic": ("anthropic_add_multiply.sse", "anthropic_final_answer.sse"),
+    }[format]
     return [
-        ReplayTurn(EXAMPLES_DIR / "parallel_add_multiply.sse", delay=delay),
-        ReplayTurn(
-            EXAMPLES_DIR / "final_answer.sse", delay=delay, expect_tool_results=tool_results
-        ),
+        ReplayTurn(EXAMPLES_DIR / first, delay=delay),
+        ReplayTurn(EXAMPLES_DIR / final, delay=delay, expect_tool_results=tool_results),
     ]
 
 

@@ -227,3 +227,28 @@ def test_tool_specs_in_each_api_shape() -> None:
     assert tool_spec(native, "responses") == native  # not a Chat function tool: as it is
     with pytest.raises(ValueError, match="format must be"):
         run_agent_loop(None, None, "c", {}, model="m", format="gemini")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fmt", ["responses", "anthropic"])
+def test_fsm_demo_runs_offline_in_each_format(fmt: str, tmp_path: Path) -> None:
+    """On SQLite only: the demo's store code is the same as chat's, which test_demo.py runs on
+    both engines."""
+    from click.testing import CliRunner
+
+    from fsm.cli.main import cli
+
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    result = CliRunner().invoke(cli, ["demo", "--db", url, "--delay", "0", "--format", fmt])
+    assert result.exit_code == 0, result.output
+    client = "anthropic client (Messages API)" if fmt == "anthropic" else "openai client (Resp"
+    assert client in result.output
+    assert "server check  2 requests, 0 rejected" in result.output
+    assert "integrity     ok" in result.output
+    with ConversationStore(url) as store:
+        (conversation,) = [c.id for c in store.list_conversations()]
+        native = store.history(conversation, format=fmt)  # type: ignore[arg-type]
+    turn = first_turn(fmt)
+    rendered = (
+        turn.to_items(["6912", "408"]) if fmt == "responses" else turn.to_anthropic(["6912", "408"])
+    )
+    assert native[1 : 1 + len(rendered)] == rendered  # reasoning / signature kept verbatim
