@@ -113,6 +113,7 @@ def parse(
     repair_json: bool = False,
     limits: Limits | None = None,
     on_event: EventCallback | None = None,
+    format: str = "auto",
 ) -> ParseResult:
     """Parse a whole stream and return its :class:`~fsm.parser.ParseResult`.
 
@@ -132,6 +133,9 @@ def parse(
 
     ``on_event`` is called with every event as it happens (for a progress display).
 
+    ``format`` is the stream format: ``"auto"`` (detected from the first event that carries
+    JSON), ``"chat"``, ``"responses"`` or ``"anthropic"`` (see :mod:`fsm.formats`).
+
     If iterating ``source`` raises an ``Exception`` (the transport failed: ``OSError``,
     ``httpx.HTTPError``, ...), the stream is aborted with the error as reason and the incomplete
     result is returned: check ``result.complete``. Programming errors are raised, never reported
@@ -140,7 +144,7 @@ def parse(
     ``on_event``, an item the parser does not take (:class:`~fsm.errors.LocalProtocolError`). A
     :class:`~fsm.errors.RemoteProtocolError` (the input is not a stream) is raised as is.
     """
-    driver = _Driver(StreamParser(repair_json=repair_json, limits=limits), on_event)
+    driver = _Driver(StreamParser(repair_json=repair_json, limits=limits, format=format), on_event)
     if isinstance(source, os.PathLike):
         return driver.whole(Path(source).read_bytes())
     if isinstance(source, str):
@@ -171,6 +175,7 @@ async def aparse(
     repair_json: bool = False,
     limits: Limits | None = None,
     on_event: EventCallback | None = None,
+    format: str = "auto",
 ) -> ParseResult:
     """The async twin of :func:`parse`, over an async iterable (``httpx``'s ``aiter_bytes()``,
     the ``openai`` SDK's ``AsyncStream``) of ``bytes``/``str`` pieces of SSE text or chunks.
@@ -188,7 +193,7 @@ async def aparse(
         )
     import asyncio  # here, so that ``import fsm`` does not load asyncio
 
-    driver = _Driver(StreamParser(repair_json=repair_json, limits=limits), on_event)
+    driver = _Driver(StreamParser(repair_json=repair_json, limits=limits, format=format), on_event)
     items = aiter(source)
     while True:
         try:
@@ -205,18 +210,26 @@ async def aparse(
 
 
 def parse_text(
-    data: bytes, *, repair_json: bool = False, limits: Limits | None = None
+    data: bytes, *, repair_json: bool = False, limits: Limits | None = None, format: str = "auto"
 ) -> ParseResult:
     """Parse a recorded stream held in memory: SSE text, or JSON lines of chunks.
 
     The format is told by the first non-blank byte: ``{`` means JSON lines (one chunk per line,
     blank lines skipped, a ``[DONE]`` line allowed), anything else SSE.
     """
-    return _Driver(StreamParser(repair_json=repair_json, limits=limits), None).whole(data)
+    return _Driver(StreamParser(repair_json=repair_json, limits=limits, format=format), None).whole(
+        data
+    )
 
 
 def parse_file(
-    path: str | os.PathLike[str], *, repair_json: bool = False, limits: Limits | None = None
+    path: str | os.PathLike[str],
+    *,
+    repair_json: bool = False,
+    limits: Limits | None = None,
+    format: str = "auto",
 ) -> ParseResult:
     """:func:`parse_text` over a file's bytes."""
-    return parse_text(Path(path).read_bytes(), repair_json=repair_json, limits=limits)
+    return parse_text(
+        Path(path).read_bytes(), repair_json=repair_json, limits=limits, format=format
+    )

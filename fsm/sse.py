@@ -168,6 +168,16 @@ class SSEFramer:
         for block in blocks:
             if block.startswith(b"data: ") and len(block) <= limit and block.find(b"\n") < 0:
                 out.append(("", block[6:], pos))
+            elif (
+                block.startswith(b"event: ")
+                and (nl := block.find(b"\n")) > 7
+                and block.startswith(b"data: ", nl + 1)
+                and block.find(b"\n", nl + 1) < 0
+                and len(block) - nl - 7 <= self.max_event_bytes
+                and nl <= limit
+            ):
+                # "event: NAME" then one "data: " line (Responses API, Anthropic Messages)
+                out.append((block[7:nl].decode("utf-8", "replace"), block[nl + 7 :], pos))
             else:
                 self._line_start = pos
                 self._lines(block + b"\n\n", out)

@@ -118,7 +118,7 @@ def test_input_with_no_chat_completions_chunk_is_not_a_stream() -> None:
         assert (code, out) == (2, "")
         assert err == (
             f"error: stdin is not a stream: none of its {events} event(s) is a Chat Completions "
-            "chunk\n"
+            "chunk, a Responses API event or an Anthropic Messages event\n"
         )
     # a stream with no choice but a real chunk (an id, [DONE]) is a stream: incomplete, 1
     code, _, err = run(

@@ -199,7 +199,7 @@ CATALOG: list[Mistake] = [
         ("parse", "{tmp}/package.json"),
         2,
         "error: {tmp}/package.json is not a stream: none of its 1 event(s) is a Chat Completions "
-        "chunk",
+        "chunk, a Responses API event or an Anthropic Messages event",
     ),
     Mistake(
         "`fsm parse` of a file that does not exist",

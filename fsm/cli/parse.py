@@ -45,6 +45,9 @@ def _render_turn(turn: Turn) -> list[str]:
     ):
         if text is not None:
             lines.append(f"  {label}: {_short(text)}")
+    if turn.format != "chat":
+        kinds = [item.get("type", "?") for item in turn.output_items()]
+        lines.append(f"  items: {_short(', '.join(kinds)) or '(none)'}")
     calls = turn.tool_calls
     if not calls:
         lines.append("  no tool calls")
@@ -52,6 +55,8 @@ def _render_turn(turn: Turn) -> list[str]:
         state = call.state.value + (f" ({call.reason})" if call.reason else "")
         if call.repaired:
             state += " (repaired)"
+        if call.custom:
+            state += " (custom: free-text input)"
         index = "-" if call.index is None else str(call.index)
         lines.append(
             f"  #{call.position} [index {index}] {_short(call.name) or '(no name)'}  "
@@ -63,8 +68,10 @@ def _render_turn(turn: Turn) -> list[str]:
 
 def render_result(result: ParseResult) -> str:
     """A readable summary of a parse result, for people."""
+    kind = "" if result.format in (None, "chat") else f"{result.format} "
     head = [
-        f"response {_short(result.response_id or '-')} · model {_short(result.model or '-')} · "
+        f"{kind}response {_short(result.response_id or '-')} · model "
+        f"{_short(result.model or '-')} · "
         f"ended: {result.end_how or 'not yet'}"
         + (f" ({_short(result.end_reason)})" if result.end_reason else "")
     ]
@@ -123,13 +130,15 @@ def read_input(source: str) -> tuple[bytes, bool]:
     return bytes(received), False
 
 
-def parse_input(data: bytes, *, interrupted: bool, repair_json: bool) -> ParseResult:
+def parse_input(
+    data: bytes, *, interrupted: bool, repair_json: bool, format: str = "auto"
+) -> ParseResult:
     """:func:`fsm.api.parse_text` of ``data``; for input cut by Ctrl-C (``interrupted``), the
     stream is aborted with reason :data:`INTERRUPTED` instead of ended by EOF (its open calls
     become ``aborted``), and a last JSON line cut in the middle is left out."""
     if not interrupted:
-        return parse_text(data, repair_json=repair_json)
-    parser = StreamParser(repair_json=repair_json)
+        return parse_text(data, repair_json=repair_json, format=format)
+    parser = StreamParser(repair_json=repair_json, format=format)
     body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
     if body.lstrip()[:1] == b"{":  # JSON lines, as parse_text tells them
         lines = body.splitlines()
@@ -147,7 +156,8 @@ def parse_input(data: bytes, *, interrupted: bool, repair_json: bool) -> ParseRe
 def not_a_stream(result: ParseResult) -> str | None:
     """Why the parsed input is not a stream at all (``None``: it is one): it held no SSE event
     and no JSON chunk, or none of its events was a Chat Completions chunk (no choice, id,
-    model, usage, error or ``[DONE]``: Markdown, a JSON document, a binary file)."""
+    model, usage, error or ``[DONE]``: Markdown, a JSON document, a binary file). A Responses
+    or Anthropic stream is recognised by its turn (created at its first event)."""
     if result.event_count == 0:
         return "it holds no SSE event and no JSON chunk"
     recognised = (
@@ -160,7 +170,10 @@ def not_a_stream(result: ParseResult) -> str | None:
     )
     if recognised:
         return None
-    return f"none of its {result.event_count} event(s) is a Chat Completions chunk"
+    return (
+        f"none of its {result.event_count} event(s) is a Chat Completions chunk, a Responses "
+        "API event or an Anthropic Messages event"
+    )
 
 
 @click.command(name="parse")
@@ -171,8 +184,19 @@ def not_a_stream(result: ParseResult) -> str | None:
     is_flag=True,
     help="Opt-in append-only repair of invalid argument JSON (never for finish_reason length).",
 )
-def parse_command(file: str, as_json: bool, repair_json: bool) -> None:
-    """Parse a recorded stream FILE (SSE text, or JSON lines of chunks; '-' for stdin).
+@click.option(
+    "--format",
+    "stream_format",
+    type=click.Choice(["auto", "chat", "responses", "anthropic"]),
+    default="auto",
+    show_default=True,
+    help="The stream format: detected from the first JSON event, or named (Chat Completions, "
+    "the OpenAI Responses API, Anthropic Messages).",
+)
+def parse_command(file: str, as_json: bool, repair_json: bool, stream_format: str) -> None:
+    """Parse a recorded stream FILE (SSE text, or JSON lines of chunks or events; '-' for
+    stdin): Chat Completions, OpenAI Responses API or Anthropic Messages (auto-detected, or
+    --format).
 
     Exit status: 0 when every choice is a complete turn, 1 when any is not, 2 when the input is
     not a stream at all (invalid chunks, no SSE event or chunk in it, or none that is a Chat
@@ -186,7 +210,9 @@ def parse_command(file: str, as_json: bool, repair_json: bool) -> None:
       curl -sN ... | fsm parse --json -
     """
     data, interrupted = read_input(file)
-    result = parse_input(data, interrupted=interrupted, repair_json=repair_json)
+    result = parse_input(
+        data, interrupted=interrupted, repair_json=repair_json, format=stream_format
+    )
     why = None if interrupted else not_a_stream(result)
     if why is not None:
         name = "stdin" if file == "-" else file

@@ -251,6 +251,12 @@ class AnthropicHandler(FormatHandler):
                                 return
                         self.arguments(call, fragment)
                     return
+            elif item.kind == "text":
+                text = delta.get("text")
+                if type(text) is str and delta.get("type") == "text_delta":
+                    if text:
+                        self.text(item, "text", CONTENT, text)
+                    return
         self._block_delta(event, index, item, delta)
 
     def _input_and_deltas(self, item: Item) -> None:

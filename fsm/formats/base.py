@@ -14,12 +14,22 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, NoReturn
 
 import orjson
 
-from fsm.events import ContentDelta, ReasoningDelta, RefusalDelta, ToolCallOpened
+from fsm.events import (
+    ContentDelta,
+    Event,
+    ReasoningDelta,
+    ToolCallOpened,
+    _cd_choice,
+    _cd_text,
+    _rd_choice,
+    _rd_text,
+    _refusal_delta,
+)
 from fsm.formats import detect
-from fsm.formats.turn import Item, ItemToolCall, ItemTurn
+from fsm.formats.turn import Item, ItemToolCall, ItemTurn, Text
 from fsm.jsonutil import loads_strict
 from fsm.states import StreamState
-from fsm.turn import CONTENT, REASONING
+from fsm.toolcall import FLUSH_EVERY
 
 if TYPE_CHECKING:
     from fsm.parser import StreamParser
@@ -41,6 +51,31 @@ def _json_type(value: Any) -> str:
 def utf8_len(text: str) -> int:
     """UTF-8 size of ``text`` (lone surrogates counted as 3 bytes)."""
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+_new_event: Final = object.__new__
+
+
+def _content_delta(text: str) -> Event:
+    event: Event = _new_event(ContentDelta)  # built through its slots, as the parser does
+    _cd_choice(event, 0)
+    _cd_text(event, text)
+    return event
+
+
+def _reasoning_delta(text: str) -> Event:
+    event: Event = _new_event(ReasoningDelta)
+    _rd_choice(event, 0)
+    _rd_text(event, text)
+    return event
+
+
+def _refusal(text: str) -> Event:
+    return _refusal_delta(0, text)
+
+
+#: the event of a text fragment, by field (CONTENT, REASONING, REFUSAL)
+_TEXT_EVENTS: Final = (_content_delta, _reasoning_delta, _refusal)
 
 
 def _at(path: str, key: str) -> str:
@@ -163,7 +198,8 @@ class FormatHandler:
         """One event of the format (a decoded dict)."""
         if type(event) is not dict:
             self.fail(f"an event must be a JSON object, got {_json_type(event)}", None)
-        method = self.dispatch.get(event.get("type"))  # type: ignore[arg-type]
+        kind = event.get("type")
+        method = self.dispatch.get(kind) if type(kind) is str else None
         if method is not None:
             method(event)
         else:
@@ -262,7 +298,7 @@ class FormatHandler:
         """Append a text fragment (a non-empty ``str``) to ``item``'s text ``key``, within the
         limits, with its event; ``False`` when a limit ended the stream."""
         parser = self.parser
-        turn = self.the_turn()
+        turn = self.turn or self.the_turn()
         nbytes = len(value) if value.isascii() else utf8_len(value)
         if field is not None:
             if turn.text_bytes + nbytes > parser._max_text_bytes:
@@ -274,16 +310,17 @@ class FormatHandler:
             parser._stream_limit()
             return False
         parser._stream_bytes = stream
-        item.text(key, field).add(value, nbytes)
+        text = item.texts.get(key)
+        if text is None:
+            text = item.texts[key] = Text(field)
+        parts = text.parts
+        parts.append(value)
+        text.nbytes += nbytes
+        if len(parts) >= FLUSH_EVERY:
+            text.blocks.append("".join(parts))
+            parts.clear()
         if field is not None:
-            cls = (
-                ContentDelta
-                if field == CONTENT
-                else ReasoningDelta
-                if field == REASONING
-                else (RefusalDelta)
-            )
-            parser._events.append(cls(choice=0, text=value))
+            parser._events.append(_TEXT_EVENTS[field](value))
         return True
 
     def done_text(self, item: Item, key: Any, field: int | None, value: str, what: str) -> None:

@@ -23,7 +23,10 @@ if TYPE_CHECKING:
     from fsm.toolcall import ToolCall
     from fsm.turn import Turn
 
-__all__ = ["call_results", "output_items", "to_anthropic", "to_items"]
+__all__ = [
+    "anthropic_messages", "call_results", "output_items", "responses_input", "to_anthropic",
+    "to_items",
+]  # fmt: skip
 
 Results = Mapping[str, Any] | Sequence[Any] | None
 
@@ -144,50 +147,112 @@ def _check(turn: Turn, *, pause_ok: bool) -> None:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def responses_input(
+    fmt: str,
+    items: Sequence[Mapping[str, Any]],
+    content: str | None,
+    calls: Sequence[Mapping[str, Any]],
+    outputs: Sequence[Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Responses API input items for one assistant turn, from what a store keeps: the turn's
+    format ``fmt``, its verbatim ``items`` (:meth:`fsm.turn.Turn.output_items`), its text
+    ``content`` and its ``calls`` (mappings with ``id``, ``name``, ``arguments`` and optionally
+    ``custom``), then one output item per call for ``outputs`` (in call order).
+
+    A ``responses`` turn is its items verbatim (``status`` dropped from ``custom_tool_call``,
+    which the input item does not take); any other turn is a ``message`` with the text and one
+    ``function_call`` / ``custom_tool_call`` per call (its provider-bound items dropped)."""
+    out: list[dict[str, Any]]
+    if fmt == "responses":
+        out = [_copy(dict(item)) for item in items]
+        for item in out:
+            if item.get("type") == "custom_tool_call":
+                item.pop("status", None)
+    else:
+        out = []
+        if content:
+            out.append({"type": "message", "role": "assistant", "content": content})
+        for call in calls:
+            if call.get("custom"):
+                out.append(
+                    {"type": "custom_tool_call", "call_id": call["id"], "name": call["name"],
+                     "input": call["arguments"]}
+                )  # fmt: skip
+            else:
+                out.append(
+                    {"type": "function_call", "call_id": call["id"], "name": call["name"],
+                     "arguments": call["arguments"]}
+                )  # fmt: skip
+    if outputs is not None:
+        for call, output in zip(calls, outputs, strict=True):
+            kind = "custom_tool_call_output" if call.get("custom") else "function_call_output"
+            out.append({"type": kind, "call_id": call["id"], "output": output})
+    return out
+
+
+def _input(call: Mapping[str, Any]) -> Any:
+    if call.get("custom"):
+        return {"input": call["arguments"]}
+    from fsm.jsonutil import loads_strict
+
+    text = call["arguments"]
+    return loads_strict(text) if text.strip() else {}
+
+
+def anthropic_messages(
+    fmt: str,
+    items: Sequence[Mapping[str, Any]],
+    content: str | None,
+    calls: Sequence[Mapping[str, Any]],
+    outputs: Sequence[Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Anthropic messages for one assistant turn, from what a store keeps (see
+    :func:`responses_input`): the assistant message (an ``anthropic`` turn's blocks verbatim;
+    else a text block and one ``tool_use`` per call, ``input`` the parsed arguments, a custom
+    call's text as ``{"input": text}``), then, for ``outputs``, ONE user message of
+    ``tool_result`` blocks in call order."""
+    if fmt == "anthropic":
+        blocks = [_copy(dict(item)) for item in items]
+    else:
+        blocks = []
+        if content:
+            blocks.append({"type": "text", "text": content})
+        for call in calls:
+            blocks.append(
+                {"type": "tool_use", "id": call["id"], "name": call["name"], "input": _input(call)}
+            )
+    messages: list[dict[str, Any]] = [{"role": "assistant", "content": blocks}]
+    if outputs is not None and calls:
+        messages.append(
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": call["id"], "content": output}
+                for call, output in zip(calls, outputs, strict=True)]}
+        )  # fmt: skip
+    return messages
+
+
+def _calls(turn: Turn) -> list[dict[str, Any]]:
+    return [
+        {"id": c.id, "name": c.name, "arguments": c.arguments, "custom": c.custom}
+        for c in turn.tool_calls
+    ]
+
+
 def to_items(turn: Turn, results: Results = None) -> list[Any]:
     """See :meth:`fsm.turn.Turn.to_items`."""
     _check(turn, pause_ok=False)
     pairs = call_results(turn, results)
-    items: list[Any]
-    if turn.format == "responses":
-        items = output_items(turn)
-    else:
-        items = []
-        content = turn.content
-        if content:
-            items.append({"type": "message", "role": "assistant", "content": content})
-        for call in turn.tool_calls:
-            if call.custom:
-                items.append(
-                    {"type": "custom_tool_call", "call_id": call.id, "name": call.name,
-                     "input": call.arguments}
-                )  # fmt: skip
-            else:
-                items.append(
-                    {"type": "function_call", "call_id": call.id, "name": call.name,
-                     "arguments": call.arguments}
-                )  # fmt: skip
-    items.extend(call.result_item(output) for call, output in pairs)
-    return items
+    return responses_input(
+        turn.format, output_items(turn), turn.content, _calls(turn),
+        [out for _, out in pairs] if results is not None else None,
+    )  # fmt: skip
 
 
 def to_anthropic(turn: Turn, results: Results = None) -> list[dict[str, Any]]:
     """See :meth:`fsm.turn.Turn.to_anthropic`."""
     _check(turn, pause_ok=True)
     pairs = call_results(turn, results)
-    if turn.format == "anthropic":
-        blocks = output_items(turn)
-    else:
-        blocks = []
-        content = turn.content
-        if content:
-            blocks.append({"type": "text", "text": content})
-        for call in turn.tool_calls:
-            value = {"input": call.arguments} if call.custom else call.input
-            blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": value})
-    messages: list[dict[str, Any]] = [{"role": "assistant", "content": blocks}]
-    if pairs:
-        messages.append(
-            {"role": "user", "content": [call.result_block(out) for call, out in pairs]}
-        )
-    return messages
+    return anthropic_messages(
+        turn.format, output_items(turn), turn.content, _calls(turn),
+        [out for _, out in pairs] if results is not None else None,
+    )  # fmt: skip

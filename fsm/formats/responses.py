@@ -169,13 +169,20 @@ class ResponsesHandler(FormatHandler):
 
     # -- text -------------------------------------------------------------------------------------
     def _text_delta(self, event: dict[str, Any], prefix: str, index_key: str, field: int) -> None:
-        item = self.route(event, event["type"])
+        item_id = event.get("item_id")
+        item = self.by_id.get(item_id) if type(item_id) is str else None
         if item is None:
-            return
-        delta = self.string(event, "delta", "")
+            item = self.route(event, event["type"])
+            if item is None:
+                return
+        delta = event.get("delta")
+        if type(delta) is not str:
+            delta = self.string(event, "delta", "")
         if delta:
-            key = (prefix, self.integer(event, index_key, "") or 0)
-            self.text(item, key, field, delta)
+            index = event.get(index_key)
+            if type(index) is not int:
+                index = self.integer(event, index_key, "") or 0
+            self.text(item, (prefix, index), field, delta)
 
     def output_text_delta(self, event: dict[str, Any]) -> None:
         """``response.output_text.delta``."""
