@@ -45,6 +45,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
+from fsm.formats.render import anthropic_messages, responses_input
 from fsm.store.errors import InvalidTurnError
 
 __all__ = [
@@ -61,6 +62,7 @@ HistoryFormat = Literal["chat", "responses", "anthropic"]
 #: The key of a call reference in stored provider items (its value: the call's position).
 CALL_REF: Final = "fsm:call"
 _FORMATS: Final = ("chat", "responses", "anthropic")
+_TYPED: Final = ("responses", "anthropic")
 _RESPONSES_CALLS: Final = ("function_call", "custom_tool_call")
 #: The fields of a call item that its row holds (left out of the stored reference).
 _RESPONSES_CALL_FIELDS: Final = ("call_id", "name", "arguments", "input")
@@ -140,26 +142,24 @@ def render(
     while i < len(messages):
         message = messages[i]
         role = message.get("role")
-        calls = _calls_of(message)
         if role == "assistant":
+            calls = _calls_of(message)
             n = len(calls)
-            results = list(messages[i + 1 : i + 1 + n])
+            results = messages[i + 1 : i + 1 + n]
             written, items = provider.get(seqs[i], (None, None))
-            native = written == fmt and isinstance(items, list)
+            source = written if written in _TYPED and isinstance(items, list) else "chat"
+            rebuilt = _rebuild(source, items, calls) if source != "chat" else []
+            neutral = [
+                {"id": c[0], "name": c[2], "arguments": c[3], "custom": c[1] == "custom"}
+                for c in calls
+            ]
+            text = _text(message.get("content")) or None
             if fmt == "responses":
-                out.extend(_responses_assistant(message, calls, items if native else None))
-                out.extend(_responses_output(c, r) for c, r in zip(calls, results, strict=True))
+                outputs = [_responses_output(r.get("content")) for r in results]
+                out.extend(responses_input(source, rebuilt, text, neutral, outputs))
             else:
-                out.append(_anthropic_assistant(message, calls, items if native else None))
-                if n:
-                    out.append(
-                        {
-                            "role": "user",
-                            "content": [
-                                _anthropic_result(c, r) for c, r in zip(calls, results, strict=True)
-                            ],
-                        }
-                    )
+                answers = [_anthropic_output(r.get("content")) for r in results]
+                out.extend(anthropic_messages(source, rebuilt, text, neutral, answers))
             i += 1 + n
             continue
         if fmt == "responses":
@@ -169,6 +169,24 @@ def render(
         # anthropic: system / developer messages go in the request's ``system`` parameter
         i += 1
     return out
+
+
+def _rebuild(source: str, items: Any, calls: list[tuple[str, str, str, str]]) -> list[Any]:
+    """The turn's output items as :meth:`Turn.output_items` gave them: each stored reference
+    replaced by the call rebuilt from its row."""
+    rebuilt: list[Any] = []
+    for item in items:
+        if not (isinstance(item, dict) and CALL_REF in item):
+            rebuilt.append(item)
+            continue
+        ref = {k: v for k, v in item.items() if k != CALL_REF}
+        cid, kind, name, arguments = calls[item[CALL_REF]]
+        if source == "responses":
+            key = "input" if kind == "custom" else "arguments"
+            rebuilt.append({**ref, "call_id": cid, "name": name, key: arguments})
+        else:
+            rebuilt.append({**ref, **_tool_use(calls[item[CALL_REF]])})
+    return rebuilt
 
 
 def _calls_of(message: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -225,40 +243,9 @@ def _responses_content(content: Any) -> Any:
     return parts
 
 
-def _responses_call(call: tuple[str, str, str, str]) -> dict[str, Any]:
-    cid, kind, name, arguments = call
-    if kind == "custom":
-        return {"type": "custom_tool_call", "call_id": cid, "name": name, "input": arguments}
-    return {"type": "function_call", "call_id": cid, "name": name, "arguments": arguments}
-
-
-def _responses_assistant(
-    message: Mapping[str, Any],
-    calls: list[tuple[str, str, str, str]],
-    items: list[Any] | None,
-) -> list[dict[str, Any]]:
-    if items is not None:
-        out: list[dict[str, Any]] = []
-        for item in items:
-            if isinstance(item, dict) and CALL_REF in item:
-                ref = {k: v for k, v in item.items() if k != CALL_REF}
-                out.append({**ref, **_responses_call(calls[item[CALL_REF]])})
-            else:
-                out.append(item)
-        return out
-    out = []
-    text = _text(message.get("content"))
-    if text:
-        out.append({"role": "assistant", "content": text})
-    out.extend(_responses_call(c) for c in calls)
-    return out
-
-
-def _responses_output(call: tuple[str, str, str, str], result: Mapping[str, Any]) -> dict[str, Any]:
-    kind = "custom_tool_call_output" if call[1] == "custom" else "function_call_output"
-    content = result.get("content")
-    output = _responses_content(content) if isinstance(content, list) else (content or "")
-    return {"type": kind, "call_id": call[0], "output": output}
+def _responses_output(content: Any) -> Any:
+    """A tool message's content as a Responses ``output`` (text, or input parts)."""
+    return _responses_content(content) if isinstance(content, list) else (content or "")
 
 
 # -- Anthropic ---------------------------------------------------------------------------------
@@ -286,30 +273,6 @@ def _tool_use(call: tuple[str, str, str, str]) -> dict[str, Any]:
     return {"type": "tool_use", "id": cid, "name": name, "input": value}
 
 
-def _anthropic_assistant(
-    message: Mapping[str, Any],
-    calls: list[tuple[str, str, str, str]],
-    items: list[Any] | None,
-) -> dict[str, Any]:
-    blocks: list[Any] = []
-    if items is not None:
-        for item in items:
-            if isinstance(item, dict) and CALL_REF in item:
-                ref = {k: v for k, v in item.items() if k != CALL_REF}
-                blocks.append({**ref, **_tool_use(calls[item[CALL_REF]])})
-            else:
-                blocks.append(item)
-        return {"role": "assistant", "content": blocks}
-    text = _text(message.get("content"))
-    if text:
-        blocks.append({"type": "text", "text": text})
-    blocks.extend(_tool_use(c) for c in calls)
-    if not blocks:
-        return {"role": "assistant", "content": text}
-    return {"role": "assistant", "content": blocks}
-
-
-def _anthropic_result(call: tuple[str, str, str, str], result: Mapping[str, Any]) -> dict[str, Any]:
-    content = result.get("content")
-    value = _anthropic_content(content) if isinstance(content, list) else (content or "")
-    return {"type": "tool_result", "tool_use_id": call[0], "content": value}
+def _anthropic_output(content: Any) -> Any:
+    """A tool message's content as an Anthropic ``tool_result`` content."""
+    return _anthropic_content(content) if isinstance(content, list) else (content or "")

@@ -28,6 +28,7 @@ from fsm.parser import StreamParser, Turn
 from fsm.store import ConversationStore
 from fsm.store.aio import AsyncConversationStore
 from fsm.store.audit import check, tool_calls
+from fsm.store.models import PG_CALL_ARGUMENTS_CHECK
 from fsm.store.render import CALL_REF
 from tests.helpers import REPO
 from tests.helpers.store import assert_openai_accepts, call_row, make_turn, result_row, user_row
@@ -191,7 +192,7 @@ def test_cross_provider_rendering_drops_only_provider_bound_items(
     assert [i.get("type", i.get("role")) for i in responses] == [
         "system",
         "user",
-        *(["assistant"] if turn.content else []),
+        *(["message"] if turn.content else []),
         "function_call",
         "function_call_output",
     ]
@@ -239,12 +240,12 @@ def test_a_chat_conversation_renders_for_the_other_apis(store: ConversationStore
     RESPONSES_INPUT.validate_python(responses)
     assert [i.get("type") for i in responses] == [
         None,
-        None,
+        "message",
         "function_call",
         "function_call",
         "function_call_output",
         "function_call_output",
-        None,
+        "message",
     ]
     claude = store.history("c", format="anthropic")
     _validate("anthropic", claude)
@@ -294,11 +295,23 @@ def test_a_custom_tool_call_is_free_text_in_every_format(store: ConversationStor
         else:
             conn.execute(sa.text("ALTER TABLE tool_calls DROP CONSTRAINT ck_tool_calls_arguments"))
             conn.execute(sa.text("UPDATE tool_calls SET type = 'function'"))
-    found = list(check(store.engine))
+    try:
+        found = list(check(store.engine))
+    finally:
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE tool_calls SET type = 'custom'"))
+            if store.engine.dialect.name == "postgresql":  # the schema is shared: restore it
+                conn.execute(
+                    sa.text(
+                        "ALTER TABLE tool_calls ADD CONSTRAINT ck_tool_calls_arguments"
+                        f" CHECK ({PG_CALL_ARGUMENTS_CHECK})"
+                    )
+                )
     if store.engine.dialect.name == "sqlite":  # its own quick_check sees the broken check first
         assert [(v.kind, "tool_calls" in v.detail) for v in found] == [("corrupt", True)]
     else:
         assert "invalid_arguments" in [v.kind for v in found], found
+    assert list(check(store.engine)) == []
 
 
 def test_audit_lists_and_filters_calls_of_every_format(store: ConversationStore) -> None:
