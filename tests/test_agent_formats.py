@@ -252,3 +252,32 @@ def test_fsm_demo_runs_offline_in_each_format(fmt: str, tmp_path: Path) -> None:
         turn.to_items(["6912", "408"]) if fmt == "responses" else turn.to_anthropic(["6912", "408"])
     )
     assert native[1 : 1 + len(rendered)] == rendered  # reasoning / signature kept verbatim
+
+
+@pytest.mark.parametrize("fmt", ["responses", "anthropic"])
+def test_the_ledger_keeps_the_provider_items_until_the_commit(
+    fmt: str, store: ConversationStore
+) -> None:
+    """ledger=True: the turn waits pending (outside history) while its tools run; its
+    reasoning item / thinking block is kept with it, so the follow-up still carries it back
+    verbatim (the server checks) and history reads back as the parser rendered it."""
+    ran.clear()
+    with ReplayServer(script(fmt)) as server:
+        result = run_agent_loop(
+            client_for(fmt, server),
+            store,
+            "c",
+            TOOLS,
+            model="demo-model-1",
+            messages=[USER],
+            format=fmt,  # type: ignore[arg-type]
+            ledger=True,
+        )
+    assert server.failures == [] and result.status == "completed"
+    assert ran == ["add", "multiply"]
+    turn = first_turn(fmt)
+    rendered = (
+        turn.to_items(["6912", "408"]) if fmt == "responses" else turn.to_anthropic(["6912", "408"])
+    )
+    history = store.history("c", format=fmt)  # type: ignore[arg-type]
+    assert history[1 : 1 + len(rendered)] == rendered

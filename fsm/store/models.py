@@ -817,6 +817,10 @@ class PendingTurnRow(Base):
     n_calls: Mapped[int] = mapped_column()
     #: the token of the process that owns the turn (``begin`` or ``claim``): only it records.
     owner: Mapped[str] = mapped_column(sa.Text)
+    #: the assistant message's ``format`` and ``provider_items``, as history will hold them
+    #: (migration 0007; checked by ``messages`` when the turn is committed)
+    format: Mapped[str | None] = mapped_column(sa.Text)
+    provider_items: Mapped[list[Any] | None] = mapped_column()
 
     __table_args__ = (
         sa.PrimaryKeyConstraint("conversation_id", "id"),

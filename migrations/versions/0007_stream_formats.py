@@ -17,6 +17,9 @@ them:
   each tool call and the text standing as a reference to the format-neutral row that holds
   it. Only on assistant rows (``ck_messages_format``).
 * ``attempts.format`` (nullable text): the API of an attempt's stream (``ck_attempts_format``).
+* ``pending_turns.format`` and ``pending_turns.provider_items`` (nullable): a turn run through
+  the tool ledger keeps them until its commit writes them to its ``messages`` row (whose checks
+  then apply). Plain ``ADD COLUMN`` on both engines (no SQLite rebuild of the ledger's table).
 * ``ix_messages_format_conversation_id_seq``: ``fsm audit calls --format`` finds the assistant
   messages of one format through it (partial: assistant rows only).
 * ``ck_tool_calls_arguments`` now exempts calls whose ``type`` is ``custom`` (a Responses
@@ -107,9 +110,12 @@ def upgrade() -> None:
                 op.f("ck_attempts_format_types"), sa.text(_ATTEMPT_FORMAT_TYPES)
             )
         _create_index()
+        for column in _columns():
+            op.add_column("pending_turns", column)
         return
     for column in _columns():
         op.add_column("messages", column)
+        op.add_column("pending_turns", sa.Column(column.name, column.type, nullable=True))
     op.create_check_constraint(op.f("ck_messages_format"), "messages", sa.text(_FORMAT))
     op.add_column("attempts", sa.Column("format", sa.Text(), nullable=True))
     op.create_check_constraint(op.f("ck_attempts_format"), "attempts", sa.text(_ATTEMPT_FORMAT))
@@ -133,6 +139,8 @@ def _create_index() -> None:
 
 def downgrade() -> None:
     op.drop_index(_INDEX, table_name="messages")
+    for column in reversed(_columns()):  # ALTER TABLE DROP COLUMN (SQLite 3.35+ too)
+        op.execute(f"ALTER TABLE pending_turns DROP COLUMN {column.name}")
     if op.get_bind().dialect.name == "sqlite":
         _require_foreign_keys_off()
         with op.batch_alter_table("attempts", recreate="always") as batch:
