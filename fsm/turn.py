@@ -50,6 +50,20 @@ class Anomaly:
     hold as JSON: a number outside signed 64-bit integers or finite doubles, or nesting deeper
     than 32; it is ignored and the previous one kept), ``invalid_created`` (an integer
     ``created`` outside signed 64 bits: ignored).
+
+    Responses API and Anthropic Messages streams (:mod:`fsm.formats`) add: ``orphan_delta`` (a
+    delta for no open item or block: dropped), ``done_mismatch`` (a ``.done`` text differs from
+    the deltas: the done text wins), ``id_changed`` (an item's id or call id, or the response
+    id, changed mid-stream: the first is kept), ``item_type_changed``, ``item_without_added``
+    (an ``output_item.done`` for an item never added: kept whole), ``duplicate_output_index``,
+    ``missing_call_id`` (the call's id stays ``""``), ``unknown_event`` and ``unknown_delta``
+    (ignored), ``wrong_delta`` (a delta of the wrong kind for its block: dropped),
+    ``done_before_end`` (``[DONE]`` before the terminal event: ignored),
+    ``second_message_start`` (the calls of the message it cut off end ``aborted``),
+    ``block_index_reused``, ``unclosed_block`` (no ``content_block_stop`` before
+    ``message_stop``), ``orphan_stop``, ``input_and_deltas`` (deltas after an input already
+    whole: the deltas are the arguments), ``invalid_server_input`` (a server tool's streamed
+    input is not JSON: kept as it was).
     """
 
     kind: str

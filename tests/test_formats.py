@@ -594,6 +594,7 @@ def test_any_wrong_value_gives_only_documented_errors(
 
 
 def test_a_chat_turn_renders_for_both_apis_and_stored_rows_render_the_same() -> None:
+    pytest.importorskip("anthropic")
     from anthropic.types import MessageParam
     from openai.types.responses import ResponseInputItemParam
     from pydantic import TypeAdapter
@@ -627,3 +628,24 @@ def test_a_chat_turn_renders_for_both_apis_and_stored_rows_render_the_same() -> 
     anth = parser.result().turn()
     stored = anth.output_items()
     assert anthropic_messages("anthropic", stored, None, [], None) == anth.to_anthropic()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'event: message_start\ndata: {"a": 1}\n\nevent: ping\ndata: {}\n\n',
+        b"event:  two spaces\ndata: x\n\nevent: a:b\ndata: \n\n",
+        b"event: e\ndata: one\ndata: two\n\nevent: e\nid: 7\ndata: z\n\n",
+        b"data: {}\nevent: bedrock order\n\nevent: caf\xc3\xa9\ndata: {}\n\nevent: x\n\n",
+    ],
+)
+def test_named_events_frame_the_same_whole_and_byte_by_byte(data: bytes) -> None:
+    """The framer's fast path for 'event: NAME' + one data line gives what its general
+    line-by-line path gives (names, payloads, byte offsets)."""
+    from fsm.sse import SSEFramer
+
+    whole = SSEFramer(1 << 20).feed(data)
+    framer = SSEFramer(1 << 20)
+    pieces = [e for i in range(len(data)) for e in framer.feed(data[i : i + 1])]
+    assert whole == pieces
+    assert all(data[offset:].startswith((b"event", b"data", b"id")) for _n, _p, offset in whole)

@@ -14,8 +14,9 @@ from tests.helpers import REPO
 
 #: the extras CI installs (``.[test]``) and the ones users choose; ``bench`` pins peers exactly
 EXTRAS = ("postgres", "clients", "async", "test")
-#: test tools: not the package's dependencies, left to float
-TOOLS = {"pytest", "pytest-cov", "hypothesis", "atheris", "mypy", "ruff"}
+#: test tools: not the package's dependencies, left to float (anthropic: only its request
+#: types, to validate rendered messages)
+TOOLS = {"pytest", "pytest-cov", "hypothesis", "atheris", "mypy", "ruff", "anthropic"}
 
 
 def lower_bounds() -> dict[str, Version]:

@@ -49,6 +49,7 @@ _PRELUDES: dict[str, str] = {
     # issue 17: each starts what it needs (its own replay server for the loop)
     'StreamParser(format="anthropic")': "",
     'demo_script(format="anthropic")': "",
+    "result = parse(stream)  # the format is detected": "",
     "def commit(conversation,": "",
     "configure_engine(sa.create_engine(": "",
     "with_streaming_response.create(": "",

@@ -100,6 +100,7 @@ class AnthropicHandler(FormatHandler):
         if content is not None:
             if type(content) is not list:
                 self.fail(f"must be a list, got {type(content).__name__}", "message.content")
+            self.size = -1  # each block counted by its own size
             for i, block in enumerate(content):
                 if self.parser._status is not _OPEN:
                     return

@@ -141,6 +141,8 @@ class FormatHandler:
     def __init__(self, parser: StreamParser) -> None:
         self.parser = parser
         self.turn: ItemTurn | None = None
+        #: bytes of the SSE event being processed (-1: a chunk fed as an object)
+        self.size = -1
         self.dispatch: dict[str, Callable[[dict[str, Any]], None]] = {
             kind: getattr(self, name) for kind, name in self.dispatch_names.items()
         }
@@ -150,7 +152,7 @@ class FormatHandler:
         parser = self.parser
         parser._format = self.format
         parser._frames = self.frames  # type: ignore[method-assign]
-        parser._process = self.process  # type: ignore[method-assign,assignment]
+        parser._process = self.chunk  # type: ignore[method-assign,assignment]
         parser._after_end = self.after_end  # type: ignore[method-assign]
         parser._done_sentinel = self.done_sentinel  # type: ignore[method-assign]
 
@@ -163,6 +165,7 @@ class FormatHandler:
         for name, payload, offset in frames:
             parser._event_number += 1
             parser._offset = offset
+            self.size = len(payload)
             if parser._status is not _OPEN:
                 self.after_end(name, payload)
             elif payload[:1] == b"{" and name != "error":
@@ -193,6 +196,11 @@ class FormatHandler:
             parser._anomaly("empty_event", "an SSE event with empty data was ignored")
         else:
             self.process(parser._decode_slow(payload))
+
+    def chunk(self, event: Any) -> None:
+        """One event fed with ``receive_chunk`` (no SSE event size known)."""
+        self.size = -1
+        self.process(event)
 
     def process(self, event: Any) -> None:
         """One event of the format (a decoded dict)."""
@@ -286,12 +294,15 @@ class FormatHandler:
         parser._end("error", message)
 
     def keep(self, value: Any, what: str) -> bool:
-        """Count a verbatim item's JSON size against ``max_stream_bytes``; ``False`` when that
-        ended the stream."""
-        try:
-            size = len(orjson.dumps(value))
-        except (TypeError, orjson.JSONEncodeError):
-            size = len(repr(value))
+        """Count a verbatim item's size against ``max_stream_bytes`` (the size of the SSE event
+        that carried it, at most; its JSON size for a chunk fed as an object); ``False`` when
+        that ended the stream."""
+        size = self.size
+        if size < 0:
+            try:
+                size = len(orjson.dumps(value))
+            except (TypeError, orjson.JSONEncodeError):
+                size = len(repr(value))
         return self.parser.count_header_bytes(size)
 
     def text(self, item: Item, key: Any, field: int | None, value: str) -> bool:
