@@ -43,7 +43,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -53,10 +53,25 @@ from typing import Any, Final, Literal
 
 from fsm.errors import RemoteProtocolError
 from fsm.parser import ParseResult, StreamParser
+from fsm.replay_formats import (
+    ANTHROPIC_PATH,
+    FORMAT_OF_PATH,
+    RESPONSES_PATH,
+    StreamFormat,
+    anthropic_error_body,
+    anthropic_messages,
+    check_anthropic_tools,
+    check_responses_tools,
+    detect_format,
+    openai_error_body,
+    responses_items,
+)
 
 __all__ = [
+    "ANTHROPIC_PATH",
     "CHAT_COMPLETIONS_PATH",
     "EXAMPLES_DIR",
+    "RESPONSES_PATH",
     "ReplayFailure",
     "ReplayServer",
     "ReplayTurn",
@@ -64,7 +79,8 @@ __all__ = [
     "split_events",
 ]
 
-#: The one path the server answers (under ``base_url``'s ``/v1``).
+#: The Chat Completions path (under ``base_url``'s ``/v1``); the server also answers
+#: :data:`RESPONSES_PATH` (``/v1/responses``) and :data:`ANTHROPIC_PATH` (``/v1/messages``).
 CHAT_COMPLETIONS_PATH: Final = "/v1/chat/completions"
 
 #: The project's own example streams (``fsm/examples/*.sse``).
@@ -117,6 +133,10 @@ class ReplayTurn:
             calls).
         check: whether to check the request answered by this turn (see
             :meth:`ReplayServer.check_request`).
+        format: the recording's format, ``"chat"`` (served at ``/v1/chat/completions``),
+            ``"responses"`` (``/v1/responses``) or ``"anthropic"`` (``/v1/messages``); ``None``
+            (the default) detects it from the recording's first typed event. A request to
+            another path than the turn's is refused (``400``) and does not use up the turn.
 
     At most one of ``cut_at``, ``reset_at`` and ``error_at`` may be given.
     """
@@ -132,6 +152,7 @@ class ReplayTurn:
     error_message: str = "the replay server failed this stream on purpose"
     expect_tool_results: Sequence[str] | None = None
     check: bool = True
+    format: StreamFormat | None = None
 
     def __post_init__(self) -> None:
         ends = [n for n in ("cut_at", "reset_at", "error_at") if getattr(self, n) is not None]
@@ -145,6 +166,15 @@ class ReplayTurn:
             raise ValueError(f"ReplayTurn.delay must be >= 0, got {self.delay}")
         if not 200 <= self.status <= 599:
             raise ValueError(f"ReplayTurn.status must be an HTTP status, got {self.status}")
+        if self.format not in (None, "chat", "responses", "anthropic"):
+            raise ValueError(
+                "ReplayTurn.format must be 'chat', 'responses', 'anthropic' or None, got "
+                f"{self.format!r}"
+            )
+
+    def stream_format(self) -> StreamFormat:
+        """The recording's format: :attr:`format`, else detected from its bytes."""
+        return self.format if self.format is not None else detect_format(self.data())
 
     def data(self) -> bytes:
         """The recording's bytes."""
@@ -169,9 +199,18 @@ class _Sent:
     result: ParseResult
     complete: bool
     calls: list[tuple[str, str, str, str]] = field(default_factory=list)  # id, type, name, args
+    format: StreamFormat = "chat"
+    #: the response id the client saw (renamed when ``response_ids="unique"``)
+    response_id: str | None = None
+    #: the bytes sent
+    data: bytes = b""
+    #: the turn (choice 0), if the stream had one
+    turn: Any = None
 
 
-def _read_sent(data: bytes) -> _Sent:
+def _read_sent(data: bytes, fmt: StreamFormat = "chat") -> _Sent:
+    if fmt != "chat":
+        return _read_sent_typed(data, fmt)
     parser = StreamParser()
     try:
         parser.receive_data(data)
@@ -183,21 +222,76 @@ def _read_sent(data: bytes) -> _Sent:
     calls: list[tuple[str, str, str, str]] = []
     if turn is not None:
         calls = [(c.id, c.type, c.name, c.arguments) for c in turn.tool_calls]
-    return _Sent(result, turn is not None and turn.complete, calls)
+    return _Sent(result, turn is not None and turn.complete, calls, "chat", result.response_id)
+
+
+def _read_sent_typed(data: bytes, fmt: StreamFormat) -> _Sent:
+    """:func:`_read_sent` for a Responses or Messages stream (one turn)."""
+    parser = StreamParser(format=fmt)
+    try:
+        parser.receive_data(data)
+        parser.receive_eof()
+    except RemoteProtocolError:
+        pass
+    result = parser.result()
+    turn = result.turns[0] if result.turns else None
+    calls: list[tuple[str, str, str, str]] = []
+    if turn is not None:
+        calls = [(c.id, c.type, c.name, c.arguments) for c in turn.tool_calls]
+    complete = turn is not None and turn.complete
+    return _Sent(result, complete, calls, fmt, result.response_id, data, turn)
+
+
+def _sse_data(data: bytes) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a recording's ``data:`` fields, in order."""
+    for line in data.splitlines():
+        stripped = line.strip()
+        if stripped.startswith(b"data:"):
+            try:
+                value = json.loads(stripped[5:])
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                yield value
+
+
+def _responses_output(sent: _Sent) -> list[dict[str, Any]]:
+    """The output items of a Responses stream, as ``previous_response_id`` refers to them: the
+    terminal event's ``response.output``, else each ``response.output_item.done`` item."""
+    done: list[dict[str, Any]] = []
+    for event in _sse_data(sent.data):
+        kind = event.get("type")
+        if kind == "response.output_item.done" and isinstance(event.get("item"), dict):
+            done.append(event["item"])
+        elif kind in ("response.completed", "response.incomplete", "response.failed"):
+            response = event.get("response")
+            output = response.get("output") if isinstance(response, dict) else None
+            if isinstance(output, list) and output:
+                return [item for item in output if isinstance(item, dict)]
+    return done
 
 
 def demo_script(
-    tool_results: Sequence[str] | None = None, *, delay: float = 0.0
+    tool_results: Sequence[str] | None = None,
+    *,
+    delay: float = 0.0,
+    format: StreamFormat = "chat",
 ) -> list[ReplayTurn]:
     """The project's demo conversation: ``parallel_add_multiply.sse`` (two tool calls, ``add``
     and ``multiply``) then ``final_answer.sse``. ``tool_results``, when given, are the tool
     message contents the second request must carry (add's, then multiply's); ``delay`` paces
-    both streams (seconds between events) so that a demo visibly streams."""
+    both streams (seconds between events) so that a demo visibly streams. ``format``
+    ``"responses"`` or ``"anthropic"`` gives the same conversation in that API's streams
+    (``responses_*.sse``, ``anthropic_*.sse``: with a reasoning item or a thinking block that
+    the follow-up must send back verbatim)."""
+    first, final = {
+        "chat": ("parallel_add_multiply.sse", "final_answer.sse"),
+        "responses": ("responses_add_multiply.sse", "responses_final_answer.sse"),
+        "anthropic": ("anthropic_add_multiply.sse", "anthropic_final_answer.sse"),
+    }[format]
     return [
-        ReplayTurn(EXAMPLES_DIR / "parallel_add_multiply.sse", delay=delay),
-        ReplayTurn(
-            EXAMPLES_DIR / "final_answer.sse", delay=delay, expect_tool_results=tool_results
-        ),
+        ReplayTurn(EXAMPLES_DIR / first, delay=delay),
+        ReplayTurn(EXAMPLES_DIR / final, delay=delay, expect_tool_results=tool_results),
     ]
 
 
@@ -262,10 +356,17 @@ class _Handler(BaseHTTPRequestHandler):
                 self.rfile.readline()
         return b""
 
-    def send_error_json(self, status: int, message: str, error_type: str) -> None:
-        body = json.dumps(
-            {"error": {"message": message, "type": error_type, "param": None, "code": None}}
-        ).encode()
+    def send_error_json(
+        self, status: int, message: str, error_type: str, fmt: StreamFormat = "chat"
+    ) -> None:
+        if fmt == "anthropic":
+            anthropic_type = {
+                "server_error": "api_error",
+                "not_found_error": "not_found_error",
+            }.get(error_type, error_type)
+            body = anthropic_error_body(message, anthropic_type)
+        else:
+            body = openai_error_body(message, error_type)
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -344,6 +445,8 @@ class ReplayServer:
         self.served = 0
         self._lock = threading.Lock()
         self._previous: _Sent | None = None
+        #: the output items of each Responses turn served, by the response id the client saw
+        self._outputs: dict[str, list[dict[str, Any]]] = {}
         self._released = threading.Event()
         self._connections: set[socket.socket] = set()
         self._httpd: _HTTPServer | None = None
@@ -429,14 +532,22 @@ class ReplayServer:
             self.requests = []
             self.failures = []
             self._previous = None
+            self._outputs = {}
             self._released.clear()
             self._id_token = os.urandom(4).hex()
 
     # -- the request check ----------------------------------------------------------------------
-    def check_request(self, body: Any, turn: ReplayTurn | None = None) -> str | None:
+    def check_request(
+        self, body: Any, turn: ReplayTurn | None = None, fmt: StreamFormat = "chat"
+    ) -> str | None:
         """Why ``body`` is not the request a correct agent loop sends next, or ``None`` if it is.
 
-        The body must be a JSON object with ``"stream": true`` and a ``messages`` list. After a
+        ``fmt`` is the API of the request: ``"chat"`` (below), ``"responses"`` or
+        ``"anthropic"`` (:meth:`_check_typed`: first the tool results must match the tool calls
+        of the request itself, as the real APIs require, then the request must carry back what
+        the previous turn streamed).
+
+        A Chat Completions body must be a JSON object with ``"stream": true`` and a ``messages`` list. After a
         turn that streamed complete tool calls (choice 0, as fsm's parser reads the bytes sent):
 
         * the last ``assistant`` message carries exactly those ``tool_calls``, in order, with
@@ -452,6 +563,8 @@ class ReplayServer:
             return "the request body must be a JSON object"
         if body.get("stream") is not True:
             return 'this server only streams: the request must have "stream": true'
+        if fmt != "chat":
+            return self._check_typed(body, turn, fmt)
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             return "'messages' must be a list of objects"
@@ -464,6 +577,47 @@ class ReplayServer:
             return None
         results = turn.expect_tool_results if turn is not None else None
         return _check_tool_round(messages, previous, results)
+
+    def _check_typed(
+        self, body: dict[str, Any], turn: ReplayTurn | None, fmt: StreamFormat
+    ) -> str | None:
+        """:meth:`check_request` for a Responses or Messages request.
+
+        First what the real API refuses: tool results that do not match the request's own
+        tool calls (:func:`~fsm.replay_formats.check_responses_tools`,
+        :func:`~fsm.replay_formats.check_anthropic_tools`), a ``previous_response_id`` the
+        server never sent. Then, after a turn that streamed complete tool calls, the request
+        must carry them back byte for byte (Responses: as ``function_call`` /
+        ``custom_tool_call`` items with their ``call_id``, name and arguments or input, and
+        each reasoning item with ``encrypted_content`` verbatim, or by ``previous_response_id``;
+        Anthropic: the last assistant message's ``tool_use`` blocks with their ids, names and
+        inputs, and its thinking blocks with their signatures) with one result per call (in
+        call order, equal to ``turn.expect_tool_results`` when given). After a turn that did not
+        end complete, none of its calls may appear.
+        """
+        results = turn.expect_tool_results if turn is not None else None
+        previous = self._previous
+        if fmt == "responses":
+            items = responses_items(body)
+            if isinstance(items, str):
+                return items
+            prior: list[dict[str, Any]] = []
+            previous_id = body.get("previous_response_id")
+            if previous_id is not None:
+                if previous_id not in self._outputs:
+                    return f"Previous response with id '{previous_id}' not found."
+                prior = self._outputs[previous_id]
+            problem = check_responses_tools(items, prior)
+            if problem is not None or previous is None or previous.format != "responses":
+                return problem
+            return _check_responses_round(items, previous_id, previous, results)
+        messages = anthropic_messages(body)
+        if isinstance(messages, str):
+            return messages
+        problem = check_anthropic_tools(messages)
+        if problem is not None or previous is None or previous.format != "anthropic":
+            return problem
+        return _check_anthropic_round(messages, previous, results)
 
     # -- internals ------------------------------------------------------------------------------
     def _track(self, conn: socket.socket, *, add: bool) -> None:
@@ -482,7 +636,8 @@ class ReplayServer:
             problem: str | None = None
             status = 400
             turn: ReplayTurn | None = None
-            if path != CHAT_COMPLETIONS_PATH:
+            fmt = FORMAT_OF_PATH.get(path)
+            if fmt is None:
                 problem, status = f"unknown path {path!r}", 404
             elif body is None:
                 problem = "the request body is not valid JSON"
@@ -493,7 +648,14 @@ class ReplayServer:
                 )
             else:
                 turn = self.script[self.served]
-                problem = self.check_request(body, turn) if turn.check else None
+                recorded = turn.stream_format()
+                if recorded != fmt:
+                    problem = (
+                        f"turn {self.served} of the script is a {_API_NAMES[recorded]} stream, "
+                        f"served at POST {_PATH_OF_FORMAT[recorded]}, not {path}"
+                    )
+                else:
+                    problem = self.check_request(body, turn, fmt) if turn.check else None
             if problem is not None:
                 self.failures.append(ReplayFailure(number, problem))
                 return None, problem, status, self.served
@@ -501,7 +663,12 @@ class ReplayServer:
             self.served += 1
             if 200 <= turn.status < 300:
                 # What the next request is checked against: the bytes this turn sends.
-                self._previous = _read_sent(_what_is_sent(turn.data(), turn))
+                sent = _read_sent(_what_is_sent(turn.data(), turn), turn.stream_format())
+                if sent.response_id is not None and self.response_ids == "unique":
+                    sent.response_id = f"{sent.response_id}-{self._id_token}-{self.served}"
+                self._previous = sent
+                if sent.format == "responses" and sent.response_id is not None:
+                    self._outputs[sent.response_id] = _responses_output(sent)
             return turn, None, turn.status, self.served
 
     def _handle(self, handler: _Handler) -> None:
@@ -512,19 +679,23 @@ class ReplayServer:
         except ValueError:
             body = None
         turn, problem, status, served = self._decide(path, body)
+        fmt = FORMAT_OF_PATH.get(path, "chat")
         if turn is None:
             assert problem is not None
-            handler.send_error_json(status, problem, "invalid_request_error")
+            error_type = "not_found_error" if status == 404 else "invalid_request_error"
+            handler.send_error_json(status, problem, error_type, fmt)
         elif not 200 <= status < 300:
             error_type = "invalid_request_error" if status < 500 else "server_error"
-            handler.send_error_json(status, turn.error_message, error_type)
+            handler.send_error_json(status, turn.error_message, error_type, fmt)
         else:
-            self._stream(handler, turn, turn.data(), served)
+            self._stream(handler, turn, turn.data(), served, fmt)
 
-    def _stream(self, handler: _Handler, turn: ReplayTurn, data: bytes, number: int) -> None:
+    def _stream(
+        self, handler: _Handler, turn: ReplayTurn, data: bytes, number: int, fmt: StreamFormat
+    ) -> None:
         rename = None
         if self.response_ids == "unique":
-            rename = _id_renamer(data, f"{self._id_token}-{number}")
+            rename = _id_renamer(data, f"{self._id_token}-{number}", fmt)
         handler.start_stream()
         error_at = _error_boundary(data, turn.error_at) if turn.error_at is not None else None
         stop = next((x for x in (turn.cut_at, turn.reset_at, error_at) if x is not None), len(data))
@@ -546,15 +717,17 @@ class ReplayServer:
         if turn.reset_at is not None:
             handler.reset()
         if error_at is not None:
-            handler.send_chunk(_error_event(turn.error_message))
+            handler.send_chunk(_error_event(turn.error_message, fmt))
         handler.end_stream()
 
 
-def _id_renamer(data: bytes, suffix: str) -> Callable[[bytes], bytes] | None:
+def _id_renamer(
+    data: bytes, suffix: str, fmt: StreamFormat = "chat"
+) -> Callable[[bytes], bytes] | None:
     """A function that gives the response id of the recording ``data`` the suffix ``suffix``
     in a piece of it (each ``"id": "<response id>"``, as JSON-encoded in the recording), or
     ``None`` when the recording has no response id."""
-    rid = _read_sent(data).result.response_id
+    rid = _read_sent(data, fmt).response_id
     if rid is None:
         return None
     recorded = json.dumps(rid).encode()
@@ -594,8 +767,14 @@ def _error_boundary(data: bytes, offset: int) -> int:
     return len(data)
 
 
-def _error_event(message: str) -> bytes:
-    error = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+def _error_event(message: str, fmt: StreamFormat = "chat") -> bytes:
+    error: dict[str, Any]
+    if fmt == "responses":
+        error = {"type": "error", "code": "server_error", "message": message, "param": None}
+    elif fmt == "anthropic":
+        error = {"type": "error", "error": {"type": "api_error", "message": message}}
+    else:
+        error = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
     return b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n"
 
 
@@ -605,7 +784,9 @@ def _what_is_sent(data: bytes, turn: ReplayTurn) -> bytes:
     if turn.reset_at is not None:
         return data[: turn.reset_at]
     if turn.error_at is not None:
-        return data[: _error_boundary(data, turn.error_at)] + _error_event(turn.error_message)
+        fmt = turn.stream_format()
+        error = _error_event(turn.error_message, fmt)
+        return data[: _error_boundary(data, turn.error_at)] + error
     return data
 
 
@@ -674,6 +855,186 @@ def _check_tool_round(
                 return (
                     f"messages[{at}].content is {message.get('content')!r}; expected "
                     f"{results[position]!r} for call {cid!r} ({name})"
+                )
+    return None
+
+
+_API_NAMES: Final[dict[StreamFormat, str]] = {
+    "chat": "Chat Completions",
+    "responses": "Responses API",
+    "anthropic": "Anthropic Messages",
+}
+_PATH_OF_FORMAT: Final[dict[StreamFormat, str]] = {
+    "chat": CHAT_COMPLETIONS_PATH,
+    "responses": RESPONSES_PATH,
+    "anthropic": ANTHROPIC_PATH,
+}
+_RESPONSES_CALLS: Final = {"function": "function_call", "custom": "custom_tool_call"}
+
+
+def _incomplete(previous: _Sent) -> str:
+    return (
+        f"the previous turn did not end complete ({previous.result.end_how}: "
+        f"{previous.result.end_reason}); an incomplete call must not reach history"
+    )
+
+
+def _check_responses_round(
+    items: list[dict[str, Any]],
+    previous_id: Any,
+    previous: _Sent,
+    results: Sequence[str] | None,
+) -> str | None:
+    ids = {c[0] for c in previous.calls if c[0]}
+    if not previous.complete:
+        if previous_id is not None and previous_id == previous.response_id:
+            return f"previous_response_id {previous_id!r} names a turn that " + _incomplete(
+                previous
+            )
+        for at, item in enumerate(items):
+            if item.get("type") in ("function_call", "custom_tool_call") and (
+                item.get("call_id") in ids
+            ):
+                return f"input[{at}] carries call {item.get('call_id')!r}: " + _incomplete(previous)
+        return None
+    if not previous.calls:
+        return None
+    chained = previous_id is not None and previous_id == previous.response_id
+    outputs: dict[str, list[Any]] = {}
+    for item in items:
+        if item.get("type") in ("function_call_output", "custom_tool_call_output"):
+            outputs.setdefault(str(item.get("call_id")), []).append(item.get("output"))
+    if not chained:
+        made = [i for i in items if i.get("type") in ("function_call", "custom_tool_call")]
+        for cid, kind, name, arguments in previous.calls:
+            want = _RESPONSES_CALLS.get(kind, "function_call")
+            field_name = "input" if want == "custom_tool_call" else "arguments"
+            match = next((i for i in made if i.get("call_id") == cid), None)
+            if match is None:
+                return (
+                    f"the previous turn streamed call {cid!r} ({name}); the input must carry it "
+                    f"back as a {want} item (or chain with previous_response_id)"
+                )
+            for label, value, expected in (
+                ("type", match.get("type"), want),
+                ("name", match.get("name"), name),
+                (field_name, match.get(field_name), arguments),
+            ):
+                if value != expected:
+                    return f"call {cid!r}: {label} is {value!r}; the stream sent {expected!r}"
+        turn = previous.turn
+        if turn is not None:
+            for item in turn.to_items():
+                if item.get("type") != "reasoning" or item.get("encrypted_content") is None:
+                    continue
+                if not any(
+                    i.get("type") == "reasoning"
+                    and i.get("encrypted_content") == item["encrypted_content"]
+                    for i in items
+                ):
+                    return (
+                        f"reasoning item {item.get('id')!r} of the previous turn is missing or "
+                        "its encrypted_content was changed: it must be sent back verbatim"
+                    )
+    if results is not None:
+        for position, (cid, _kind, name, _args) in enumerate(previous.calls):
+            got = outputs.get(cid, [])
+            if position >= len(results):
+                return f"the script expects {len(results)} tool results, the stream had more calls"
+            if results[position] not in got:
+                return (
+                    f"the output for call {cid!r} ({name}) is {got!r}; expected "
+                    f"{results[position]!r}"
+                )
+    return None
+
+
+def _result_text(block: Mapping[str, Any]) -> Any:
+    content = block.get("content")
+    if isinstance(content, list):
+        texts = [b.get("text") for b in content if isinstance(b, dict) and b.get("type") == "text"]
+        return "".join(t for t in texts if isinstance(t, str))
+    return content
+
+
+def _check_anthropic_round(
+    messages: list[dict[str, Any]], previous: _Sent, results: Sequence[str] | None
+) -> str | None:
+    ids = {c[0] for c in previous.calls if c[0]}
+    if not previous.complete:
+        for at, message in enumerate(messages):
+            content = message.get("content")
+            for block in content if isinstance(content, list) else []:
+                if block.get("type") == "tool_use" and block.get("id") in ids:
+                    return f"messages[{at}] carries tool_use {block.get('id')!r}: " + _incomplete(
+                        previous
+                    )
+        return None
+    if not previous.calls:
+        return None
+    expected_ids = [c[0] for c in previous.calls]
+    found = next(
+        (
+            i
+            for i in range(len(messages) - 1, -1, -1)
+            if messages[i].get("role") == "assistant"
+            and isinstance(messages[i].get("content"), list)
+            and any(b.get("type") == "tool_use" for b in messages[i]["content"])
+        ),
+        None,
+    )
+    if found is None:
+        return (
+            f"no assistant message with tool_use blocks: the previous turn streamed tool calls "
+            f"{expected_ids} and the request must carry them back"
+        )
+    at = found
+    uses = [b for b in messages[at]["content"] if b.get("type") == "tool_use"]
+    if [b.get("id") for b in uses] != expected_ids:
+        return (
+            f"messages[{at}] has tool_use ids {[b.get('id') for b in uses]}; the previous turn "
+            f"streamed {expected_ids}"
+        )
+    for block, (cid, _kind, name, arguments) in zip(uses, previous.calls, strict=True):
+        if block.get("name") != name:
+            return f"tool_use {cid!r}: name is {block.get('name')!r}; the stream sent {name!r}"
+        try:
+            wanted = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            wanted = arguments
+        if block.get("input") != wanted:
+            return (
+                f"tool_use {cid!r}: input is {block.get('input')!r}; the stream sent {arguments!r}"
+            )
+    turn = previous.turn
+    if turn is not None:
+        sent_blocks = turn.to_anthropic()[0]["content"]
+        for block in sent_blocks:
+            kind = block.get("type")
+            if kind not in ("thinking", "redacted_thinking"):
+                continue
+            if block not in messages[at]["content"]:
+                what = "signature" if kind == "thinking" else "data"
+                return (
+                    f"messages[{at}]: a {kind} block of the previous turn is missing or its "
+                    f"{what} was changed: thinking blocks must be sent back verbatim"
+                )
+    if results is not None and at + 1 < len(messages):
+        answers = [
+            b for b in messages[at + 1].get("content") or [] if b.get("type") == "tool_result"
+        ]
+        for position, (cid, _kind, name, _args) in enumerate(previous.calls):
+            if position >= len(results):
+                return f"the script expects {len(results)} tool results, the stream had more calls"
+            if position >= len(answers) or answers[position].get("tool_use_id") != cid:
+                return (
+                    f"messages[{at + 1}]: the tool_result blocks must answer the calls in call "
+                    f"order; result {position} is not for {cid!r}"
+                )
+            if _result_text(answers[position]) != results[position]:
+                return (
+                    f"the tool_result for {cid!r} ({name}) is "
+                    f"{_result_text(answers[position])!r}; expected {results[position]!r}"
                 )
     return None
 

@@ -46,6 +46,9 @@ def test_main_job_command_names_files_that_exist() -> None:
 _PRELUDES: dict[str, str] = {
     # self-contained examples (first: a key found in them decides before the keys below)
     "def test_my_agent(": "",
+    # issue 17: each starts what it needs (its own replay server for the loop)
+    'StreamParser(format="anthropic")': "",
+    'demo_script(format="anthropic")': "",
     "result = parse(stream)  # the format is detected": "",
     "def commit(conversation,": "",
     "configure_engine(sa.create_engine(": "",
@@ -95,7 +98,10 @@ _PRELUDES: dict[str, str] = {
 }
 
 #: examples that need a package the test environment may lack
-_NEEDS = {"app = FastAPI()": "fastapi"}
+_NEEDS = {
+    "app = FastAPI()": "fastapi",
+    'demo_script(format="anthropic")': "anthropic",
+}
 
 #: examples that are a test module, run by pytest with fsm's plugin (its fixtures), not as a script
 _PYTEST_MODULES = {"def test_my_agent("}

@@ -12,12 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
 
 from fsm.api import parse_text
 from fsm.clients import iter_openai_events
+from fsm.parser import StreamParser
+from fsm.replay import EXAMPLES_DIR
 from fsm.sse import SSEFramer
 from fsm.testing import (
     ReplayFailure,
@@ -508,3 +511,289 @@ def test_each_response_gets_its_own_id(http: httpx.Client) -> None:
     )
     with pytest.raises(ValueError, match="response_ids"):
         ReplayServer([], response_ids="random")  # type: ignore[arg-type]
+
+
+# -- issue 17: the Responses API and Anthropic Messages -----------------------------------------
+RESPONSES_FIRST = EXAMPLES_DIR / "responses_add_multiply.sse"
+RESPONSES_FINAL = EXAMPLES_DIR / "responses_final_answer.sse"
+ANTHROPIC_FIRST = EXAMPLES_DIR / "anthropic_add_multiply.sse"
+ANTHROPIC_FINAL = EXAMPLES_DIR / "anthropic_final_answer.sse"
+SHARED = CORPUS.parent
+TYPED_CORPORA = {"responses": SHARED / "corpus-responses", "anthropic": SHARED / "corpus-anthropic"}
+RESULTS = ["6912", "408"]
+Q = {"role": "user", "content": "What are 1234 + 5678 and 12 \u00d7 34?"}
+
+
+def typed_turn(path: Path, fmt: str) -> Any:
+    parser = StreamParser(format=fmt)  # type: ignore[arg-type]
+    parser.receive_data(path.read_bytes())
+    parser.receive_eof()
+    return parser.result().turns[0]
+
+
+def responses_script() -> list[ReplayTurn]:
+    return [ReplayTurn(RESPONSES_FIRST), ReplayTurn(RESPONSES_FINAL, expect_tool_results=RESULTS)]
+
+
+def anthropic_script() -> list[ReplayTurn]:
+    return [ReplayTurn(ANTHROPIC_FIRST), ReplayTurn(ANTHROPIC_FINAL, expect_tool_results=RESULTS)]
+
+
+def test_the_openai_sdk_runs_a_responses_turn_and_its_follow_up() -> None:
+    turn = typed_turn(RESPONSES_FIRST, "responses")
+    with ReplayServer(responses_script()) as server:
+        sdk = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+        events = list(sdk.responses.create(model="m", input=[Q], stream=True))
+        assert events[-1].type == "response.completed"
+        calls = [i for i in events[-1].response.output if i.type == "function_call"]
+        assert [(c.call_id, c.arguments) for c in calls] == [
+            (c.id, c.arguments) for c in turn.tool_calls
+        ]
+        follow_up = sdk.responses.create(model="m", input=[Q, *turn.to_items(RESULTS)], stream=True)
+        assert [e.type for e in follow_up][-1] == "response.completed"
+    assert server.failures == [] and server.served == 2
+
+
+def test_the_anthropic_sdk_runs_a_messages_turn_and_its_follow_up() -> None:
+    turn = typed_turn(ANTHROPIC_FIRST, "anthropic")
+    with ReplayServer(anthropic_script()) as server:
+        sdk = anthropic.Anthropic(base_url=server.url, api_key="test", max_retries=0)
+        with sdk.messages.stream(model="m", max_tokens=64, messages=[Q]) as stream:
+            message = stream.get_final_message()
+        assert message.stop_reason == "tool_use"
+        assert [b.type for b in message.content] == ["thinking", "text", "tool_use", "tool_use"]
+        again = sdk.messages.create(
+            model="m", max_tokens=64, messages=[Q, *turn.to_anthropic(RESULTS)], stream=True
+        )
+        assert [e.type for e in again][-1] == "message_stop"
+    assert server.failures == [] and server.served == 2
+
+
+def _responses_cases() -> dict[str, Any]:
+    turn = typed_turn(RESPONSES_FIRST, "responses")
+    good = [Q, *turn.to_items(RESULTS)]
+    calls = [i for i, item in enumerate(good) if item.get("type") == "function_call"]
+    outputs = [i for i, item in enumerate(good) if item.get("type") == "function_call_output"]
+    reasoning = next(i for i, item in enumerate(good) if item.get("type") == "reasoning")
+
+    def changed(at: int, **values: Any) -> list[Any]:
+        items = [dict(item) for item in good]
+        items[at].update(values)
+        return items
+
+    return {
+        "a_call_without_output": (
+            [item for i, item in enumerate(good) if i != outputs[1]],
+            "No tool output found for function call call_mul_9Xk4.",
+        ),
+        "an_output_for_no_call": (
+            [*good, {"type": "function_call_output", "call_id": "call_nope", "output": "1"}],
+            "No tool call found for function call output with call_id call_nope.",
+        ),
+        "a_second_output_for_one_call": (
+            [*good, dict(good[outputs[0]])],
+            "No tool call found for function call output with call_id call_add_7Qz2.",
+        ),
+        "the_calls_left_out": (
+            [item for i, item in enumerate(good) if i not in calls],
+            "No tool call found for function call output",
+        ),
+        "changed_arguments": (
+            changed(calls[0], arguments='{"a": 1234, "b": 5679}'),
+            'the stream sent \'{"a": 1234, "b": 5678}\'',
+        ),
+        "changed_encrypted_reasoning": (
+            changed(reasoning, encrypted_content="gAAAA-edited"),
+            "must be sent back verbatim",
+        ),
+        "a_wrong_result": (changed(outputs[1], output="407"), "expected '408'"),
+        "an_unknown_previous_response": (
+            {"previous_response_id": "resp_unknown", "input": good[outputs[0] :]},
+            "Previous response with id 'resp_unknown' not found.",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_responses_cases()))
+def test_a_responses_follow_up_that_does_not_match_its_calls_is_refused(case: str) -> None:
+    payload, message = _responses_cases()[case]
+    request = payload if isinstance(payload, dict) else {"input": payload}
+    with ReplayServer(responses_script()) as server:
+        sdk = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+        list(sdk.responses.create(model="m", input=[Q], stream=True))
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.responses.create(model="m", stream=True, **request)
+        assert message in refused.value.message
+        assert refused.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+        assert [f.request for f in server.failures] == [1] and server.served == 1
+
+
+def test_a_responses_follow_up_may_chain_with_previous_response_id(http: httpx.Client) -> None:
+    with ReplayServer(responses_script()) as server:
+        first = parse_text(http.post(server.url + "/v1/responses", json=_responses_body(Q)).content)
+        assert first.format == "responses" and first.response_id is not None
+        assert first.response_id.startswith("resp_fsmdemo0001-")  # each response its own id
+        outputs = [
+            {"type": "function_call_output", "call_id": c.id, "output": r}
+            for c, r in zip(first.turns[0].tool_calls, RESULTS, strict=True)
+        ]
+        chained = {"previous_response_id": first.response_id, "input": outputs}
+        assert http.post(server.url + "/v1/responses", json=_responses_body(**chained)).is_success
+    assert server.failures == []
+
+
+def _responses_body(*items: Any, **fields: Any) -> dict[str, Any]:
+    return {"model": "m", "stream": True, "input": list(items), **fields}
+
+
+def _anthropic_body(*messages: Any) -> dict[str, Any]:
+    return {"model": "m", "stream": True, "max_tokens": 64, "messages": list(messages)}
+
+
+def _anthropic_cases() -> dict[str, Any]:
+    turn = typed_turn(ANTHROPIC_FIRST, "anthropic")
+    assistant, results = turn.to_anthropic(RESULTS)
+    add, mul = results["content"]
+
+    def blocks(*content: Any) -> dict[str, Any]:
+        return {"role": "user", "content": list(content)}
+
+    signed = [dict(b) for b in assistant["content"]]
+    signed[0]["signature"] = "edited"
+    edited_input = [dict(b) for b in assistant["content"]]
+    edited_input[2]["input"] = {"a": 1, "b": 5678}
+    return {
+        "a_call_without_result": (
+            [Q, assistant, blocks(add)],
+            "messages.2: `tool_use` ids were found without `tool_result` blocks immediately "
+            "after: toolu_fsmdemo_mul.",
+        ),
+        "a_result_for_no_call": (
+            [Q, assistant, blocks(add, mul, {**mul, "tool_use_id": "toolu_nope"})],
+            "messages.2.content.2: unexpected `tool_use_id` found in `tool_result` blocks: "
+            "toolu_nope.",
+        ),
+        "results_split_over_two_messages": (
+            [Q, assistant, blocks(add), blocks(mul)],
+            "messages.3.content.0: unexpected `tool_use_id` found in `tool_result` blocks: "
+            "toolu_fsmdemo_mul.",
+        ),
+        "results_after_a_user_text": (
+            [Q, assistant, {"role": "user", "content": "and?"}, blocks(add, mul)],
+            "messages.3.content.0: unexpected `tool_use_id`",
+        ),
+        "no_results_at_all": (
+            [Q, assistant, {"role": "user", "content": "and?"}],
+            "messages.2: `tool_use` ids were found without `tool_result` blocks immediately "
+            "after: toolu_fsmdemo_add, toolu_fsmdemo_mul.",
+        ),
+        "a_changed_signature": (
+            [Q, {**assistant, "content": signed}, results],
+            "thinking blocks must be sent back verbatim",
+        ),
+        "a_changed_input": ([Q, {**assistant, "content": edited_input}, results], "input is"),
+        "results_out_of_order": ([Q, assistant, blocks(mul, add)], "in call order"),
+        "no_max_tokens": ("no_max_tokens", "max_tokens: Field required"),
+        "a_system_message": (
+            [{"role": "system", "content": "be brief"}, Q],
+            "messages.0.role: Input should be 'user' or 'assistant'",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_anthropic_cases()))
+def test_an_anthropic_follow_up_that_does_not_match_its_calls_is_refused(
+    case: str, http: httpx.Client
+) -> None:
+    messages, message = _anthropic_cases()[case]
+    if messages == "no_max_tokens":
+        turn = typed_turn(ANTHROPIC_FIRST, "anthropic")
+        request = {"model": "m", "stream": True, "messages": [Q, *turn.to_anthropic(RESULTS)]}
+    else:
+        request = _anthropic_body(*messages)
+    with ReplayServer(anthropic_script()) as server:
+        assert http.post(server.url + "/v1/messages", json=_anthropic_body(Q)).is_success
+        refused = http.post(server.url + "/v1/messages", json=request)
+    assert refused.status_code == 400
+    body = refused.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert message in body["error"]["message"]
+    assert [f.request for f in server.failures] == [1] and server.served == 1
+
+
+def test_a_turn_is_served_only_at_its_own_path(http: httpx.Client) -> None:
+    with ReplayServer([ReplayTurn(ANTHROPIC_FIRST)]) as server:
+        wrong = http.post(server.url + "/v1/responses", json=_responses_body(Q))
+        assert wrong.status_code == 400
+        assert (
+            "Anthropic Messages stream, served at POST /v1/messages"
+            in (wrong.json()["error"]["message"])
+        )
+        assert http.post(server.url + "/v1/messages", json=_anthropic_body(Q)).is_success
+    with pytest.raises(ValueError, match=r"ReplayTurn\.format"):
+        ReplayTurn(ANTHROPIC_FIRST, format="gemini")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fmt", ["responses", "anthropic"])
+def test_calls_of_a_cut_typed_turn_must_not_be_salvaged(fmt: str, http: httpx.Client) -> None:
+    first, final = (
+        (RESPONSES_FIRST, RESPONSES_FINAL)
+        if fmt == "responses"
+        else (ANTHROPIC_FIRST, ANTHROPIC_FINAL)
+    )
+    data = first.read_bytes()
+    whole = typed_turn(first, fmt)
+    cut = data.index(b"multiply")  # add complete, multiply open: the turn is not
+    path = "/v1/responses" if fmt == "responses" else "/v1/messages"
+    body = _responses_body if fmt == "responses" else _anthropic_body
+    salvage = (
+        [Q, *whole.to_items(RESULTS)] if fmt == "responses" else [Q, *whole.to_anthropic(RESULTS)]
+    )
+    with ReplayServer([ReplayTurn(first, cut_at=cut), ReplayTurn(final)]) as server:
+        with pytest.raises(httpx.RemoteProtocolError):
+            http.post(server.url + path, json=body(Q))
+        refused = http.post(server.url + path, json=body(*salvage))
+        assert refused.status_code == 400
+        assert "an incomplete call must not reach history" in refused.text
+        assert http.post(server.url + path, json=body(Q)).is_success  # a clean retry
+    assert [f.request for f in server.failures] == [1]
+
+
+def test_error_at_sends_the_formats_own_error_event(http: httpx.Client) -> None:
+    for first, path, body, fmt in (
+        (RESPONSES_FIRST, "/v1/responses", _responses_body, "responses"),
+        (ANTHROPIC_FIRST, "/v1/messages", _anthropic_body, "anthropic"),
+    ):
+        with ReplayServer([ReplayTurn(first, error_at=400, error_message="overloaded")]) as server:
+            sent = http.post(server.url + path, json=body(Q)).content
+        result = parse_text(sent)
+        assert result.format == fmt and result.end_how == "error"
+        assert result.end_reason is not None and "overloaded" in result.end_reason
+        assert not result.turns[0].complete
+
+
+def _typed_corpus() -> list[Any]:
+    found = [
+        pytest.param(fmt, p, id=f"{fmt}/{p.name}")
+        for fmt, folder in TYPED_CORPORA.items()
+        for p in sorted(folder.glob("*.sse"))
+    ]
+    return found or [pytest.param(None, None, id="no-corpus")]
+
+
+@pytest.mark.parametrize(("fmt", "path"), _typed_corpus())
+def test_every_typed_recording_is_sent_byte_exact_at_its_path(
+    fmt: str | None, path: Path | None, http: httpx.Client
+) -> None:
+    if fmt is None or path is None:
+        require_corpus()
+        pytest.fail(f"no recordings in {TYPED_CORPORA}")
+    route, body = (
+        ("/v1/responses", _responses_body(Q))
+        if fmt == "responses"
+        else ("/v1/messages", _anthropic_body(Q))
+    )
+    with ReplayServer([ReplayTurn(path)], response_ids="recorded") as server:
+        got = http.post(server.url + route, json=body)
+    assert got.status_code == 200
+    assert got.content == path.read_bytes()

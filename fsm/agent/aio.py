@@ -15,6 +15,7 @@ from fsm.agent.step import (
     AgentLoop,
     Commit,
     Record,
+    StreamFormat,
     abort,
     build_request,
     executed,
@@ -23,7 +24,7 @@ from fsm.agent.step import (
     store_operation,
     uses_ledger,
 )
-from fsm.agent.tools import Tool, arun_tool
+from fsm.agent.tools import Tool, arun_tool, refusal
 from fsm.clients import aiter_openai_events
 from fsm.parser import StreamParser
 from fsm.telemetry import agent_span, chat_span
@@ -78,7 +79,12 @@ class AsyncStoreLike(Protocol):
     ) -> list[int]: ...
 
     async def history(
-        self, conversation_id: str, *, last: int | None = ..., include_reasoning: bool = ...
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: Any = ...,
     ) -> Sequence[Mapping[str, Any]]: ...
 
 
@@ -97,8 +103,11 @@ async def arun_agent_loop(
     record_attempts: bool = True,
     request_options: Mapping[str, Any] | None = None,
     ledger: bool = False,
+    format: StreamFormat = "chat",
+    max_tokens: int | None = None,
 ) -> AgentResult:
-    """The asyncio twin of :func:`run_agent_loop`: an ``openai.AsyncOpenAI`` client and an
+    """The asyncio twin of :func:`run_agent_loop`: an ``openai.AsyncOpenAI`` client (or an
+    ``anthropic.AsyncAnthropic`` one for ``format="anthropic"``) and an
     :class:`~fsm.store.aio.AsyncConversationStore`.
 
     Tools may be plain or coroutine functions; the calls of one turn run concurrently
@@ -117,8 +126,14 @@ async def arun_agent_loop(
             f"ledger=True needs a store with the tool ledger (begin, pending, claim, started, "
             f"succeeded, failed, commit, abandon), which {type(store).__name__} does not have"
         )
-    loop = AgentLoop(conversation, max_turns=max_turns, record_attempts=record_attempts)
-    request = build_request(model, tools, tool_specs, request_options)
+    loop = AgentLoop(
+        conversation,
+        max_turns=max_turns,
+        record_attempts=record_attempts,
+        format=format,
+        tools=tools,
+    )
+    request = build_request(model, tools, tool_specs, request_options, format, max_tokens)
 
     async def emit(event: AgentEvent) -> None:
         if on_event is not None:
@@ -146,11 +161,15 @@ async def arun_agent_loop(
             await store.append(conversation, list(messages))
     for step in loop.steps():
         with store_operation("history", step):
-            history = await store.history(conversation)
+            history = (
+                await store.history(conversation, format=format)
+                if format != "chat"
+                else await store.history(conversation)
+            )
         parser, sent = loop.send(history)
         await emit(sent)
         try:
-            failure = await _astream(client, {**request, "messages": history}, parser, emit)
+            failure = await _astream(client, loop.request(request, history), parser, emit, format)
         except BaseException as exc:  # cancelled, or on_event failed: record, re-raise
             await _arecord(store, loop.interrupted(parser, exc), emit)
         action = loop.decide(parser.result(), failure)
@@ -176,12 +195,16 @@ async def arun_agent_loop(
 
 @chat_span
 async def _astream(
-    client: AsyncOpenAI, request: dict[str, Any], parser: StreamParser, emit: _Emit
+    client: Any,
+    request: dict[str, Any],
+    parser: StreamParser,
+    emit: _Emit,
+    format: StreamFormat = "chat",
 ) -> Exception | None:
     """The async twin of :func:`fsm.agent.loop._stream`."""
     async with contextlib.AsyncExitStack() as stack:
         try:
-            source = await stack.enter_async_context(aopen_stream(client, request))
+            source = await stack.enter_async_context(aopen_stream(client, request, format))
         except Exception as exc:  # no stream at all: an HTTP error, a refused connection
             return no_stream(parser, exc)
         events = aiter_openai_events(source, parser=parser)
@@ -203,9 +226,17 @@ async def _astream(
 
 
 @contextlib.asynccontextmanager
-async def aopen_stream(client: AsyncOpenAI, request: dict[str, Any]) -> AsyncIterator[Any]:
+async def aopen_stream(
+    client: Any, request: dict[str, Any], format: StreamFormat = "chat"
+) -> AsyncIterator[Any]:
     """The async twin of :func:`fsm.agent.loop.open_stream`: the raw ``AsyncAPIResponse`` of
-    ``with_streaming_response``, or the parsed ``AsyncStream`` for a client without it."""
+    ``with_streaming_response``, or the parsed ``AsyncStream`` for a client without it
+    (``client.responses`` / an ``anthropic`` client's ``messages`` for the other formats)."""
+    if format != "chat":
+        resource: Any = client.responses if format == "responses" else client.messages
+        async with resource.with_streaming_response.create(**request) as response:
+            yield response
+        return
     completions: Any = client.chat.completions
     raw = getattr(completions, "with_streaming_response", None)
     if raw is not None:
@@ -258,7 +289,8 @@ async def _aledger_tools(
             await ledger.failed(pending, position, content)
         else:
             await ledger.succeeded(pending, position, content)
-        await emit(executed(step, position, call, content, error))
+        refused = refusal(tools, call) is not None
+        await emit(executed(step, position, call, content, error, refused))
         return content
 
     plan = ledger_plan(ledger, pending, tools)

@@ -41,6 +41,9 @@ class ToolExecuted:
     arguments: str
     content: str
     error: bool
+    #: no tool ran: the call names no registered tool, or is a custom (free-text) call;
+    #: ``content`` is the error result that says so (issue 17)
+    refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from fsm.agent.step import (
     AgentLoop,
     Commit,
     Record,
+    StreamFormat,
     abort,
     build_request,
     executed,
@@ -20,7 +21,7 @@ from fsm.agent.step import (
     store_operation,
     uses_ledger,
 )
-from fsm.agent.tools import Tool, run_tool
+from fsm.agent.tools import Tool, refusal, run_tool
 from fsm.clients import iter_openai_events
 from fsm.parser import StreamParser
 from fsm.telemetry import agent_span, chat_span
@@ -72,7 +73,12 @@ class StoreLike(Protocol):
     ) -> list[int]: ...
 
     def history(
-        self, conversation_id: str, *, last: int | None = ..., include_reasoning: bool = ...
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: Any = ...,
     ) -> Sequence[Mapping[str, Any]]: ...
 
 
@@ -91,11 +97,14 @@ def run_agent_loop(
     record_attempts: bool = True,
     request_options: Mapping[str, Any] | None = None,
     ledger: bool = False,
+    format: StreamFormat = "chat",
+    max_tokens: int | None = None,
 ) -> AgentResult:
     """Run the tool-calling loop on ``conversation`` until the model answers without tools.
 
     Args:
-        client: an ``openai.OpenAI`` client (any OpenAI-compatible server, via ``base_url``).
+        client: an ``openai.OpenAI`` client (any OpenAI-compatible server, via ``base_url``),
+            or an ``anthropic.Anthropic`` client for ``format="anthropic"``.
         store: a :class:`~fsm.store.ConversationStore`; the conversation is created if it does
             not exist.
         conversation: the conversation id.
@@ -115,6 +124,20 @@ def run_agent_loop(
             started with no outcome runs again only if its tool is declared idempotent
             (:func:`~fsm.agent.tool`), else :class:`~fsm.agent.UnknownOutcomeError` is raised.
             A non-idempotent tool never runs twice.
+        format: the API to speak: ``"chat"`` (``chat.completions``), ``"responses"``
+            (``client.responses``: the history goes as ``input`` items) or ``"anthropic"``
+            (``client.messages`` of the ``anthropic`` SDK). Each request carries the store's
+            ``history(conversation, format=format)`` (a turn goes back as its parser's
+            ``to_items()`` / ``to_anthropic()`` rendered it: encrypted reasoning and thinking
+            signatures verbatim), and the answer is parsed as that format. For Anthropic, give
+            the system prompt as ``request_options={"system": ...}``.
+        max_tokens: the answer's token limit (``max_tokens`` for Anthropic, where it is
+            required and defaults to 1024; ``max_output_tokens`` / ``max_completion_tokens``
+            otherwise).
+
+    Only the tools in ``tools`` run: a call that names no registered tool, or a Responses
+    ``custom_tool_call`` (free-text input), gets an error result that says so and is reported
+    as a :class:`~fsm.agent.ToolExecuted` with ``refused=True``; it never runs.
 
     Returns an :class:`AgentResult`. Raises :class:`TurnFailedError` for an incomplete turn or a
     failed request (nothing of it in history), and for a turn whose commit failed after its
@@ -132,9 +155,15 @@ def run_agent_loop(
             f"ledger=True needs a store with the tool ledger (begin, pending, claim, started, "
             f"succeeded, failed, commit, abandon), which {type(store).__name__} does not have"
         )
-    loop = AgentLoop(conversation, max_turns=max_turns, record_attempts=record_attempts)
+    loop = AgentLoop(
+        conversation,
+        max_turns=max_turns,
+        record_attempts=record_attempts,
+        format=format,
+        tools=tools,
+    )
     emit = on_event or _ignore
-    request = build_request(model, tools, tool_specs, request_options)
+    request = build_request(model, tools, tool_specs, request_options, format, max_tokens)
     try:
         with store_operation("next_seq", 0):
             store.next_seq(conversation)
@@ -155,11 +184,15 @@ def run_agent_loop(
             store.append(conversation, list(messages))
     for step in loop.steps():
         with store_operation("history", step):
-            history = store.history(conversation)
+            history = (
+                store.history(conversation, format=format)
+                if format != "chat"
+                else store.history(conversation)
+            )
         parser, sent = loop.send(history)
         emit(sent)
         try:
-            failure = _stream(client, {**request, "messages": history}, parser, emit)
+            failure = _stream(client, loop.request(request, history), parser, emit, format)
         except BaseException as exc:  # KeyboardInterrupt, a failing on_event: record, re-raise
             _record(store, loop.interrupted(parser, exc), emit)
         action = loop.decide(parser.result(), failure)
@@ -230,7 +263,7 @@ def _ledger_tools(
         else:
             ledger.succeeded(pending, position, content)
         contents.append(content)
-        emit(executed(step, position, call, content, error))
+        emit(executed(step, position, call, content, error, refusal(tools, call) is not None))
     return contents
 
 
@@ -240,12 +273,13 @@ def _stream(
     request: dict[str, Any],
     parser: StreamParser,
     emit: Callable[[AgentEvent], object],
+    format: StreamFormat = "chat",
 ) -> Exception | None:
     """Send the request and feed the streamed answer to ``parser``; the transport's exception
     (the parser then has ended with its reason), or ``None``."""
     with contextlib.ExitStack() as stack:
         try:
-            source = stack.enter_context(open_stream(client, request))
+            source = stack.enter_context(open_stream(client, request, format))
         except Exception as exc:  # no stream at all: an HTTP error, a refused connection
             return no_stream(parser, exc)
         events = iter_openai_events(source, parser=parser)
@@ -266,11 +300,21 @@ def _stream(
             events.close()
 
 
-def open_stream(client: OpenAI, request: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+def open_stream(
+    client: Any, request: dict[str, Any], format: StreamFormat = "chat"
+) -> contextlib.AbstractContextManager[Any]:
     """The streamed response to ``request``, to enter: the raw ``APIResponse`` of
     ``chat.completions.with_streaming_response.create`` (fsm parses its bytes), or, for a
     client without ``with_streaming_response`` (an OpenAI-compatible look-alike), the parsed
-    ``Stream`` of ``chat.completions.create``."""
+    ``Stream`` of ``chat.completions.create``. ``format="responses"`` uses
+    ``client.responses``, ``"anthropic"`` ``client.messages`` (of an ``anthropic`` client),
+    both through ``with_streaming_response`` (their raw bytes)."""
+    if format != "chat":
+        resource: Any = client.responses if format == "responses" else client.messages
+        manager_: contextlib.AbstractContextManager[Any] = resource.with_streaming_response.create(
+            **request
+        )
+        return manager_
     completions: Any = client.chat.completions
     raw = getattr(completions, "with_streaming_response", None)
     if raw is not None:

@@ -43,12 +43,16 @@ from fsm.agent.errors import (
     one_line,
 )
 from fsm.agent.events import AgentResult, AttemptRecorded, RequestSent, ToolExecuted, TurnCommitted
-from fsm.agent.tools import Tool, function_tool, is_idempotent
+from fsm.agent.tools import Tool, function_tool, is_idempotent, refusal, tool_spec
 from fsm.clients import CANCELLED
 from fsm.errors import FsmError
 from fsm.parser import ParseResult, StreamParser, Turn
 from fsm.states import ending
 from fsm.toolcall import ToolCall
+
+#: The APIs the loop speaks.
+StreamFormat = Literal["chat", "responses", "anthropic"]
+FORMATS: tuple[StreamFormat, ...] = ("chat", "responses", "anthropic")
 
 if TYPE_CHECKING:
     from fsm.store.store import CommittedTurn
@@ -73,10 +77,24 @@ __all__ = [
 class AgentLoop:
     """The state of one run of the loop: the step, the committed turns, the seq expected next."""
 
-    def __init__(self, conversation: str, *, max_turns: int, record_attempts: bool) -> None:
+    def __init__(
+        self,
+        conversation: str,
+        *,
+        max_turns: int,
+        record_attempts: bool,
+        format: StreamFormat = "chat",
+        tools: Mapping[str, Tool] | None = None,
+    ) -> None:
         if not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be a positive integer, not {max_turns!r}")
+        if format not in FORMATS:
+            raise ValueError(f"format must be 'chat', 'responses' or 'anthropic', not {format!r}")
         self.conversation = conversation
+        #: the API the loop speaks (the request's shape and the stream's format)
+        self.format: StreamFormat = format
+        #: the registered tools (only they run)
+        self.tools: Mapping[str, Tool] = tools or {}
         self.max_turns = max_turns
         self.record_attempts = record_attempts
         #: the request being made (1-based; 0 before the first)
@@ -93,9 +111,17 @@ class AgentLoop:
 
     def send(self, history: Sequence[Mapping[str, Any]]) -> tuple[StreamParser, RequestSent]:
         """A request goes out with ``history``: a parser for its answer, and the event."""
-        self._expected_seq = len(history)
+        # a history rendered for another API than Chat says how many messages it holds
+        self._expected_seq = getattr(history, "message_count", len(history))
         _log.debug("request %d of %s: %d messages", self.step, self.conversation, len(history))
-        return StreamParser(), RequestSent(self.step, len(history))
+        return StreamParser(format=self.format), RequestSent(self.step, len(history))
+
+    def request(self, base: Mapping[str, Any], history: Sequence[Any]) -> dict[str, Any]:
+        """The request of this step: ``base`` (:func:`build_request`) with the history under
+        the key its API reads: ``messages`` (Chat Completions, Anthropic) or ``input``
+        (Responses)."""
+        key = "input" if self.format == "responses" else "messages"
+        return {**base, key: list(history)}
 
     def interrupted(self, parser: StreamParser, exc: BaseException) -> Record:
         """The stream (or ``on_event``) raised ``exc``, which is not a transport failure
@@ -158,8 +184,9 @@ class Commit:
     def executed(self, position: int, call: ToolCall, content: str, error: bool) -> ToolExecuted:
         """The event of a tool that ran for call ``position``."""
         _log.debug("tool %s ran for call %r (error result: %s)", call.name, call.id, error)
+        refused = refusal(self.loop.tools, call) is not None
         return ToolExecuted(
-            self.loop.step, position, call.id, call.name, call.arguments, content, error
+            self.loop.step, position, call.id, call.name, call.arguments, content, error, refused
         )
 
     def failed(self, contents: Sequence[str], exc: BaseException) -> Record:
@@ -301,17 +328,28 @@ def build_request(
     tools: Mapping[str, Tool],
     tool_specs: Sequence[Mapping[str, Any]] | None,
     options: Mapping[str, Any] | None,
+    format: StreamFormat = "chat",
+    max_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The arguments of every ``chat.completions.create`` call but ``messages``."""
+    """The arguments of every request but its history: ``chat.completions.create``,
+    ``responses.create`` or ``messages.create`` as ``format`` says. Chat function tools (the
+    derived ones, or ``tool_specs`` in the Chat shape) are converted to the API's shape
+    (:func:`~fsm.agent.tools.tool_spec`); Anthropic gets ``max_tokens`` (1024 unless given,
+    the API requires it)."""
     request: dict[str, Any] = dict(options or {})
     request.update(model=model, stream=True)
     specs = (
         [dict(s) for s in tool_specs]
         if tool_specs is not None
-        else [function_tool(f, n) for n, f in tools.items()]
+        else [dict(function_tool(f, n)) for n, f in tools.items()]
     )
     if specs:
-        request["tools"] = specs
+        request["tools"] = [tool_spec(s, format) for s in specs]
+    if format == "anthropic":
+        request.setdefault("max_tokens", max_tokens if max_tokens is not None else 1024)
+    elif max_tokens is not None:
+        key = "max_output_tokens" if format == "responses" else "max_completion_tokens"
+        request[key] = max_tokens
     return request
 
 
@@ -377,7 +415,9 @@ def ledger_plan(
     return plan
 
 
-def executed(step: int, position: int, call: Any, content: str, error: bool) -> ToolExecuted:
-    """The event of a tool that ran for call ``position`` of a ledger turn."""
+def executed(
+    step: int, position: int, call: Any, content: str, error: bool, refused: bool = False
+) -> ToolExecuted:
+    """The event of a tool that ran (or was refused) for call ``position`` of a ledger turn."""
     _log.debug("tool %s ran for call %r (error result: %s)", call.name, call.id, error)
-    return ToolExecuted(step, position, call.id, call.name, call.arguments, content, error)
+    return ToolExecuted(step, position, call.id, call.name, call.arguments, content, error, refused)

@@ -331,12 +331,47 @@ async def arun_tool(tools: Mapping[str, Tool], call: ToolCall) -> tuple[str, boo
     return _as_content(value), False
 
 
+def refusal(tools: Mapping[str, Tool], call: ToolCall) -> str | None:
+    """The error result of a call that no tool of ``tools`` may run, or ``None``: a name that
+    is not registered (some servers report tools they ran themselves as calls), or a Responses
+    ``custom_tool_call`` (free-text input, never given to a function). Such a call is
+    reported (:attr:`~fsm.agent.ToolExecuted.refused`), never executed."""
+    if getattr(call, "custom", False):
+        return (
+            f"error: {call.name!r} is a custom tool call (free-text input); the agent loop runs "
+            "only the function tools it was given, so it was not run"
+        )
+    if call.name not in tools:
+        return _unknown(tools, call)
+    return None
+
+
+def tool_spec(spec: Mapping[str, Any], fmt: str) -> dict[str, Any]:
+    """A Chat Completions ``tools`` entry (``{"type": "function", "function": {...}}``) as
+    the API ``fmt`` takes it: unchanged for ``chat``; ``{"type": "function", "name",
+    "description", "parameters"}`` for ``responses``; ``{"name", "description",
+    "input_schema"}`` for ``anthropic``. An entry that is not a Chat function tool is kept as
+    it is (already in the target's shape)."""
+    function = spec.get("function") if spec.get("type") == "function" else None
+    if fmt == "chat" or not isinstance(function, Mapping):
+        return dict(spec)
+    parameters = function.get("parameters") or {"type": "object", "properties": {}}
+    out: dict[str, Any] = {"name": function["name"]}
+    if function.get("description"):
+        out["description"] = function["description"]
+    if fmt == "responses":
+        return {"type": "function", **out, "parameters": parameters, "strict": False}
+    return {**out, "input_schema": parameters}
+
+
 def _bind(tools: Mapping[str, Tool], call: ToolCall) -> Callable[[], Any] | str:
     """The call's tool with its validated arguments bound, or the error result when it cannot
-    run (an unknown tool, arguments that are not a JSON object or fail validation)."""
-    function = tools.get(call.name)
-    if function is None:
-        return _unknown(tools, call)
+    run (an unknown tool, a custom call, arguments that are not a JSON object or fail
+    validation)."""
+    refused = refusal(tools, call)
+    if refused is not None:
+        return refused
+    function = tools[call.name]
     signature = _signature(function)
     if signature is None:  # nothing to validate against: the JSON object as it is
         arguments = _arguments(call)

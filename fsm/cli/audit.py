@@ -161,6 +161,12 @@ def audit() -> None:
     "--args-contains", metavar="TEXT", help="The raw arguments contain TEXT (case-sensitive)."
 )
 @click.option(
+    "--format",
+    "stream_format",
+    type=click.Choice(["chat", "responses", "anthropic"]),
+    help="Only calls of streams of this API (Chat Completions, Responses, Anthropic Messages).",
+)
+@click.option(
     "--source",
     type=click.Choice(["all", "history", "attempts"]),
     default="all",
@@ -175,6 +181,7 @@ def calls(
     filters: dict[str, Any],
     args: tuple[str, ...],
     args_contains: str | None,
+    stream_format: str | None,
     source: str,
     page: Page,
     output: OutputFormat,
@@ -186,13 +193,15 @@ def calls(
     tool message); a call of an attempt shows its attempt and why it failed. A call run through
     the tool ledger shows its execution: its state (execution: not_started, started,
     succeeded, failed; empty for a call that never went through the ledger), duration_ms
-    (finished minus started) and starts (how many times it was started).
+    (finished minus started) and starts (how many times it was started). Every call shows the
+    format of the stream it came from (chat, responses, anthropic).
 
     \b
     Examples:
       fsm audit calls --db sqlite:///chat.db --tool get_weather --since 2026-11-01
       fsm audit calls --arg city=Paris --arg units=metric --model gpt-4o
       fsm audit calls --state truncated --nl | jq .reason
+      fsm audit calls --format anthropic --tool get_weather
       fsm audit calls --conversation c1 --limit 0 --csv > c1-calls.csv
     """
     from fsm.store import audit as audit_api
@@ -206,6 +215,7 @@ def calls(
             **filters,
             args=arg_filters,
             args_contains=args_contains,
+            format=stream_format,
             source=source,  # type: ignore[arg-type]
             **paging,
         )

@@ -16,6 +16,7 @@ store.
 
 from __future__ import annotations
 
+import importlib
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
@@ -62,24 +63,43 @@ def multiply(a: int, b: int) -> int:
     show_default=True,
     help="Seconds between the replayed stream's events (0: as fast as possible).",
 )
-def demo(url: str | None, delay: float) -> None:
+@click.option(
+    "--format",
+    "stream_format",
+    type=click.Choice(["chat", "responses", "anthropic"]),
+    default="chat",
+    show_default=True,
+    help="The API the loop speaks: Chat Completions, the Responses API (openai client), or "
+    "Anthropic Messages (anthropic client, pip install 'fsm[anthropic]').",
+)
+def demo(url: str | None, delay: float, stream_format: str) -> None:
     """Run a real tool-calling agent loop end to end, with nothing to set up.
 
     A local OpenAI-compatible server replays fsm's example streams over HTTP; the official
     openai client streams them; fsm parses each turn as it arrives, runs the local tools add
     and multiply, commits every turn with its results in one transaction, and sends the stored
     history back, which the server checks (ids, arguments byte for byte, results in place).
-    Each run is a new conversation (demo-<timestamp>).
+    Each run is a new conversation (demo-<timestamp>). With --format responses or anthropic
+    the same conversation runs over POST /v1/responses (openai's client.responses) or POST
+    /v1/messages (the anthropic client), with a reasoning item or a thinking block that the
+    follow-up must send back verbatim.
 
     \b
     Examples:
       fsm demo
       fsm demo --db sqlite:///demo.db --delay 0
+      fsm demo --format anthropic
     """
+    fmt: Any = stream_format
+    package, extra = ("anthropic", "anthropic") if fmt == "anthropic" else ("openai", "clients")
     try:
-        import openai
-    except ModuleNotFoundError:  # pragma: no cover - openai ships with fsm's clients extra
-        click.echo("error: fsm demo needs the openai package: pip install 'fsm[clients]'", err=True)
+        sdk = importlib.import_module(package)
+    except ModuleNotFoundError:
+        click.echo(
+            f"error: fsm demo --format {fmt} needs the {package} package: "
+            f"pip install 'fsm[{extra}]'",
+            err=True,
+        )
         sys.exit(2)
 
     from fsm.agent import run_agent_loop
@@ -94,18 +114,30 @@ def demo(url: str | None, delay: float) -> None:
     with (
         ReplayServer(
             [
-                *demo_script(["6912", "408"], delay=delay),
-                ReplayTurn(EXAMPLES_DIR / "cut_off_call.sse", delay=delay),
+                *demo_script(["6912", "408"], delay=delay, format=fmt),
+                # the cut-off turn is a Chat Completions recording: run with --format chat only
+                *(
+                    [ReplayTurn(EXAMPLES_DIR / "cut_off_call.sse", delay=delay)]
+                    if fmt == "chat"
+                    else []
+                ),
             ]
         ) as server,
         ConversationStore(url, auto_upgrade=True if sqlite else None) as store,
     ):
-        out.line(f"fsm demo: an agent loop with the openai client against {server.base_url}")
+        api = {"chat": "", "responses": " (Responses API)", "anthropic": " (Messages API)"}[fmt]
+        out.line(
+            f"fsm demo: an agent loop with the {package} client{api} against {server.base_url}"
+        )
         out.line(f"  store         {store.url}")
         out.line(f"  conversation  {conversation}")
         out.line("")
         out.line(f"user: {QUESTION}")
-        client = openai.OpenAI(base_url=server.base_url, api_key="fsm-demo", max_retries=0)
+        client = (
+            sdk.Anthropic(base_url=server.url, api_key="fsm-demo", max_retries=0)
+            if fmt == "anthropic"
+            else sdk.OpenAI(base_url=server.base_url, api_key="fsm-demo", max_retries=0)
+        )
         try:
             result = run_agent_loop(
                 client,
@@ -115,10 +147,11 @@ def demo(url: str | None, delay: float) -> None:
                 model=MODEL,
                 messages=[{"role": "user", "content": QUESTION}],
                 on_event=_Progress(out),
+                format=fmt,
             )
             out.end_text()
             out.line("")
-            cut_ok = _cut_off_turn(out, client, store, f"{conversation}-cut")
+            cut_ok = fmt != "chat" or _cut_off_turn(out, client, store, f"{conversation}-cut")
         finally:
             client.close()
         out.end_text()

@@ -65,6 +65,7 @@ from fsm.store.engine import (
 from fsm.store.errors import ConversationExistsError, StoreBusyError
 from fsm.store.ledger import AsyncLedgerMethods
 from fsm.store.migrate import ensure_at_head
+from fsm.store.render import HistoryFormat, check_format
 from fsm.store.store import (
     READ_SNAPSHOT,
     BoundStore,
@@ -396,14 +397,19 @@ class AsyncConversationStore(AsyncLedgerMethods):
         *,
         last: int | None = None,
         include_reasoning: bool = False,
+        format: HistoryFormat = "chat",
     ) -> list[Message]:
-        """The conversation as an OpenAI ``messages`` list, ready to send (see
+        """The conversation as an OpenAI ``messages`` list, ready to send, or as the input of
+        the API ``format`` names (see
         :meth:`ConversationStore.history <fsm.store.ConversationStore.history>`)."""
         self._core.check_conversation_id(conversation_id)
         self._core.check_last(last)
+        fmt = check_format(format)
         await self.open()
         async with self._reader() as conn:
-            return await conn.run_sync(self._core.history, conversation_id, last, include_reasoning)
+            return await conn.run_sync(
+                self._core.history, conversation_id, last, include_reasoning, fmt
+            )
 
     async def attempts(self, conversation_id: str) -> list[dict[str, Any]]:
         """The recorded attempts of a conversation, oldest first (see
@@ -607,12 +613,13 @@ class AsyncBoundStore:
         *,
         last: int | None = None,
         include_reasoning: bool = False,
+        format: HistoryFormat = "chat",
     ) -> list[Message]:
         """:meth:`AsyncConversationStore.history`, in the caller's transaction."""
         bound = self._sync
         result: list[Message] = await self._conn.run_sync(
             lambda _conn: bound.history(
-                conversation_id, last=last, include_reasoning=include_reasoning
+                conversation_id, last=last, include_reasoning=include_reasoning, format=format
             )
         )
         return result

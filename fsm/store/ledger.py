@@ -48,6 +48,7 @@ from fsm.store.errors import (
     ResultsError,
 )
 from fsm.store.models import PendingTurnRow, ToolExecution
+from fsm.store.render import stored_items
 from fsm.toolcall import ToolCall
 
 if TYPE_CHECKING:
@@ -86,8 +87,19 @@ class LedgerCall:
     legacy: bool
     state: ToolCallState = ToolCallState.FINISHED
 
+    @property
+    def custom(self) -> bool:
+        """A free-text (Responses ``custom_tool_call``) call: never given to a function."""
+        return self.type == "custom"
+
     def to_dict(self) -> dict[str, Any]:
         """The ``tool_calls[]`` entry of the assistant message."""
+        if self.type == "custom":  # a free-text call (as ToolCall.to_dict renders it)
+            return {
+                "id": self.id,
+                "type": "custom",
+                "custom": {"name": self.name, "input": self.arguments},
+            }
         return {
             "id": self.id,
             "type": self.type,
@@ -150,6 +162,9 @@ class PendingTurn:
     usage: dict[str, Any] | None
     idempotency_key: str | None
     executions: tuple[Execution, ...]
+    #: the stream's format and the assistant message's provider-only items (issue 17)
+    format: str | None = None
+    provider_items: list[Any] | None = None
 
     @property
     def calls(self) -> list[LedgerCall]:
@@ -308,6 +323,8 @@ def _load(
         usage=values["usage"],
         idempotency_key=values["idempotency_key"],
         executions=tuple(_execution(x._mapping) for x in executions),
+        format=values.get("format"),
+        provider_items=values.get("provider_items"),
     )
 
 
@@ -419,6 +436,7 @@ def begin_body(
             "usage": plans.json_safe(turn.usage),
             "idempotency_key": idempotency_key,
             "n_calls": n,
+            **dict(zip(("format", "provider_items"), stored_items(turn), strict=True)),
         },
     ).scalar_one()
     if n:
@@ -635,6 +653,8 @@ def commit_body(core: StoreCore, conn: Connection, pending: PendingTurn) -> Comm
         cast("list[ToolCall]", stored.calls),
         contents,
         stored.to_message(),
+        stored.format or "chat",
+        stored.provider_items,
     )
     done = core.commit_turn(
         conn,

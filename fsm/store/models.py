@@ -90,6 +90,7 @@ from fsm.store.codec import StoredJSON, StoredText
 
 __all__ = [
     "ATTEMPT_ID",
+    "FORMATS",
     "NAMING_CONVENTION",
     "PG_FUNCTIONS",
     "ROLE",
@@ -297,6 +298,24 @@ SQLITE_ARGUMENTS_CHECK = (
     r" char(55296), '\')))"
 )
 PG_ARGUMENTS_CHECK = f"btrim(arguments, {_PG_BLANK}) = '' OR fsm_json_valid(arguments)"
+#: ``ck_tool_calls_arguments`` (migration 0007): the checks above, except for a ``custom`` call
+#: (a Responses ``custom_tool_call``), whose input is free text and never JSON.
+SQLITE_CALL_ARGUMENTS_CHECK = f"type = 'custom' OR {SQLITE_ARGUMENTS_CHECK}"
+PG_CALL_ARGUMENTS_CHECK = f"type = 'custom' OR {PG_ARGUMENTS_CHECK}"
+#: The stream formats a message may come from (``messages.format``, migration 0007).
+FORMATS = ("chat", "responses", "anthropic")
+#: only an assistant row has a format (one of :data:`FORMATS`) or provider items.
+MESSAGE_FORMAT_CHECK = (
+    "(format IS NULL OR (role = 'assistant' AND format IN ('chat', 'responses', 'anthropic')))"
+    " AND (provider_items IS NULL OR role = 'assistant')"
+)
+#: ``attempts.format`` (migration 0007): one of :data:`FORMATS`, or NULL.
+ATTEMPT_FORMAT_CHECK = "format IS NULL OR format IN ('chat', 'responses', 'anthropic')"
+#: the SQLite types of the columns of migration 0007 (a check of their own).
+MESSAGE_FORMAT_TYPES: dict[str, list[str]] = {
+    "nullable_texts": ["format"],
+    "nullable_jsons": ["provider_items"],
+}
 #: roles whose messages always have content (a string, possibly ``""``, or content parts).
 MESSAGE_CONTENT_CHECK = (
     "role NOT IN ('system', 'developer', 'user', 'tool')"
@@ -406,6 +425,12 @@ class Message(Base):
     #: clean text of at most 512 UTF-8 bytes: stored as it is.
     idempotency_key: Mapped[str | None] = mapped_column(sa.Text)
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=_NOW)
+    #: assistant rows: the API whose stream wrote it (``chat``, ``responses``, ``anthropic``;
+    #: NULL: Chat Completions, or a row of another role). Migration 0007.
+    format: Mapped[str | None] = mapped_column(sa.Text)
+    #: assistant rows: the provider-only items of the turn, verbatim, in output order, each
+    #: tool call and the text standing as a reference (see :mod:`fsm.store.render`).
+    provider_items: Mapped[list[Any] | None] = mapped_column()
 
     #: assistant: the number of tool calls; every other role: 0.
     n_calls: Mapped[int] = mapped_column(server_default=sa.text("0"))
@@ -483,6 +508,8 @@ class Message(Base):
             name="block_end",
         ),
         _sqlite_check(sqlite_types_check(**MESSAGE_TYPES), "types"),
+        sa.CheckConstraint(MESSAGE_FORMAT_CHECK, name="format"),
+        _sqlite_check(sqlite_types_check(**MESSAGE_FORMAT_TYPES), "format_types"),
         sa.Index("ix_messages_conversation_id_prev_seq", "conversation_id", "prev_seq"),
         sa.Index(
             "ix_messages_conversation_id_assistant_seq_call_position",
@@ -523,6 +550,14 @@ class Message(Base):
             **_partial("role = 'assistant'"),
         ),
         sa.Index("ix_messages_created_at", "created_at", **_partial("role = 'assistant'")),
+        # fsm audit calls --format (migration 0007)
+        sa.Index(
+            "ix_messages_format_conversation_id_seq",
+            "format",
+            "conversation_id",
+            "seq",
+            **_partial("role = 'assistant'"),
+        ),
     )
 
 
@@ -566,8 +601,8 @@ class ToolCallRow(Base):
         ),
         _sqlite_check(SQLITE_NAME_CHECK, "name"),
         _postgres_check(PG_NAME_CHECK, "name"),
-        _sqlite_check(SQLITE_ARGUMENTS_CHECK, "arguments"),
-        _postgres_check(PG_ARGUMENTS_CHECK, "arguments"),
+        _sqlite_check(SQLITE_CALL_ARGUMENTS_CHECK, "arguments"),
+        _postgres_check(PG_CALL_ARGUMENTS_CHECK, "arguments"),
         _sqlite_check(sqlite_types_check(**TOOL_CALL_TYPES), "types"),
         sa.Index("ix_tool_calls_name", "name"),
         # audit (migration 0002): the calls of one tool in key order (a LIMIT stops early)
@@ -616,12 +651,17 @@ class Attempt(Base):
     anomalies: Mapped[list[Any]] = mapped_column()
     #: why the turn failed after its tools ran (a commit that failed), if it did.
     error: Mapped[str | None] = mapped_column(StoredText)
+    #: the API of the attempt's stream (``chat``, ``responses``, ``anthropic``; migration
+    #: 0007; NULL: unknown, or written before it).
+    format: Mapped[str | None] = mapped_column(sa.Text)
 
     # audit (migration 0002): attempts in key order, and failures by model and by time; hash
     # indexes on PostgreSQL, whose b-tree entries cannot exceed ~2.7 KB (migration 0003)
     __table_args__ = (
         sa.PrimaryKeyConstraint("conversation_id", "id"),
         _sqlite_check(sqlite_types_check(**ATTEMPT_TYPES), "types"),
+        sa.CheckConstraint(ATTEMPT_FORMAT_CHECK, name="format"),
+        _sqlite_check(sqlite_types_check(nullable_texts=["format"]), "format_types"),
         sa.Index("ix_attempts_conversation_id_at_seq_id", "conversation_id", "at_seq", "id"),
         # an attempt by its id alone, as the audit joins calls to it (migration 0004: the key
         # now leads with conversation_id)
@@ -777,6 +817,10 @@ class PendingTurnRow(Base):
     n_calls: Mapped[int] = mapped_column()
     #: the token of the process that owns the turn (``begin`` or ``claim``): only it records.
     owner: Mapped[str] = mapped_column(sa.Text)
+    #: the assistant message's ``format`` and ``provider_items``, as history will hold them
+    #: (migration 0007; checked by ``messages`` when the turn is committed)
+    format: Mapped[str | None] = mapped_column(sa.Text)
+    provider_items: Mapped[list[Any] | None] = mapped_column()
 
     __table_args__ = (
         sa.PrimaryKeyConstraint("conversation_id", "id"),

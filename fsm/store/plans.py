@@ -40,6 +40,7 @@ from fsm.store.errors import (
     ResultsError,
     UnsupportedValueError,
 )
+from fsm.store.render import stored_items
 from fsm.toolcall import ToolCall, result_message
 
 __all__ = [
@@ -100,6 +101,9 @@ class TurnPlan:
     calls: list[ToolCall]
     contents: list[tuple[str | None, list[Any] | None]]
     assistant: dict[str, Any]
+    #: the ``format`` and ``provider_items`` of the assistant row (:func:`render.stored_items`)
+    format: str = "chat"
+    provider_items: list[Any] | None = None
 
 
 #: The attempts of one :meth:`ConversationStore.record_attempt` call: one ``attempts`` row per
@@ -178,7 +182,12 @@ def plan_turn(turn: Turn | ParseResult, results: Results | None) -> TurnPlan:
     contents = _normalize_results(calls, results)
     assistant: dict[str, Any] = dict(single.to_message())  # the parser's one definition
     _check_key_lengths(single, calls)
-    return TurnPlan(single, calls, contents, assistant)
+    fmt, items = stored_items(single)
+    if items is not None:
+        problem = _json_problem(items)
+        if problem is not None:
+            raise UnsupportedValueError(f"the turn's provider items {problem}")
+    return TurnPlan(single, calls, contents, assistant, fmt, items)
 
 
 def plan_attempt(
@@ -463,7 +472,12 @@ def _attempt_row(
     }
     if result is not None:
         row.update(response_id=result.response_id, model=result.model, usage=result.usage)
+        fmt = getattr(result, "format", None)
+        row["format"] = fmt if fmt in ("chat", "responses", "anthropic") else None
     if turn is not None:
+        fmt = getattr(turn, "format", None)
+        if fmt in ("chat", "responses", "anthropic"):
+            row["format"] = fmt
         row.update(
             response_id=turn.response_id,
             model=turn.model,

@@ -77,6 +77,7 @@ from fsm.store.plans import (
     _tool_message,
     json_safe,
 )
+from fsm.store.render import HistoryFormat, check_format, render
 from fsm.telemetry import store_write
 from fsm.toolcall import is_json
 from fsm.types import Message as HistoryMessage
@@ -473,8 +474,10 @@ class ConversationStore(LedgerMethods):
         *,
         last: int | None = None,
         include_reasoning: bool = False,
+        format: HistoryFormat = "chat",
     ) -> list[HistoryMessage]:
-        """The conversation as an OpenAI ``messages`` list, ready to send.
+        """The conversation as an OpenAI ``messages`` list, ready to send (or, with
+        ``format``, as the input of another API).
 
         Tool call ids and arguments are byte-exact; each assistant message with tool calls is
         followed by its results in call order. ``last=N`` returns the smallest window of at
@@ -494,11 +497,24 @@ class ConversationStore(LedgerMethods):
         every violation (``fsm audit check --db URL``). ``append``, ``commit_turn`` and
         ``next_seq`` raise it too when the conversation's last message is broken (a text seq,
         result slots left open).
+
+        ``format`` names the API the history is for: ``"chat"`` (Chat Completions
+        ``messages``, the default), ``"responses"`` (Responses API ``input`` items: messages,
+        ``function_call`` / ``custom_tool_call`` items and one ``function_call_output`` per
+        ``call_id``) or ``"anthropic"`` (Messages API ``messages``: each assistant message's
+        content blocks, then ONE user message of ``tool_result`` blocks in call order;
+        ``system`` and ``developer`` messages are left out, as the API takes them as
+        ``system``). A turn read back in the format that wrote it is what its parser's
+        ``Turn.to_items()`` / ``Turn.to_anthropic()`` gave, byte-exact (reasoning items with
+        ``encrypted_content``, thinking signatures, built-in tool items); read in another
+        format, only its text and calls remain (the rule: :mod:`fsm.store.render`). A format
+        other than ``"chat"`` costs two more small queries in the same snapshot.
         """
         self._core.check_conversation_id(conversation_id)
         self._core.check_last(last)
+        fmt = check_format(format)
         with self._reader() as conn:
-            return self._core.history(conn, conversation_id, last, include_reasoning)
+            return self._core.history(conn, conversation_id, last, include_reasoning, fmt)
 
     def attempts(self, conversation_id: str) -> list[dict[str, Any]]:
         """The recorded attempts of a conversation, oldest first.
@@ -737,11 +753,13 @@ class BoundStore:
         *,
         last: int | None = None,
         include_reasoning: bool = False,
+        format: HistoryFormat = "chat",
     ) -> list[HistoryMessage]:
         """:meth:`ConversationStore.history`, in the caller's transaction."""
         self._core.check_conversation_id(conversation_id)
         self._core.check_last(last)
-        return self._core.history(self._conn, conversation_id, last, include_reasoning)
+        fmt = check_format(format)
+        return self._core.history(self._conn, conversation_id, last, include_reasoning, fmt)
 
     def attempts(self, conversation_id: str) -> list[dict[str, Any]]:
         """:meth:`ConversationStore.attempts`, in the caller's transaction."""
@@ -1036,7 +1054,7 @@ class StoreCore:
                 conversation_id, stored_at, cast("list[HistoryMessage]", stored), False
             )
         _check_expected(conversation_id, expected_seq, seq)
-        message = assistant_row(conversation_id, seq, turn, n, idempotency_key)
+        message = assistant_row(conversation_id, seq, plan, idempotency_key)
         call_rows = [
             {
                 "conversation_id": conversation_id,
@@ -1162,11 +1180,19 @@ class StoreCore:
         return ids
 
     def history(
-        self, conn: Connection, conversation_id: str, last: int | None, include_reasoning: bool
+        self,
+        conn: Connection,
+        conversation_id: str,
+        last: int | None,
+        include_reasoning: bool,
+        fmt: HistoryFormat = "chat",
     ) -> list[HistoryMessage]:
         """The history (see :meth:`ConversationStore.history`), in a read transaction."""
         with self.reading(conversation_id):
             messages = _read(conn, conversation_id, last=last, include_reasoning=include_reasoning)
+            if fmt != "chat" and messages:
+                seqs, provider = _read_provider(conn, conversation_id, len(messages))
+                messages = render(messages, provider, fmt, seqs)
         if not messages:
             _require(conn, conversation_id)
         return cast("list[HistoryMessage]", messages)  # checked against the contract as it was read
@@ -1271,10 +1297,11 @@ class WriteState:
 
 
 def assistant_row(
-    conversation_id: str, seq: int, turn: Turn, n: int, idempotency_key: str | None
+    conversation_id: str, seq: int, plan: TurnPlan, idempotency_key: str | None
 ) -> dict[str, Any]:
-    """The ``messages`` row of a turn's assistant message at ``seq`` with ``n`` calls: the one
-    place its columns are built."""
+    """The ``messages`` row of a planned turn's assistant message at ``seq``: the one place its
+    columns are built."""
+    turn, n = plan.turn, len(plan.calls)
     return {
         "conversation_id": conversation_id,
         "seq": seq,
@@ -1288,6 +1315,8 @@ def assistant_row(
         "finish_reason": turn.finish_reason,
         "usage": json_safe(turn.usage),
         "idempotency_key": idempotency_key,
+        "format": plan.format,
+        "provider_items": plan.provider_items,
         "n_calls": n,
         "slots_left": n,
         "prev_seq": seq - 1 if seq else None,
@@ -1506,7 +1535,7 @@ def _read(
                 raise _Corrupt(f"{where} has a value that is not text")
             if not name.strip(_JSON_WHITESPACE):
                 raise _Corrupt(f"{where} has a blank name")
-            if not is_json(arguments):
+            if kind != "custom" and not is_json(arguments):  # custom: free text (0007)
                 raise _Corrupt(f"{where} has arguments that are not JSON")
             if call_id != blocks[assistant_seq][1][position]:
                 raise _Corrupt(
@@ -1514,7 +1543,9 @@ def _read(
                     f"not the call's id {_show(call_id)}"
                 )
             target.append(
-                {
+                {"id": call_id, "type": kind, "custom": {"name": name, "input": arguments}}
+                if kind == "custom"  # a free-text call, as Chat Completions sends custom tools
+                else {
                     "id": call_id,
                     "type": kind,
                     "function": {"name": name, "arguments": arguments},
@@ -1535,6 +1566,35 @@ def _read(
             )
         assistant["function_call"] = function
     return messages
+
+
+def _read_provider(
+    conn: Connection, conversation_id: str, count: int
+) -> tuple[list[int], dict[int, tuple[Any, Any]]]:
+    """The seqs of the last ``count`` messages (what :func:`_read` just read, in the same
+    snapshot: dense seqs ending at the last message) and the ``format`` and
+    ``provider_items`` of their assistant messages, for :func:`~fsm.store.render.render`."""
+    m = Message
+    last = conn.execute(
+        sa.select(sa.func.max(m.seq)).where(m.conversation_id == conversation_id)
+    ).scalar_one()
+    first = int(last) + 1 - count
+    try:
+        rows = conn.execute(
+            sa.select(m.seq, m.format, m.provider_items).where(
+                m.conversation_id == conversation_id,
+                m.seq >= first,
+                sa.type_coerce(m.role, sa.String) == "assistant",
+                m.format.is_not(None),
+            )
+        ).all()
+    except (ValueError, TypeError) as exc:  # JSON that is not JSON
+        raise _Corrupt(f"stored provider items cannot be read back: {_first_line(exc)}") from None
+    provider = {seq: (fmt, items) for seq, fmt, items in rows}
+    for seq, (_fmt, items) in provider.items():
+        if items is not None and not isinstance(items, list):
+            raise _Corrupt(f"message {seq} has provider items {_show(items)}, not a list")
+    return list(range(first, first + count)), provider
 
 
 def _after(last_seq: object, slots_left: object) -> int:

@@ -448,13 +448,22 @@ def test_the_types_terms_are_the_models_types_check() -> None:
     """The per-column terms that say which column has the wrong type are the terms of each
     table's SQLite types check."""
     for table in TABLES:
-        [types] = [
+        # migration 0007 pins its columns in a check of their own (ck_<table>_format_types);
+        # the ledger's two new columns (pending_turns.format, .provider_items, neither a key nor
+        # a count) are type-checked by fsm audit check only
+        checks = [
             c
             for c in Base.metadata.tables[table].constraints
-            if isinstance(c, sa.CheckConstraint) and str(c.name) == f"ck_{table}_types"
+            if isinstance(c, sa.CheckConstraint)
+            and str(c.name) in (f"ck_{table}_types", f"ck_{table}_format_types")
         ]
-        terms = {ok for _column, ok in integrity._sqlite_type_terms(Base.metadata.tables[table])}
-        assert _top_level_terms(str(types.sqltext)) == terms
+        assert f"ck_{table}_types" in {str(c.name) for c in checks}
+        terms = {
+            ok
+            for column, ok in integrity._sqlite_type_terms(Base.metadata.tables[table])
+            if not (table == "pending_turns" and column in ("format", "provider_items"))
+        }
+        assert set().union(*(_top_level_terms(str(c.sqltext)) for c in checks)) == terms
 
 
 def _top_level_terms(sql: str) -> set[str]:

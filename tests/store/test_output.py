@@ -176,9 +176,10 @@ def test_audit_columns_and_width_through_the_cli(hostile: str) -> None:
     assert "error: unknown column bogus for --columns: choose from attempt_id, conversation_id" in (
         bad.stderr
     )
-    table = run("audit", "calls", "--db", hostile, env={"COLUMNS": "150"})  # all 15 columns
+    # all 16 columns (issue 17 added the stream format)
+    table = run("audit", "calls", "--db", hostile, env={"COLUMNS": "160"})
     lines = table.stdout.splitlines()
-    assert lines[0].startswith("conv") and all(len(x) <= 150 for x in lines), lines
+    assert lines[0].startswith("conv") and all(len(x) <= 160 for x in lines), lines
     assert "…" in lines[2]  # long cells cut with an ellipsis
     assert "\x1b" not in table.stdout and "get_\\x" in table.stdout
     picked = run(

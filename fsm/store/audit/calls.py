@@ -83,6 +83,9 @@ class CallRow(_Row):
     arguments: str
     state: str
     model: str | None
+    #: the API of the stream the call came from: ``chat``, ``responses`` or ``anthropic``
+    #: (rows written before migration 0007 are ``chat``; an attempt of unknown format ``None``)
+    format: str | None
     created_at: datetime | None
     result: str | list[Any] | None
     attempt_id: int | None
@@ -110,6 +113,7 @@ def tool_calls(
     until: datetime | date | str | None = None,
     args: Iterable[ArgFilter] = (),
     args_contains: str | None = None,
+    format: str | None = None,
     source: Source = "all",
     limit: int | None = 100,
     offset: int = 0,
@@ -122,7 +126,9 @@ def tool_calls(
     (datetimes, dates or ISO strings; naive means UTC), ``args`` (each ``(json_path, value)``
     must hold, with the value compared as JSON: ``("city", "Paris")``, ``("n", 3)``,
     ``("dry_run", True)``; only finished calls match), ``args_contains`` (a substring of the raw
-    arguments). ``source`` picks history, attempts or both.
+    arguments), ``format`` (the stream's API: ``chat``, ``responses`` or ``anthropic``; the
+    calls of history written before it was recorded are ``chat``). ``source`` picks history,
+    attempts or both.
 
     ``limit`` rows at most (``None``: all of them, read a page at a time), after skipping
     ``offset`` rows, starting after the key ``after`` (keyset pagination: give the last row's
@@ -137,6 +143,7 @@ def tool_calls(
         until=until,
         args=args,
         args_contains=args_contains,
+        format=format,
     )
     if source not in ("all", "history", "attempts"):
         raise InvalidFilterError(f"source must be all, history or attempts, not {source!r}")
@@ -191,7 +198,7 @@ def _call_page(
     rows = []
     for (cid, seq, rank, attempt, position, call_id, name, arguments, state, model, created,
          content, parts, reason, execution, starts, started_at,
-         finished_at) in conn.execute(query):  # fmt: skip
+         finished_at, fmt) in conn.execute(query):  # fmt: skip
         rows.append(
             CallRow(
                 conversation_id=_text(cid),
@@ -209,6 +216,7 @@ def _call_page(
                 execution=_opt_text(execution),
                 duration_ms=_duration_ms(started_at, finished_at),
                 starts=_int(starts),
+                format=(_opt_text(fmt) or "chat") if rank == 1 else _opt_text(fmt),
             )
         )
     return rows
@@ -252,6 +260,7 @@ def _history_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
             started_at=e.c.started_at,
             finished_at=e.c.finished_at,
         ),
+        *_raw_as(conn, format=a.c.format),
     ).select_from(
         keys.join(
             t,
@@ -310,6 +319,7 @@ def _attempt_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
         sa.null().label("starts"),
         sa.null().label("started_at"),
         sa.null().label("finished_at"),
+        *_raw_as(conn, format=a.c.format),
     ).select_from(
         keys.join(
             c_,
@@ -328,13 +338,17 @@ def _history_keys(
     # the key columns: the call's, or its assistant message's (equal) when that message is read
     # first through an index of its own, so that the planner sees the page is in that order
     conversation, seq = t.c.conversation_id, t.c.assistant_seq
-    if f.model is not None or f.since is not None or f.until is not None:
+    if f.model is not None or f.since is not None or f.until is not None or f.format is not None:
         source = t.join(
             a, sa.and_(a.c.conversation_id == t.c.conversation_id, a.c.seq == t.c.assistant_seq)
         )
         conditions.append(a.c.role == "assistant")  # what the partial indexes cover
         if f.model is not None:
             conditions.append(a.c.model == f.model)
+        if f.format == "chat":  # rows written before migration 0007 have no format
+            conditions.append(sa.or_(a.c.format == "chat", a.c.format.is_(None)))
+        elif f.format is not None:
+            conditions.append(a.c.format == f.format)
         conditions += _time_filters(conn, a.c.created_at, f.since, f.until)
         if f.name is None and f.conversation is None:
             conversation, seq = a.c.conversation_id, a.c.seq
@@ -383,6 +397,8 @@ def _attempt_keys(
         conditions.append(a.c.conversation_id == f.conversation)
     if f.model is not None:
         conditions.append(a.c.model == f.model)
+    if f.format is not None:
+        conditions.append(a.c.format == f.format)
     conditions += _time_filters(conn, a.c.created_at, f.since, f.until)
     for path, value in f.args:
         conditions.append(

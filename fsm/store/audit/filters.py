@@ -289,6 +289,8 @@ class Filters:
     until: datetime | None = None
     args: tuple[tuple[str, Any], ...] = ()
     contains: str | None = None
+    #: the stream format of the call's message or attempt (migration 0007)
+    format: str | None = None
     #: PostgreSQL: whether ``fsm_try_jsonb`` exists (migration 0003)
     try_jsonb: bool = False
 
@@ -305,11 +307,15 @@ class Filters:
         until: datetime | date | str | None = None,
         args: Iterable[ArgFilter] = (),
         args_contains: str | None = None,
+        format: str | None = None,
     ) -> Filters:
         """The filters given as the audit functions take them: ``state`` one of the states
         (:class:`InvalidFilterError` otherwise); ``since`` <= created_at < ``until`` as
         datetimes, dates or ISO strings (naive means UTC); ``args`` ``(json_path, value)``
-        pairs; ``args_contains`` a substring of the raw arguments."""
+        pairs; ``args_contains`` a substring of the raw arguments; ``format`` ``chat``,
+        ``responses`` or ``anthropic``."""
+        if format not in (None, "chat", "responses", "anthropic"):
+            raise InvalidFilterError(f"format must be chat, responses or anthropic, not {format!r}")
         return cls(
             name=name,
             state=_state(state),
@@ -320,4 +326,5 @@ class Filters:
             until=_utc(until, "until"),
             args=tuple((path, value) for path, value in args),
             contains=args_contains,
+            format=format,
         )
