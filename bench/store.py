@@ -97,6 +97,7 @@ class Figures:
     best_read_s: float | None = None
     async_read_s: float | None = None
     floor_read_s: float | None = None
+    async_floor_s: float | None = None  # the same floor through the asyncio driver
 
 
 @dataclass
@@ -163,7 +164,7 @@ def bench_fsm(url: sa.URL, turns: int) -> Figures:
         floor = floor_reader(url, long)
         assert floor() == store.history(long), "the floor does not build fsm's messages"
         best_read_s, floor_read_s = interleaved(lambda: store.history(long), floor)
-        async_read_s = bench_fsm_async(url, long, floor)
+        async_read_s, async_floor_s = bench_fsm_async(url, long, floor)
 
         orphan = store.create_conversation()
         try:
@@ -171,7 +172,7 @@ def bench_fsm(url: sa.URL, turns: int) -> Figures:
             refused = "stored"
         except StoreError as exc:
             refused = f"refused ({type(exc).__name__})"
-    return Figures(write_s, read_s, refused, best_read_s, async_read_s, floor_read_s)
+    return Figures(write_s, read_s, refused, best_read_s, async_read_s, floor_read_s, async_floor_s)
 
 
 def interleaved(ours: Callable[[], object], floor: Callable[[], object]) -> tuple[float, float]:
@@ -187,21 +188,31 @@ def interleaved(ours: Callable[[], object], floor: Callable[[], object]) -> tupl
     return min(a), min(b)
 
 
-def bench_fsm_async(url: sa.URL, conversation: str, floor: Callable[[], object]) -> float:
-    """The best ``AsyncConversationStore.history()`` of the same conversation, interleaved
-    with the (synchronous) floor."""
+def bench_fsm_async(
+    url: sa.URL, conversation: str, floor: Callable[[], object]
+) -> tuple[float, float]:
+    """The best ``AsyncConversationStore.history()`` of the same conversation and the best of
+    its asyncio floor (:func:`async_floor_reader`), interleaved."""
     from fsm.store.aio import AsyncConversationStore
 
-    async def run() -> float:
-        async with AsyncConversationStore(url) as store:
-            assert await store.history(conversation) == floor()
-            best = float("inf")
-            for _ in range(FLOOR_READS):
-                start = time.perf_counter()
-                await store.history(conversation)
-                best = min(best, time.perf_counter() - start)
-                floor()
-            return best
+    async def run() -> tuple[float, float]:
+        async_floor = await async_floor_reader(url, conversation)
+        try:
+            async with AsyncConversationStore(url) as store:
+                expected = floor()
+                assert await store.history(conversation) == expected
+                assert await async_floor.read() == expected
+                best = best_floor = float("inf")
+                for _ in range(FLOOR_READS):
+                    start = time.perf_counter()
+                    await store.history(conversation)
+                    best = min(best, time.perf_counter() - start)
+                    start = time.perf_counter()
+                    await async_floor.read()
+                    best_floor = min(best_floor, time.perf_counter() - start)
+                return best, best_floor
+        finally:
+            await async_floor.close()
 
     return asyncio.run(run())
 
@@ -249,6 +260,59 @@ def floor_messages(rows: list[Any], calls: list[Any], loads: Callable[[Any], Any
     return messages
 
 
+@dataclass
+class AsyncFloor:
+    """The asyncio floor: ``read()`` the history, ``close()`` the connection."""
+
+    read: Callable[[], Any]
+    close: Callable[[], Any]
+
+
+async def async_floor_reader(url: sa.URL, conversation: str) -> AsyncFloor:
+    """The floor of the asyncio store: the same SELECTs and dicts through the asyncio driver
+    the store uses (aiosqlite, psycopg's ``AsyncConnection``)."""
+    if url.get_backend_name() == "sqlite":
+        import aiosqlite
+
+        lite = await aiosqlite.connect(str(url.database), isolation_level=None)
+        messages_sql, calls_sql = FLOOR_MESSAGES.format(p="?"), FLOOR_CALLS.format(p="?")
+
+        async def read_sqlite() -> Any:
+            await lite.execute("BEGIN")
+            try:
+                rows = await (await lite.execute(messages_sql, (conversation,))).fetchall()
+                calls = await (await lite.execute(calls_sql, (conversation,))).fetchall()
+            finally:
+                await lite.execute("COMMIT")
+            return floor_messages(list(rows), list(calls), json.loads)
+
+        return AsyncFloor(read_sqlite, lite.close)
+    import psycopg
+
+    pg = await psycopg.AsyncConnection.connect(**_pg_connect_args(url))
+    await pg.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+    messages_sql, calls_sql = FLOOR_MESSAGES.format(p="%s"), FLOOR_CALLS.format(p="%s")
+
+    async def read_postgres() -> Any:
+        async with pg.transaction(), pg.cursor() as cursor:
+            rows = await (await cursor.execute(messages_sql, (conversation,))).fetchall()
+            calls = await (await cursor.execute(calls_sql, (conversation,))).fetchall()
+        return floor_messages(rows, calls, None)
+
+    return AsyncFloor(read_postgres, pg.close)
+
+
+def _pg_connect_args(url: sa.URL) -> dict[str, Any]:
+    return {
+        "host": url.host,
+        "port": url.port,
+        "user": url.username,
+        "password": url.password,
+        "dbname": url.database,
+        "options": str(url.query.get("options", "")),
+    }
+
+
 def floor_reader(url: sa.URL, conversation: str) -> Callable[[], Any]:
     """The floor of ``history(conversation)``: the bare driver's two SELECTs in one read
     transaction, and :func:`floor_messages`."""
@@ -269,14 +333,7 @@ def floor_reader(url: sa.URL, conversation: str) -> Callable[[], Any]:
         return read_sqlite
     import psycopg
 
-    pg = psycopg.connect(
-        host=url.host,
-        port=url.port,
-        user=url.username,
-        password=url.password,
-        dbname=url.database,
-        options=str(url.query.get("options", "")),
-    )
+    pg = psycopg.connect(**_pg_connect_args(url))
     pg.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
     messages_sql = FLOOR_MESSAGES.format(p="%s")
     calls_sql = FLOOR_CALLS.format(p="%s")
@@ -479,8 +536,12 @@ def report(run: EngineRun) -> None:
     if f.best_read_s and f.async_read_s and f.floor_read_s:
         print(
             f"  floor (bare driver SELECTs + dicts): {_ms(f.floor_read_s)}; best fsm "
-            f"{_ms(f.best_read_s)} -> fsm/floor {f.best_read_s / f.floor_read_s:.2f}; async "
-            f"{_ms(f.async_read_s)} -> {f.async_read_s / f.floor_read_s:.2f}"
+            f"{_ms(f.best_read_s)} -> fsm/floor {f.best_read_s / f.floor_read_s:.2f}"
+        )
+    if f.async_read_s and f.async_floor_s:
+        print(
+            f"  asyncio floor: {_ms(f.async_floor_s)}; fsm async {_ms(f.async_read_s)} "
+            f"-> fsm/floor {f.async_read_s / f.async_floor_s:.2f}"
         )
     for name in PEERS:
         peer = run.peers.get(name)
@@ -626,8 +687,9 @@ def floor_table(runs: list[EngineRun]) -> list[str]:
         f"fsm's output). Best of {FLOOR_READS} reads each, interleaved; target fsm/floor <= 2. "
         "fsm checks what it reads (dense seqs, whole tool blocks, each result answering its "
         "call, finished calls with JSON arguments, value types) and decodes marked text; the "
-        "asyncio store runs the same code through `run_sync` (aiosqlite, psycopg async) and is "
-        "compared with the same synchronous floor.",
+        "asyncio store runs the same code through `run_sync` and is "
+        "compared with the floor through the same asyncio driver (aiosqlite, psycopg's "
+        "`AsyncConnection`).",
         "",
         "| engine | store | fsm | floor | fsm/floor |",
         "| --- | --- | --- | --- | --- |",
@@ -636,12 +698,14 @@ def floor_table(runs: list[EngineRun]) -> list[str]:
         f = run.fsm
         if f.floor_read_s is None:
             continue
-        for label, value in (("sync", f.best_read_s), ("asyncio", f.async_read_s)):
-            if value is None:
+        for label, value, floor in (
+            ("sync", f.best_read_s, f.floor_read_s),
+            ("asyncio", f.async_read_s, f.async_floor_s),
+        ):
+            if value is None or floor is None:
                 continue
             lines.append(
-                f"| {run.engine} | {label} | {_ms(value)} | {_ms(f.floor_read_s)} "
-                f"| {value / f.floor_read_s:.2f} |"
+                f"| {run.engine} | {label} | {_ms(value)} | {_ms(floor)} | {value / floor:.2f} |"
             )
     return [*lines, ""]
 
