@@ -40,6 +40,7 @@ from fsm.store.errors import (
     ResultsError,
     UnsupportedValueError,
 )
+from fsm.store.models import TOKEN_COLUMNS, TOKEN_MAX
 from fsm.toolcall import ToolCall, result_message
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "plan_commit",
     "plan_record",
     "plan_turn",
+    "usage_columns",
 ]
 
 #: Tool results of a turn: one per call in call order (a string, or a dict with ``content``),
@@ -622,6 +624,27 @@ def call_columns(call: ToolCall) -> dict[str, Any]:
         "raw_arguments": call.raw_arguments if call.repaired else None,
         "repaired": call.repaired,
     }
+
+
+def usage_columns(usage: Any) -> dict[str, int | None]:
+    """The token columns of a message whose ``usage`` is stored as :func:`json_safe` stores it:
+    each of :data:`~fsm.store.models.TOKEN_COLUMNS` is the usage's value when that is an
+    integer from 0 to :data:`~fsm.store.models.TOKEN_MAX` (not a bool, a float or a string),
+    else ``None``; ``usage_unreadable`` is 1 when there is a usage that is not a JSON object.
+    Migration 0006 computes the same columns in SQL for the rows written before it."""
+    if usage is None:
+        return _NO_USAGE
+    if not isinstance(usage, Mapping):
+        return _UNREADABLE_USAGE
+    columns: dict[str, int | None] = {"usage_unreadable": None}
+    for key in TOKEN_COLUMNS:
+        value = usage.get(key)
+        columns[key] = value if type(value) is int and 0 <= value <= TOKEN_MAX else None
+    return columns
+
+
+_NO_USAGE: dict[str, int | None] = dict.fromkeys((*TOKEN_COLUMNS, "usage_unreadable"))
+_UNREADABLE_USAGE: dict[str, int | None] = {**_NO_USAGE, "usage_unreadable": 1}
 
 
 def json_safe(value: Any, depth: int = 0) -> Any:

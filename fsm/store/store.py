@@ -1019,6 +1019,7 @@ class StoreCore:
                 "choice": turn.index,
                 "finish_reason": turn.finish_reason,
                 "usage": json_safe(turn.usage),
+                **plans.usage_columns(turn.usage),
                 "idempotency_key": idempotency_key,
                 "n_calls": n,
                 "slots_left": n,

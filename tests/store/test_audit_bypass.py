@@ -35,8 +35,9 @@ from fsm.store import audit as A
 from fsm.store.audit import calls as audit_calls
 from fsm.store.audit import integrity
 from fsm.store.engine import create_engine
-from fsm.store.migrate import upgrade
+from fsm.store.migrate import downgrade, upgrade
 from fsm.store.models import Base
+from fsm.store.plans import usage_columns
 from tests.helpers import chunk, sse, tc
 from tests.helpers.store import make_turn
 from tests.store.corrupt import CORRUPTIONS, Corruption, seed
@@ -533,6 +534,15 @@ def test_arg_filters_before_migration_0003(
     assert "good" in _call_ids(args=[("b", 1)])(own_url)
 
 
+@contextmanager
+def before_token_columns(url: sa.URL) -> Iterator[None]:
+    """The database at revision 0005 (before the token columns of ``messages``) inside, and
+    upgraded to head again after (which backfills the columns from the usage stored)."""
+    downgrade(url, "0005_tool_ledger")
+    yield
+    upgrade(url)
+
+
 USAGES = {
     "malformed": "'{\"prompt_tokens\": 3'",
     "infinity": '\'{"prompt_tokens": Infinity, "completion_tokens": 2}\'',
@@ -566,18 +576,21 @@ def test_stats_survive_any_usage(own_url: sa.URL, engine_name: str) -> None:
         f"UPDATE messages SET usage = {value} WHERE conversation_id = 'u{i + 1}' AND seq = 1"
         for i, value in enumerate(usages.values())
     ]
-    if engine_name == "sqlite":
-        with sqlite_raw(own_url, ignore_checks=True) as conn:
-            for statement in statements:
-                conn.exec_driver_sql(statement)
-    else:
-        engine = sa.create_engine(own_url, poolclass=sa.pool.NullPool)
-        try:
-            with engine.begin() as conn:
+    # stats() reads the token columns the store writes with each message: usage stored before
+    # migration 0006 is read by its backfill, which must survive any usage as stats() did
+    with before_token_columns(own_url):
+        if engine_name == "sqlite":
+            with sqlite_raw(own_url, ignore_checks=True) as conn:
                 for statement in statements:
                     conn.exec_driver_sql(statement)
-        finally:
-            engine.dispose()
+        else:
+            engine = sa.create_engine(own_url, poolclass=sa.pool.NullPool)
+            try:
+                with engine.begin() as conn:
+                    for statement in statements:
+                        conn.exec_driver_sql(statement)
+            finally:
+                engine.dispose()
     engine = A.open_readonly(own_url)
     try:
         result = A.stats(engine)
@@ -616,15 +629,23 @@ def test_a_string_token_count_is_not_counted(own_url: sa.URL) -> None:
         store.create_conversation("s")
         store.append("s", [{"role": "user", "content": "go"}])
         store.append("s", [{"role": "assistant", "content": "ok"}])
-    engine = sa.create_engine(own_url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(
-                'UPDATE messages SET usage = \'{"prompt_tokens": "12", "completion_tokens"'
-                ": 3}' WHERE seq = 1"
-            )
-    finally:
-        engine.dispose()
+    with before_token_columns(own_url):  # read by the backfill of migration 0006
+        engine = sa.create_engine(own_url, poolclass=sa.pool.NullPool)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(
+                    'UPDATE messages SET usage = \'{"prompt_tokens": "12", "completion_tokens"'
+                    ": 3}' WHERE seq = 1"
+                )
+        finally:
+            engine.dispose()
+    # written now, the same usage gets the same columns
+    assert usage_columns({"prompt_tokens": "12", "completion_tokens": 3}) == {
+        "prompt_tokens": None,
+        "completion_tokens": 3,
+        "total_tokens": None,
+        "usage_unreadable": None,
+    }
     engine = A.open_readonly(own_url)
     try:
         totals = A.stats(engine).totals
