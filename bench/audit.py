@@ -285,7 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_md and runs:
         end_load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
         shown = ["--write-md"] + (["--calls", str(args.calls)] if args.calls != 1_000_000 else [])
-        if args.postgres or args.postgres_db:
+        if args.sqlite_db:
+            shown.append("--sqlite-db DB")
+        if args.postgres_db:
+            shown.append("--postgres-db URL")
+        elif args.postgres:
             shown.append("--postgres URL")
         write_md(render_md(runs, shown, f"{load:.2f} at the start, {end_load} at the end"))
         print(f"wrote the '{SECTION}' section of {BENCHMARKS}")
