@@ -52,6 +52,7 @@ import sqlalchemy as sa
 
 from fsm.store import upgrade
 from fsm.store.engine import create_engine, display_url, normalize_url
+from fsm.store.plans import usage_columns
 
 TABLES = ("conversations", "messages", "tool_calls", "attempts", "attempt_calls")
 
@@ -74,6 +75,11 @@ MESSAGE_COLUMNS = (
     "assistant_seq",
     "call_position",
     "block_end_seq",
+    # the token columns of migration 0006, as the store writes them (plans.usage_columns)
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "usage_unreadable",
 )
 CALL_COLUMNS = (
     "conversation_id",
@@ -349,6 +355,7 @@ class Generator:
                 extra.get("assistant_seq"),
                 extra.get("call_position"),
                 seq + n_calls if role == "assistant" and n_calls else None,
+                *_token_columns(extra.get("usage")),
             )
             seq += 1
             return row
@@ -555,6 +562,12 @@ def _prefetch(batches: Iterator[Batch], depth: int = 3) -> Iterator[Batch]:
 
 
 # -- loading ------------------------------------------------------------------------------------
+def _token_columns(usage: str | None) -> tuple[int | None, ...]:
+    """The token columns of a message with this usage text, as the store computes them."""
+    columns = usage_columns(None if usage is None else json.loads(usage))
+    return tuple(columns[key] for key in MESSAGE_COLUMNS[-4:])
+
+
 def _insert_sql(table: str, columns: Sequence[str]) -> str:
     return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
 

@@ -5,7 +5,13 @@ or ``$FSM_TEST_POSTGRES_URL`` names a server; a throwaway schema is used and dro
 
 * write: the time to commit a turn of one assistant message with 3 tool calls and their 3
   results (each commit its own transaction, one writer; best of 3 passes), and turns per second;
-* read: ``history()`` of a 10,000-message conversation (median of several reads).
+* read: ``history()`` of a 10,000-message conversation, by the sync store and by the asyncio
+  store (``AsyncConversationStore``, aiosqlite / psycopg async), against its **floor**, measured
+  in the same run on the same rows: the bare driver (``sqlite3``, ``psycopg``) running the same
+  two SELECTs (messages, then tool calls, in one transaction: REPEATABLE READ on PostgreSQL, as
+  fsm's reads) and turning the rows into the same Python dicts with the least code (checked
+  equal to fsm's output before timing). fsm and the floor are timed interleaved, best of
+  several reads each; the ratio is fsm's time over the floor's (target: <= 2).
 
 Side by side with two peers, when they are importable, on the same work:
 
@@ -36,6 +42,7 @@ import argparse
 import asyncio
 import datetime
 import importlib.metadata
+import json
 import os
 import platform
 import re
@@ -62,6 +69,7 @@ from fsm.store.errors import StoreError
 
 HISTORY_MESSAGES = 10_000
 READS = 5
+FLOOR_READS = 11  # fsm's read and the floor's, interleaved: the best of each
 WRITE_PASSES = 3  # the write figure is the best pass (damps other load on the machine)
 RESULTS = ["sunny, 18 C", "rain, 11 C", "snow, -2 C"]
 BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
@@ -84,6 +92,12 @@ class Figures:
     write_s: float  # seconds per turn
     read_s: float  # seconds for the 10,000-message read
     orphan: str = ""  # what happened to a tool result whose call id points at nothing
+    #: fsm only: the best read, the async store's best read and the floor's best read (the bare
+    #: driver's SELECTs of the same rows and the dicts built from them), interleaved
+    best_read_s: float | None = None
+    async_read_s: float | None = None
+    floor_read_s: float | None = None
+    async_floor_s: float | None = None  # the same floor through the asyncio driver
 
 
 @dataclass
@@ -147,6 +161,10 @@ def bench_fsm(url: sa.URL, turns: int) -> Figures:
         store.append(long, [{"role": "user", "content": "q"} for _ in range(rest)])
         assert len(store.history(long)) == HISTORY_MESSAGES
         read_s = timed(lambda: store.history(long))
+        floor = floor_reader(url, long)
+        assert floor() == store.history(long), "the floor does not build fsm's messages"
+        best_read_s, floor_read_s = interleaved(lambda: store.history(long), floor)
+        async_read_s, async_floor_s = bench_fsm_async(url, long, floor)
 
         orphan = store.create_conversation()
         try:
@@ -154,7 +172,179 @@ def bench_fsm(url: sa.URL, turns: int) -> Figures:
             refused = "stored"
         except StoreError as exc:
             refused = f"refused ({type(exc).__name__})"
-    return Figures(write_s, read_s, refused)
+    return Figures(write_s, read_s, refused, best_read_s, async_read_s, floor_read_s, async_floor_s)
+
+
+def interleaved(ours: Callable[[], object], floor: Callable[[], object]) -> tuple[float, float]:
+    """The best of :data:`FLOOR_READS` runs of each, one after the other (so load on the
+    machine hits both alike)."""
+    a: list[float] = []
+    b: list[float] = []
+    for _ in range(FLOOR_READS):
+        for fn, samples in ((ours, a), (floor, b)):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+    return min(a), min(b)
+
+
+def bench_fsm_async(
+    url: sa.URL, conversation: str, floor: Callable[[], object]
+) -> tuple[float, float]:
+    """The best ``AsyncConversationStore.history()`` of the same conversation and the best of
+    its asyncio floor (:func:`async_floor_reader`), interleaved."""
+    from fsm.store.aio import AsyncConversationStore
+
+    async def run() -> tuple[float, float]:
+        async_floor = await async_floor_reader(url, conversation)
+        try:
+            async with AsyncConversationStore(url) as store:
+                expected = floor()
+                assert await store.history(conversation) == expected
+                assert await async_floor.read() == expected
+                best = best_floor = float("inf")
+                for _ in range(FLOOR_READS):
+                    start = time.perf_counter()
+                    await store.history(conversation)
+                    best = min(best, time.perf_counter() - start)
+                    start = time.perf_counter()
+                    await async_floor.read()
+                    best_floor = min(best_floor, time.perf_counter() - start)
+                return best, best_floor
+        finally:
+            await async_floor.close()
+
+    return asyncio.run(run())
+
+
+# -- the floor -------------------------------------------------------------------------------
+
+FLOOR_MESSAGES = (
+    "SELECT seq, role, content, content_parts, name, refusal, tool_call_id, n_calls"
+    " FROM messages WHERE conversation_id = {p} ORDER BY seq"
+)
+FLOOR_CALLS = (
+    "SELECT assistant_seq, call_id, type, name, arguments FROM tool_calls"
+    " WHERE conversation_id = {p} ORDER BY assistant_seq, position"
+)
+
+
+def floor_messages(rows: list[Any], calls: list[Any], loads: Callable[[Any], Any] | None) -> Any:
+    """The messages fsm's ``history()`` returns, built from the rows with the least code (no
+    check, no decoding of fsm's marked text: real values need none). ``loads``: how content
+    parts are parsed (``None``: the driver already parsed them)."""
+    messages: list[dict[str, Any]] = []
+    calls_of: dict[int, list[dict[str, Any]]] = {}
+    for seq, role, content, parts, name, refusal, tool_call_id, n_calls in rows:
+        if role == "tool":
+            message: dict[str, Any] = {
+                "role": role,
+                "tool_call_id": tool_call_id,
+                "content": content,
+            }
+        else:
+            message = {"role": role, "content": content}
+            if name is not None:
+                message["name"] = name
+            if refusal is not None:
+                message["refusal"] = refusal
+            if n_calls:
+                calls_of[seq] = message["tool_calls"] = []
+        if parts is not None:
+            message["content"] = loads(parts) if loads is not None else parts
+        messages.append(message)
+    for assistant_seq, call_id, kind, name, arguments in calls:
+        calls_of[assistant_seq].append(
+            {"id": call_id, "type": kind, "function": {"name": name, "arguments": arguments}}
+        )
+    return messages
+
+
+@dataclass
+class AsyncFloor:
+    """The asyncio floor: ``read()`` the history, ``close()`` the connection."""
+
+    read: Callable[[], Any]
+    close: Callable[[], Any]
+
+
+async def async_floor_reader(url: sa.URL, conversation: str) -> AsyncFloor:
+    """The floor of the asyncio store: the same SELECTs and dicts through the asyncio driver
+    the store uses (aiosqlite, psycopg's ``AsyncConnection``)."""
+    if url.get_backend_name() == "sqlite":
+        import aiosqlite
+
+        lite = await aiosqlite.connect(str(url.database), isolation_level=None)
+        messages_sql, calls_sql = FLOOR_MESSAGES.format(p="?"), FLOOR_CALLS.format(p="?")
+
+        async def read_sqlite() -> Any:
+            await lite.execute("BEGIN")
+            try:
+                rows = await (await lite.execute(messages_sql, (conversation,))).fetchall()
+                calls = await (await lite.execute(calls_sql, (conversation,))).fetchall()
+            finally:
+                await lite.execute("COMMIT")
+            return floor_messages(list(rows), list(calls), json.loads)
+
+        return AsyncFloor(read_sqlite, lite.close)
+    import psycopg
+
+    pg = await psycopg.AsyncConnection.connect(**_pg_connect_args(url))
+    await pg.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+    messages_sql, calls_sql = FLOOR_MESSAGES.format(p="%s"), FLOOR_CALLS.format(p="%s")
+
+    async def read_postgres() -> Any:
+        async with pg.transaction(), pg.cursor() as cursor:
+            rows = await (await cursor.execute(messages_sql, (conversation,))).fetchall()
+            calls = await (await cursor.execute(calls_sql, (conversation,))).fetchall()
+        return floor_messages(rows, calls, None)
+
+    return AsyncFloor(read_postgres, pg.close)
+
+
+def _pg_connect_args(url: sa.URL) -> dict[str, Any]:
+    return {
+        "host": url.host,
+        "port": url.port,
+        "user": url.username,
+        "password": url.password,
+        "dbname": url.database,
+        "options": str(url.query.get("options", "")),
+    }
+
+
+def floor_reader(url: sa.URL, conversation: str) -> Callable[[], Any]:
+    """The floor of ``history(conversation)``: the bare driver's two SELECTs in one read
+    transaction, and :func:`floor_messages`."""
+    if url.get_backend_name() == "sqlite":
+        sqlite = sqlite3.connect(str(url.database), isolation_level=None)
+        messages_sql = FLOOR_MESSAGES.format(p="?")
+        calls_sql = FLOOR_CALLS.format(p="?")
+
+        def read_sqlite() -> Any:
+            sqlite.execute("BEGIN")
+            try:
+                rows = sqlite.execute(messages_sql, (conversation,)).fetchall()
+                calls = sqlite.execute(calls_sql, (conversation,)).fetchall()
+            finally:
+                sqlite.execute("COMMIT")
+            return floor_messages(rows, calls, json.loads)
+
+        return read_sqlite
+    import psycopg
+
+    pg = psycopg.connect(**_pg_connect_args(url))
+    pg.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    messages_sql = FLOOR_MESSAGES.format(p="%s")
+    calls_sql = FLOOR_CALLS.format(p="%s")
+
+    def read_postgres() -> Any:
+        with pg.transaction(), pg.cursor() as cursor:
+            rows = cursor.execute(messages_sql, (conversation,)).fetchall()
+            calls = cursor.execute(calls_sql, (conversation,)).fetchall()
+        return floor_messages(rows, calls, None)  # psycopg parses json itself
+
+    return read_postgres
 
 
 # -- peers -----------------------------------------------------------------------------------
@@ -350,6 +540,17 @@ def report(run: EngineRun) -> None:
     print(f"{run.engine}:")
     print(f"  fsm  write (1 assistant + 3 calls + 3 results): {_write(run.fsm)}")
     print(f"  fsm  history() of {HISTORY_MESSAGES:,} messages: {_ms(run.fsm.read_s)}")
+    f = run.fsm
+    if f.best_read_s and f.async_read_s and f.floor_read_s:
+        print(
+            f"  floor (bare driver SELECTs + dicts): {_ms(f.floor_read_s)}; best fsm "
+            f"{_ms(f.best_read_s)} -> fsm/floor {f.best_read_s / f.floor_read_s:.2f}"
+        )
+    if f.async_read_s and f.async_floor_s:
+        print(
+            f"  asyncio floor: {_ms(f.async_floor_s)}; fsm async {_ms(f.async_read_s)} "
+            f"-> fsm/floor {f.async_read_s / f.async_floor_s:.2f}"
+        )
     for name in PEERS:
         peer = run.peers.get(name)
         if isinstance(peer, str):
@@ -440,6 +641,7 @@ def render_md(
                 cells += [_ms(theirs), f"{ours / theirs:.2f}"]
             lines.append("| " + " | ".join([run.engine, label, *cells]) + " |")
     lines.append("")
+    lines += floor_table(runs)
     orphan = runs[0]
     verdicts = [f"fsm {orphan.fsm.orphan}"] + [
         f"{name} {peer.orphan}" for name, peer in orphan.peers.items() if isinstance(peer, Figures)
@@ -481,6 +683,39 @@ def render_md(
         f"start, {loads[1]} at the end. Packages: {packages}.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def floor_table(runs: list[EngineRun]) -> list[str]:
+    """The history reads against their floor (the lines of the Markdown, a blank line last)."""
+    lines = [
+        f"`history()` of the same {HISTORY_MESSAGES:,} messages against its floor, measured in "
+        "the same run: the bare driver (`sqlite3`, `psycopg`) running the same two SELECTs "
+        "(messages, then tool calls; in one REPEATABLE READ transaction on PostgreSQL, as fsm's "
+        "reads) and building the same dicts with the least code (no check; checked equal to "
+        f"fsm's output). Best of {FLOOR_READS} reads each, interleaved; target fsm/floor <= 2. "
+        "fsm checks what it reads (dense seqs, whole tool blocks, each result answering its "
+        "call, finished calls with JSON arguments, value types) and decodes marked text; the "
+        "asyncio store runs the same code through `run_sync` and is "
+        "compared with the floor through the same asyncio driver (aiosqlite, psycopg's "
+        "`AsyncConnection`).",
+        "",
+        "| engine | store | fsm | floor | fsm/floor |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for run in runs:
+        f = run.fsm
+        if f.floor_read_s is None:
+            continue
+        for label, value, floor in (
+            ("sync", f.best_read_s, f.floor_read_s),
+            ("asyncio", f.async_read_s, f.async_floor_s),
+        ):
+            if value is None or floor is None:
+                continue
+            lines.append(
+                f"| {run.engine} | {label} | {_ms(value)} | {_ms(floor)} | {value / floor:.2f} |"
+            )
+    return [*lines, ""]
 
 
 def write_md(section: str, path: Path = BENCHMARKS, heading: str = SECTION) -> None:

@@ -95,7 +95,11 @@ __all__ = [
     "PG_FUNCTIONS",
     "ROLE",
     "SQLITE_ROWID_KEY",
+    "STATS_INDEX",
+    "STATS_INDEX_DDL",
     "TABLES",
+    "TOKEN_COLUMNS",
+    "TOKEN_MAX",
     "TOOL_CALL_STATE",
     "Attempt",
     "AttemptCall",
@@ -384,6 +388,43 @@ ATTEMPT_CALL_TYPES: dict[str, list[str]] = {
 }
 
 
+#: the largest token count the store keeps in the token columns of ``messages`` (and that
+#: ``fsm audit stats`` adds up): a count is an integer from 0 to this.
+TOKEN_MAX = 10**9 - 1
+#: ``messages``' token columns (migration 0006), derived from ``usage`` when the row is written:
+#: each count is the usage's value when it is an integer from 0 to :data:`TOKEN_MAX`, else NULL.
+TOKEN_COLUMNS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def token_check(column: str, *, sqlite: bool) -> str:
+    """The check of one token column (``usage_unreadable``: NULL or 1); SQLite pins its type."""
+    bound = "= 1" if column == "usage_unreadable" else f"BETWEEN 0 AND {TOKEN_MAX}"
+    typed = f"typeof({column}) = 'integer' AND " if sqlite else ""
+    return f"{column} IS NULL OR ({typed}{column} {bound})"
+
+
+#: the index ``fsm audit stats`` reads instead of the table (migration 0006): every assistant
+#: message's model, UTC day, number of calls and token columns, in (model, day) order. It is
+#: not a model :class:`~sqlalchemy.schema.Index`: it differs per engine (SQLite indexes the day,
+#: ``substr(created_at, 1, 10)``, so the grouped scan needs no sort; PostgreSQL, which
+#: aggregates by hash, keeps ``created_at`` and INCLUDEs the rest, for an index-only scan), so
+#: it is created by this DDL after the table (and by the migration), and left out of Alembic's
+#: comparison (``migrations/env.py``).
+STATS_INDEX = "ix_messages_stats"
+STATS_INDEX_DDL: dict[str, str] = {
+    "sqlite": (
+        f"CREATE INDEX {STATS_INDEX} ON messages (model, substr(created_at, 1, 10), n_calls, "
+        "prompt_tokens, completion_tokens, total_tokens, usage_unreadable) "
+        "WHERE role = 'assistant'"
+    ),
+    "postgresql": (
+        f"CREATE INDEX {STATS_INDEX} ON messages (model, created_at) INCLUDE (n_calls, "
+        "prompt_tokens, completion_tokens, total_tokens, usage_unreadable) "
+        "WHERE role = 'assistant'"
+    ),
+}
+
+
 class Conversation(Base):
     """A conversation: the owner of messages and attempts (deleting it deletes them)."""
 
@@ -431,6 +472,13 @@ class Message(Base):
     #: assistant rows: the provider-only items of the turn, verbatim, in output order, each
     #: tool call and the text standing as a reference (see :mod:`fsm.store.render`).
     provider_items: Mapped[list[Any] | None] = mapped_column()
+    #: the usage's token counts (:data:`TOKEN_COLUMNS`, migration 0006), written with the row
+    #: (:func:`fsm.store.plans.usage_columns`): what ``fsm audit stats`` adds up.
+    prompt_tokens: Mapped[int | None] = mapped_column()
+    completion_tokens: Mapped[int | None] = mapped_column()
+    total_tokens: Mapped[int | None] = mapped_column()
+    #: 1 when the row has a usage that is not a JSON object (its tokens are not counted).
+    usage_unreadable: Mapped[int | None] = mapped_column()
 
     #: assistant: the number of tool calls; every other role: 0.
     n_calls: Mapped[int] = mapped_column(server_default=sa.text("0"))
@@ -510,6 +558,16 @@ class Message(Base):
         _sqlite_check(sqlite_types_check(**MESSAGE_TYPES), "types"),
         sa.CheckConstraint(MESSAGE_FORMAT_CHECK, name="format"),
         _sqlite_check(sqlite_types_check(**MESSAGE_FORMAT_TYPES), "format_types"),
+        # the token columns of migration 0006 (added with their checks: SQLite cannot change
+        # ck_messages_types without rebuilding the table, so each pins its own type)
+        *(
+            _sqlite_check(token_check(column, sqlite=True), column)
+            for column in (*TOKEN_COLUMNS, "usage_unreadable")
+        ),
+        *(
+            _postgres_check(token_check(column, sqlite=False), column)
+            for column in (*TOKEN_COLUMNS, "usage_unreadable")
+        ),
         sa.Index("ix_messages_conversation_id_prev_seq", "conversation_id", "prev_seq"),
         sa.Index(
             "ix_messages_conversation_id_assistant_seq_call_position",
@@ -907,6 +965,10 @@ class ToolExecution(Base):
         sa.Index("ix_tool_executions_state", "state"),
     )
 
+
+for _dialect, _sql in STATS_INDEX_DDL.items():
+    _ddl = sa.DDL(_sql)  # type: ignore[no-untyped-call]
+    sa.event.listen(Message.__table__, "after_create", _ddl.execute_if(dialect=_dialect))
 
 #: fsm's tables, in the order they are declared (every table before the ones that reference it):
 #: the one list the migrations' host filter and the audit check read.

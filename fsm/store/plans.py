@@ -26,7 +26,7 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from fsm.errors import IncompleteTurnError
 from fsm.parser import Anomaly, ParseResult, Turn
@@ -40,6 +40,7 @@ from fsm.store.errors import (
     ResultsError,
     UnsupportedValueError,
 )
+from fsm.store.models import TOKEN_COLUMNS, TOKEN_MAX
 from fsm.store.render import stored_items
 from fsm.toolcall import ToolCall, result_message
 
@@ -63,6 +64,7 @@ __all__ = [
     "plan_commit",
     "plan_record",
     "plan_turn",
+    "usage_columns",
 ]
 
 #: Tool results of a turn: one per call in call order (a string, or a dict with ``content``),
@@ -636,6 +638,39 @@ def call_columns(call: ToolCall) -> dict[str, Any]:
         "raw_arguments": call.raw_arguments if call.repaired else None,
         "repaired": call.repaired,
     }
+
+
+def usage_columns(usage: Any, fmt: str | None = None) -> dict[str, int | None]:
+    """The token columns of a message whose ``usage`` is stored as :func:`json_safe` stores it:
+    each of :data:`~fsm.store.models.TOKEN_COLUMNS` is the usage's value when that is an
+    integer from 0 to :data:`~fsm.store.models.TOKEN_MAX` (not a bool, a float or a string),
+    else ``None``; ``usage_unreadable`` is 1 when there is a usage that is not a JSON object.
+    Migration 0006 computes the same columns in SQL for the rows written before it (all Chat
+    Completions rows). A Responses or Anthropic turn (``fmt``) names its counts
+    ``input_tokens`` / ``output_tokens``: they fill ``prompt_tokens`` / ``completion_tokens``
+    (Anthropic sends no total: ``total_tokens`` stays NULL)."""
+    if usage is None:
+        return _NO_USAGE
+    if not isinstance(usage, Mapping):
+        return _UNREADABLE_USAGE
+    columns: dict[str, int | None] = {"usage_unreadable": None}
+    names = _FORMAT_TOKEN_NAMES if fmt in ("responses", "anthropic") else _TOKEN_NAMES
+    for key in TOKEN_COLUMNS:
+        value = usage.get(names[key])
+        columns[key] = value if type(value) is int and 0 <= value <= TOKEN_MAX else None
+    return columns
+
+
+_TOKEN_NAMES: Final[dict[str, str]] = {key: key for key in TOKEN_COLUMNS}
+_FORMAT_TOKEN_NAMES: Final[dict[str, str]] = {
+    **_TOKEN_NAMES,
+    "prompt_tokens": "input_tokens",
+    "completion_tokens": "output_tokens",
+}
+
+
+_NO_USAGE: dict[str, int | None] = dict.fromkeys((*TOKEN_COLUMNS, "usage_unreadable"))
+_UNREADABLE_USAGE: dict[str, int | None] = {**_NO_USAGE, "usage_unreadable": 1}
 
 
 def json_safe(value: Any, depth: int = 0) -> Any:

@@ -25,6 +25,7 @@ same idempotency key: the turn lands exactly once).
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -40,7 +41,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from fsm.parser import Anomaly, ParseResult, Turn
 from fsm.states import ToolCallState
 from fsm.store import plans, writes
-from fsm.store.codec import as_utc
+from fsm.store.codec import MARK, as_utc, decode_json, decode_text
 from fsm.store.deadline import DEFAULT_TIMEOUT, Deadline, check_timeout
 from fsm.store.engine import (
     BUSY_TIMEOUT_SECONDS,
@@ -1314,6 +1315,7 @@ def assistant_row(
         "choice": turn.index,
         "finish_reason": turn.finish_reason,
         "usage": json_safe(turn.usage),
+        **plans.usage_columns(turn.usage, plan.format),
         "idempotency_key": idempotency_key,
         "format": plan.format,
         "provider_items": plan.provider_items,
@@ -1345,22 +1347,31 @@ def _read(
     planned as a nested loop on tables that were never analyzed). Call it inside one
     transaction with a stable snapshot, so both scans see the same commits.
 
+    The columns are read as the driver returns them (no per-value type processing: a history
+    of 10,000 messages is 100,000 values) and decoded here: a text through
+    :func:`~fsm.store.codec.decode_text` only when it is marked, content parts parsed from
+    their JSON text (also on PostgreSQL, whose ``json`` is cast to text in the query) and
+    decoded only when they may hold a marked string.
+
     What is read is checked against the contract as it is merged (dense seqs, whole tool
     blocks, results answering their calls, finished calls, values of the right types): a
     database edited with its enforcement switched off raises ``_Corrupt`` instead of giving a
     history the model would refuse.
     """
     m, t = Message, ToolCallRow
+    raw = sa.Text
+    postgres = conn.dialect.name == "postgresql"
     query = (
         sa.select(
             m.seq,
-            sa.type_coerce(m.role, sa.String),  # plain text: no per-row enum processing
-            m.content,
-            m.content_parts,
-            m.name,
-            m.refusal,
-            m.reasoning if include_reasoning else sa.null(),
-            m.tool_call_id,
+            sa.type_coerce(m.role, raw),
+            sa.type_coerce(m.content, raw),
+            # PostgreSQL: the json as its text (psycopg would parse it); SQLite: as stored
+            sa.cast(m.content_parts, raw) if postgres else sa.type_coerce(m.content_parts, raw),
+            sa.type_coerce(m.name, raw),
+            sa.type_coerce(m.refusal, raw),
+            sa.type_coerce(m.reasoning, raw) if include_reasoning else sa.null(),
+            sa.type_coerce(m.tool_call_id, raw),
             m.n_calls,
             m.assistant_seq,
             m.call_position,
@@ -1369,12 +1380,12 @@ def _read(
         .order_by(m.seq)
     )
     if turn_at is not None:
-        n_calls = (
+        turn_calls = (
             sa.select(m.n_calls)
             .where(m.conversation_id == conversation_id, m.seq == turn_at)
             .scalar_subquery()
         )
-        query = query.where(m.seq >= turn_at, m.seq <= turn_at + n_calls)
+        query = query.where(m.seq >= turn_at, m.seq <= turn_at + turn_calls)
     if last is not None:
         if last == 0:
             return []
@@ -1392,11 +1403,9 @@ def _read(
             .scalar_subquery()
         )
         query = query.where(m.seq >= sa.func.coalesce(owner, first))
-    try:
-        rows = conn.execute(query).all()
-    except (ValueError, TypeError) as exc:  # JSON that is not JSON
-        raise _Corrupt(f"a stored message cannot be read back: {_first_line(exc)}") from None
+    rows = conn.execute(query).all()
     messages: list[dict[str, Any]] = []
+    append = messages.append
     calls_of: dict[int, list[dict[str, Any]]] = {}
     #: for each assistant message with calls: its n_calls and its results' tool_call_ids
     blocks: dict[int, tuple[int, list[str]]] = {}
@@ -1405,6 +1414,9 @@ def _read(
     legacy: dict[int, str] = {}  # assistant seq -> the name its function result carries
     expected: int | None = None
     block: int | None = None  # the assistant seq whose results are being read
+    size = 0
+    answered: list[str] = []
+    roles = _ROLES
     for (
         seq,
         role,
@@ -1418,45 +1430,50 @@ def _read(
         assistant_seq,
         call_position,
     ) in rows:
-        if not _is_int(seq):
+        if type(seq) is not int:
             raise _Corrupt(f"a message has seq {_show(seq)}, not an integer")
-        if expected is None:
+        if seq != expected:
+            if expected is not None:
+                raise _Corrupt(f"seq {expected} is missing (the next message has seq {seq})")
             want = seq if last is not None else (0 if turn_at is None else turn_at)
             if seq != want:
                 raise _Corrupt(f"seq {want} is missing (the first message has seq {seq})")
-        elif seq != expected:
-            raise _Corrupt(f"seq {expected} is missing (the next message has seq {seq})")
         expected = seq + 1
-        if role not in _ROLES:
+        if role not in roles:
             raise _Corrupt(f"message {seq} has role {_show(role)}")
-        if not _is_int(n_calls) or n_calls < 0 or (n_calls and role != "assistant"):
+        if type(n_calls) is not int or (n_calls != 0 and (n_calls < 0 or role != "assistant")):
             raise _Corrupt(f"message {seq} ({role}) has n_calls {_show(n_calls)}")
-        if content is not None and not isinstance(content, str):
-            raise _Corrupt(f"message {seq} has content {_show(content)}, not text")
-        if parts is not None and not isinstance(parts, list):
-            raise _Corrupt(f"message {seq} has content parts {_show(parts)}, not a list")
-        if content is None and parts is None and role != "assistant":
+        if content is not None:
+            if type(content) is not str:
+                raise _Corrupt(f"message {seq} has content {_show(content)}, not text")
+            if content[:1] == MARK:
+                content = decode_text(content)
+        listed = None if parts is None else _content_parts(seq, parts)
+        if listed is None and content is None and role != "assistant":
             raise _Corrupt(f"message {seq} ({role}) has no content")
         message: dict[str, Any]
         if role == "tool":
             if block is None:
                 raise _Corrupt(f"message {seq} is a tool result outside a tool block")
-            size, answered = blocks[block]
             if assistant_seq != block or call_position != len(answered):
                 raise _Corrupt(
                     f"message {seq} is the result of call ({_show(assistant_seq)}, "
                     f"{_show(call_position)}), but its slot is call {len(answered)} of "
                     f"message {block}"
                 )
-            if not isinstance(tool_call_id, str):
+            if type(tool_call_id) is not str:
                 raise _Corrupt(f"message {seq} has tool_call_id {_show(tool_call_id)}")
+            if tool_call_id[:1] == MARK:
+                tool_call_id = decode_text(tool_call_id)
             answered.append(tool_call_id)
             block_seq = block
             if len(answered) == size:
                 block = None
             if name is not None:  # the result of a legacy function_call (see commit)
-                if not isinstance(name, str):
+                if type(name) is not str:
                     raise _Corrupt(f"message {seq} has name {_show(name)}, not text")
+                if name[:1] == MARK:
+                    name = decode_text(name)
                 if size != 1:
                     raise _Corrupt(
                         f"message {seq} is a function result in a block of {size} calls (a "
@@ -1468,31 +1485,31 @@ def _read(
                 message = {"role": role, "tool_call_id": tool_call_id, "content": content}
         else:
             if block is not None:
-                size, answered = blocks[block]
                 raise _Corrupt(
                     f"message {block} has {size} tool call(s) but {len(answered)} result(s) "
                     f"before message {seq}"
                 )
             message = {"role": role, "content": content}
-            for key, value in (
-                ("name", name),
-                ("refusal", refusal),
-                ("reasoning_content", reasoning),
-            ):
-                if value is not None:
-                    if not isinstance(value, str):
-                        raise _Corrupt(f"message {seq} has {key} {_show(value)}, not text")
-                    message[key] = value
+            if name is not None or refusal is not None or reasoning is not None:
+                for key, value in (
+                    ("name", name),
+                    ("refusal", refusal),
+                    ("reasoning_content", reasoning),
+                ):
+                    if value is not None:
+                        if type(value) is not str:
+                            raise _Corrupt(f"message {seq} has {key} {_show(value)}, not text")
+                        message[key] = decode_text(value) if value[:1] == MARK else value
             if n_calls:
                 calls_of[seq] = message["tool_calls"] = []
                 assistants[seq] = message
-                blocks[seq] = (n_calls, [])
+                size, answered = n_calls, []
+                blocks[seq] = (size, answered)
                 block = seq
-        if parts is not None:
-            message["content"] = parts
-        messages.append(message)
+        if listed is not None:
+            message["content"] = listed
+        append(message)
     if block is not None:
-        size, answered = blocks[block]
         raise _Corrupt(
             f"message {block} has {size} tool call(s) but {len(answered)} result(s) "
             "(the history ends there)"
@@ -1505,11 +1522,11 @@ def _read(
             sa.select(
                 t.assistant_seq,
                 t.position,
-                t.call_id,
-                t.type,
-                t.name,
-                t.arguments,
-                sa.type_coerce(t.state, sa.String),
+                sa.type_coerce(t.call_id, raw),
+                sa.type_coerce(t.type, raw),
+                sa.type_coerce(t.name, raw),
+                sa.type_coerce(t.arguments, raw),
+                sa.type_coerce(t.state, raw),
             )
             .where(t.conversation_id == conversation_id)
             .order_by(t.assistant_seq, t.position)
@@ -1518,28 +1535,45 @@ def _read(
             calls_query = calls_query.where(
                 t.assistant_seq >= min(calls_of), t.assistant_seq <= max(calls_of)
             )
-        try:
-            calls = conn.execute(calls_query).all()
-        except (ValueError, TypeError) as exc:
-            raise _Corrupt(f"a stored tool call cannot be read back: {_first_line(exc)}") from None
+        calls = conn.execute(calls_query).all()
         for assistant_seq, position, call_id, kind, name, arguments, state in calls:
-            target = calls_of.get(assistant_seq) if _is_int(assistant_seq) else None
-            where = f"call {_show(position)} of message {_show(assistant_seq)}"
+            target = calls_of.get(assistant_seq) if type(assistant_seq) is int else None
             if target is None:
+                where = f"call {_show(position)} of message {_show(assistant_seq)}"
                 raise _Corrupt(f"{where} belongs to no assistant message with tool calls")
-            if position != len(target) or len(target) >= blocks[assistant_seq][0]:
-                raise _Corrupt(f"{where} is not call {len(target)} of {blocks[assistant_seq][0]}")
-            if state != ToolCallState.FINISHED.value:
+            size, answered = blocks[assistant_seq]
+            if position != len(target) or len(target) >= size:
+                where = f"call {_show(position)} of message {_show(assistant_seq)}"
+                raise _Corrupt(f"{where} is not call {len(target)} of {size}")
+            if state != _FINISHED:
+                where = f"call {_show(position)} of message {_show(assistant_seq)}"
                 raise _Corrupt(f"{where} is {_show(state)}, not finished")
-            if not all(isinstance(v, str) for v in (call_id, kind, name, arguments)):
+            if not (
+                type(call_id) is str
+                and type(kind) is str
+                and type(name) is str
+                and type(arguments) is str
+            ):
+                where = f"call {_show(position)} of message {_show(assistant_seq)}"
                 raise _Corrupt(f"{where} has a value that is not text")
+            if call_id[:1] == MARK:
+                call_id = decode_text(call_id)
+            if kind[:1] == MARK:
+                kind = decode_text(kind)
+            if name[:1] == MARK:
+                name = decode_text(name)
+            if arguments[:1] == MARK:
+                arguments = decode_text(arguments)
             if not name.strip(_JSON_WHITESPACE):
+                where = f"call {_show(position)} of message {_show(assistant_seq)}"
                 raise _Corrupt(f"{where} has a blank name")
             if kind != "custom" and not is_json(arguments):  # custom: free text (0007)
+                where = f"call {_show(position)} of message {_show(assistant_seq)}"
                 raise _Corrupt(f"{where} has arguments that are not JSON")
-            if call_id != blocks[assistant_seq][1][position]:
+            if call_id != answered[position]:
+                where = f"call {_show(position)} of message {_show(assistant_seq)}"
                 raise _Corrupt(
-                    f"the result of {where} answers {_show(blocks[assistant_seq][1][position])}, "
+                    f"the result of {where} answers {_show(answered[position])}, "
                     f"not the call's id {_show(call_id)}"
                 )
             target.append(
@@ -1595,6 +1629,28 @@ def _read_provider(
         if items is not None and not isinstance(items, list):
             raise _Corrupt(f"message {seq} has provider items {_show(items)}, not a list")
     return list(range(first, first + count)), provider
+
+
+#: a JSON text that may hold a string marked by :mod:`fsm.store.codec` (the mark itself, or
+#: its escape: fsm writes JSON with ASCII escapes)
+_MAY_HOLD_MARK = re.compile("\ufdd0|\\\\u[fF][dD][dD]0")
+_FINISHED = ToolCallState.FINISHED.value
+
+
+def _content_parts(seq: int, stored: object) -> list[Any]:
+    """A message's content parts, from the JSON text the query reads (``_Corrupt`` when it is
+    not a JSON list)."""
+    if type(stored) is not str:
+        raise _Corrupt(f"message {seq} has content parts {_show(stored)}, not a list")
+    try:
+        parts = json.loads(stored)
+    except ValueError as exc:  # JSON that is not JSON
+        raise _Corrupt(f"a stored message cannot be read back: {_first_line(exc)}") from None
+    if not isinstance(parts, list):
+        raise _Corrupt(f"message {seq} has content parts {_show(parts)}, not a list")
+    if _MAY_HOLD_MARK.search(stored) is not None:
+        return cast("list[Any]", decode_json(parts))
+    return parts
 
 
 def _after(last_seq: object, slots_left: object) -> int:

@@ -45,7 +45,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0007_stream_formats"
-down_revision: str | Sequence[str] | None = "0005_tool_ledger"
+down_revision: str | Sequence[str] | None = "0006_token_columns"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -35,8 +35,9 @@ from fsm.store import audit as A
 from fsm.store.audit import calls as audit_calls
 from fsm.store.audit import integrity
 from fsm.store.engine import create_engine
-from fsm.store.migrate import upgrade
-from fsm.store.models import Base
+from fsm.store.migrate import downgrade, upgrade
+from fsm.store.models import TOKEN_COLUMNS, Base
+from fsm.store.plans import usage_columns
 from tests.helpers import chunk, sse, tc
 from tests.helpers.store import make_turn
 from tests.store.corrupt import CORRUPTIONS, Corruption, seed
@@ -448,21 +449,34 @@ def test_the_types_terms_are_the_models_types_check() -> None:
     """The per-column terms that say which column has the wrong type are the terms of each
     table's SQLite types check."""
     for table in TABLES:
-        # migration 0007 pins its columns in a check of their own (ck_<table>_format_types);
-        # the ledger's two new columns (pending_turns.format, .provider_items, neither a key nor
-        # a count) are type-checked by fsm audit check only
+        # 0006's token columns and 0007's format columns pin their types in checks of their own
+        # (SQLite cannot change ck_<table>_types without rebuilding the table); the ledger's two
+        # 0007 columns (pending_turns.format, .provider_items, neither a key nor a count) are
+        # type-checked by fsm audit check only
+        constraints = [
+            c for c in Base.metadata.tables[table].constraints if isinstance(c, sa.CheckConstraint)
+        ]
         checks = [
             c
-            for c in Base.metadata.tables[table].constraints
-            if isinstance(c, sa.CheckConstraint)
-            and str(c.name) in (f"ck_{table}_types", f"ck_{table}_format_types")
+            for c in constraints
+            if str(c.name) in (f"ck_{table}_types", f"ck_{table}_format_types")
         ]
         assert f"ck_{table}_types" in {str(c.name) for c in checks}
-        terms = {
-            ok
-            for column, ok in integrity._sqlite_type_terms(Base.metadata.tables[table])
-            if not (table == "pending_turns" and column in ("format", "provider_items"))
+        own_names = {f"ck_{table}_{column}" for column in (*TOKEN_COLUMNS, "usage_unreadable")}
+        own = {
+            str(c.name): str(c.sqltext)
+            for c in constraints
+            if str(c.name) in own_names
+            and getattr(getattr(c, "_ddl_if", None), "dialect", None) == "sqlite"
         }
+        terms = set()
+        for column, ok in integrity._sqlite_type_terms(Base.metadata.tables[table]):
+            if table == "pending_turns" and column in ("format", "provider_items"):
+                continue
+            if f"ck_{table}_{column}" in own:
+                assert f"typeof({column}) = 'integer'" in own[f"ck_{table}_{column}"]
+            else:
+                terms.add(ok)
         assert set().union(*(_top_level_terms(str(c.sqltext)) for c in checks)) == terms
 
 
@@ -542,6 +556,15 @@ def test_arg_filters_before_migration_0003(
     assert "good" in _call_ids(args=[("b", 1)])(own_url)
 
 
+@contextmanager
+def before_token_columns(url: sa.URL) -> Iterator[None]:
+    """The database at revision 0005 (before the token columns of ``messages``) inside, and
+    upgraded to head again after (which backfills the columns from the usage stored)."""
+    downgrade(url, "0005_tool_ledger")
+    yield
+    upgrade(url)
+
+
 USAGES = {
     "malformed": "'{\"prompt_tokens\": 3'",
     "infinity": '\'{"prompt_tokens": Infinity, "completion_tokens": 2}\'',
@@ -575,18 +598,21 @@ def test_stats_survive_any_usage(own_url: sa.URL, engine_name: str) -> None:
         f"UPDATE messages SET usage = {value} WHERE conversation_id = 'u{i + 1}' AND seq = 1"
         for i, value in enumerate(usages.values())
     ]
-    if engine_name == "sqlite":
-        with sqlite_raw(own_url, ignore_checks=True) as conn:
-            for statement in statements:
-                conn.exec_driver_sql(statement)
-    else:
-        engine = sa.create_engine(own_url, poolclass=sa.pool.NullPool)
-        try:
-            with engine.begin() as conn:
+    # stats() reads the token columns the store writes with each message: usage stored before
+    # migration 0006 is read by its backfill, which must survive any usage as stats() did
+    with before_token_columns(own_url):
+        if engine_name == "sqlite":
+            with sqlite_raw(own_url, ignore_checks=True) as conn:
                 for statement in statements:
                     conn.exec_driver_sql(statement)
-        finally:
-            engine.dispose()
+        else:
+            engine = sa.create_engine(own_url, poolclass=sa.pool.NullPool)
+            try:
+                with engine.begin() as conn:
+                    for statement in statements:
+                        conn.exec_driver_sql(statement)
+            finally:
+                engine.dispose()
     engine = A.open_readonly(own_url)
     try:
         result = A.stats(engine)
@@ -625,15 +651,23 @@ def test_a_string_token_count_is_not_counted(own_url: sa.URL) -> None:
         store.create_conversation("s")
         store.append("s", [{"role": "user", "content": "go"}])
         store.append("s", [{"role": "assistant", "content": "ok"}])
-    engine = sa.create_engine(own_url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(
-                'UPDATE messages SET usage = \'{"prompt_tokens": "12", "completion_tokens"'
-                ": 3}' WHERE seq = 1"
-            )
-    finally:
-        engine.dispose()
+    with before_token_columns(own_url):  # read by the backfill of migration 0006
+        engine = sa.create_engine(own_url, poolclass=sa.pool.NullPool)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(
+                    'UPDATE messages SET usage = \'{"prompt_tokens": "12", "completion_tokens"'
+                    ": 3}' WHERE seq = 1"
+                )
+        finally:
+            engine.dispose()
+    # written now, the same usage gets the same columns
+    assert usage_columns({"prompt_tokens": "12", "completion_tokens": 3}) == {
+        "prompt_tokens": None,
+        "completion_tokens": 3,
+        "total_tokens": None,
+        "usage_unreadable": None,
+    }
     engine = A.open_readonly(own_url)
     try:
         totals = A.stats(engine).totals
