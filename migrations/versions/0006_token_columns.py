@@ -155,10 +155,14 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute(f"DROP INDEX {_INDEX}")
-    sqlite = op.get_bind().dialect.name == "sqlite"
+    if op.get_bind().dialect.name == "sqlite":
+        # a table rebuild: once a later revision has rebuilt messages (0007), each column's
+        # check is a table check, and ALTER TABLE DROP COLUMN refuses a column a table check uses
+        with op.batch_alter_table("messages", recreate="always") as batch:
+            for column in reversed(_COLUMNS):
+                batch.drop_constraint(op.f(f"ck_messages_{column}"), type_="check")
+                batch.drop_column(column)
+        return
     for column in reversed(_COLUMNS):
-        if sqlite:
-            op.execute(f"ALTER TABLE messages DROP COLUMN {column}")
-        else:
-            op.drop_constraint(op.f(f"ck_messages_{column}"), "messages", type_="check")
-            op.drop_column("messages", column)
+        op.drop_constraint(op.f(f"ck_messages_{column}"), "messages", type_="check")
+        op.drop_column("messages", column)

@@ -38,7 +38,8 @@ Revisions import nothing from fsm: the SQL below is the text ``fsm/store/models.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -82,6 +83,16 @@ def _columns() -> list[sa.Column[Any]]:
     ]
 
 
+#: migration 0006's index for audit stats, on an expression: a batch rebuild of ``messages``
+#: cannot reflect it, so it drops it, and each rebuild here creates it again (the text of 0006)
+_STATS_INDEX = "ix_messages_stats"
+_SQLITE_STATS_INDEX_DDL = (
+    f"CREATE INDEX IF NOT EXISTS {_STATS_INDEX} ON messages (model, substr(created_at, 1, 10), "
+    "n_calls, prompt_tokens, completion_tokens, total_tokens, usage_unreadable) "
+    "WHERE role = 'assistant'"
+)
+
+
 def _require_foreign_keys_off() -> None:
     if op.get_bind().exec_driver_sql("PRAGMA foreign_keys").scalar():
         raise RuntimeError(
@@ -90,28 +101,23 @@ def _require_foreign_keys_off() -> None:
         )
 
 
+@contextmanager
+def _checks_off() -> Iterator[None]:
+    """SQLite: a table rebuild copies every row into a table with the checks; a row that broke
+    a check (written with the checks off, which ``fsm audit check`` reports) would stop the
+    migration, so the copy keeps rows as they are (as migration 0006 does)."""
+    op.execute("PRAGMA ignore_check_constraints = ON")
+    try:
+        yield
+    finally:
+        op.execute("PRAGMA ignore_check_constraints = OFF")
+
+
 def upgrade() -> None:
     if op.get_bind().dialect.name == "sqlite":
         _require_foreign_keys_off()
-        with op.batch_alter_table("messages", recreate="always") as batch:
-            for column in _columns():
-                batch.add_column(column)
-            batch.create_check_constraint(op.f("ck_messages_format"), sa.text(_FORMAT))
-            batch.create_check_constraint(op.f("ck_messages_format_types"), sa.text(_FORMAT_TYPES))
-        with op.batch_alter_table("tool_calls", recreate="always") as batch:
-            batch.drop_constraint(op.f("ck_tool_calls_arguments"), type_="check")
-            batch.create_check_constraint(
-                op.f("ck_tool_calls_arguments"), sa.text(_SQLITE_ARGUMENTS)
-            )
-        with op.batch_alter_table("attempts", recreate="always") as batch:
-            batch.add_column(sa.Column("format", sa.Text(), nullable=True))
-            batch.create_check_constraint(op.f("ck_attempts_format"), sa.text(_ATTEMPT_FORMAT))
-            batch.create_check_constraint(
-                op.f("ck_attempts_format_types"), sa.text(_ATTEMPT_FORMAT_TYPES)
-            )
-        _create_index()
-        for column in _columns():
-            op.add_column("pending_turns", column)
+        with _checks_off():
+            _sqlite_upgrade()
         return
     for column in _columns():
         op.add_column("messages", column)
@@ -124,6 +130,27 @@ def upgrade() -> None:
     op.create_check_constraint(
         op.f("ck_tool_calls_arguments"), "tool_calls", sa.text(_PG_ARGUMENTS)
     )
+
+
+def _sqlite_upgrade() -> None:
+    with op.batch_alter_table("messages", recreate="always") as batch:
+        for column in _columns():
+            batch.add_column(column)
+        batch.create_check_constraint(op.f("ck_messages_format"), sa.text(_FORMAT))
+        batch.create_check_constraint(op.f("ck_messages_format_types"), sa.text(_FORMAT_TYPES))
+    op.execute(_SQLITE_STATS_INDEX_DDL)
+    with op.batch_alter_table("tool_calls", recreate="always") as batch:
+        batch.drop_constraint(op.f("ck_tool_calls_arguments"), type_="check")
+        batch.create_check_constraint(op.f("ck_tool_calls_arguments"), sa.text(_SQLITE_ARGUMENTS))
+    with op.batch_alter_table("attempts", recreate="always") as batch:
+        batch.add_column(sa.Column("format", sa.Text(), nullable=True))
+        batch.create_check_constraint(op.f("ck_attempts_format"), sa.text(_ATTEMPT_FORMAT))
+        batch.create_check_constraint(
+            op.f("ck_attempts_format_types"), sa.text(_ATTEMPT_FORMAT_TYPES)
+        )
+    _create_index()
+    for column in _columns():
+        op.add_column("pending_turns", column)
 
 
 def _create_index() -> None:
@@ -143,20 +170,8 @@ def downgrade() -> None:
         op.execute(f"ALTER TABLE pending_turns DROP COLUMN {column.name}")
     if op.get_bind().dialect.name == "sqlite":
         _require_foreign_keys_off()
-        with op.batch_alter_table("attempts", recreate="always") as batch:
-            batch.drop_constraint(op.f("ck_attempts_format_types"), type_="check")
-            batch.drop_constraint(op.f("ck_attempts_format"), type_="check")
-            batch.drop_column("format")
-        with op.batch_alter_table("tool_calls", recreate="always") as batch:
-            batch.drop_constraint(op.f("ck_tool_calls_arguments"), type_="check")
-            batch.create_check_constraint(
-                op.f("ck_tool_calls_arguments"), sa.text(_SQLITE_ARGUMENTS_0003)
-            )
-        with op.batch_alter_table("messages", recreate="always") as batch:
-            batch.drop_constraint(op.f("ck_messages_format_types"), type_="check")
-            batch.drop_constraint(op.f("ck_messages_format"), type_="check")
-            for column in reversed(_columns()):
-                batch.drop_column(column.name)
+        with _checks_off():
+            _sqlite_downgrade()
         return
     op.drop_constraint(op.f("ck_tool_calls_arguments"), "tool_calls", type_="check")
     op.create_check_constraint(
@@ -167,3 +182,21 @@ def downgrade() -> None:
     op.drop_constraint(op.f("ck_messages_format"), "messages", type_="check")
     for column in reversed(_columns()):
         op.drop_column("messages", column.name)
+
+
+def _sqlite_downgrade() -> None:
+    with op.batch_alter_table("attempts", recreate="always") as batch:
+        batch.drop_constraint(op.f("ck_attempts_format_types"), type_="check")
+        batch.drop_constraint(op.f("ck_attempts_format"), type_="check")
+        batch.drop_column("format")
+    with op.batch_alter_table("tool_calls", recreate="always") as batch:
+        batch.drop_constraint(op.f("ck_tool_calls_arguments"), type_="check")
+        batch.create_check_constraint(
+            op.f("ck_tool_calls_arguments"), sa.text(_SQLITE_ARGUMENTS_0003)
+        )
+    with op.batch_alter_table("messages", recreate="always") as batch:
+        batch.drop_constraint(op.f("ck_messages_format_types"), type_="check")
+        batch.drop_constraint(op.f("ck_messages_format"), type_="check")
+        for column in reversed(_columns()):
+            batch.drop_column(column.name)
+    op.execute(_SQLITE_STATS_INDEX_DDL)
