@@ -915,11 +915,12 @@ def main(argv: list[str] | None = None) -> int:
     res["elapsed"] = time.perf_counter() - t_start
     text = render(res)
     if args.write:
-        # keep the store benchmark's section (written by bench/store.py --write-md)
+        # keep the sections other scripts write (bench/store.py and bench/parse.py --write-md)
         old = OUTPUT.read_text(encoding="utf-8") if OUTPUT.exists() else ""
-        if "\n## Store\n" in old:
-            store = "## Store\n" + old.split("\n## Store\n", 1)[1].split("\n## ", 1)[0]
-            text = text.rstrip("\n") + "\n\n" + store.rstrip("\n") + "\n"
+        for heading in ("## Store", "## The parser against its floor"):
+            if f"\n{heading}\n" in old:
+                kept = f"{heading}\n" + old.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+                text = text.rstrip("\n") + "\n\n" + kept.rstrip("\n") + "\n"
         OUTPUT.write_text(text, encoding="utf-8")
         log(f"wrote {OUTPUT} ({res['elapsed']:.0f} s)")
     else:

@@ -311,6 +311,14 @@ class StreamParser:
         ``ChatCompletionChunk``, or any pydantic model of the chunk (read through its
         ``model_dump(exclude_unset=True, by_alias=True)``). The string ``"[DONE]"`` ends the
         stream."""
+        if type(chunk) is dict and self._status is _OPEN:
+            # the common case first: a decoded chunk while the stream is open
+            self._event_number += 1
+            self._offset = None
+            self._process(chunk)
+            events = self._events
+            self._events = []
+            return events
         self._check_open("receive_chunk")
         self._event_number += 1
         self._offset = None
@@ -686,20 +694,26 @@ class StreamParser:
 
     def _texts(self, turn: Turn, delta: dict[str, Any], ci: int) -> bool:
         """Apply content, reasoning, refusal and a legacy ``function_call``; ``False`` when a
-        limit ended the stream."""
-        events = self._events
-        index = turn.index
+        limit ended the stream. Content and reasoning (a fragment in most chunks) are kept
+        here, within the limits :meth:`_text` checks (which takes over past one)."""
         content = delta.get("content")
         if content is not None:
             if type(content) is not str:
                 self._bad_text(content, "content", ci)
             if content:
-                if not self._text(turn, content, CONTENT):
-                    return False
+                nbytes = len(content) if content.isascii() else _utf8_len(content)
+                stream = self._stream_bytes + nbytes
+                if (
+                    turn.text_bytes + nbytes > self._max_text_bytes
+                    or stream > self._max_stream_bytes
+                ):
+                    return self._text(turn, content, CONTENT)  # past a limit: it ends the stream
+                self._stream_bytes = stream
+                turn.append_text(CONTENT, content, nbytes)
                 event: Event = _new_event(ContentDelta)  # built through its slots (fsm.events)
-                _cd_choice(event, index)
+                _cd_choice(event, turn.index)
                 _cd_text(event, content)
-                events.append(event)
+                self._events.append(event)
             if len(delta) == 1:
                 return True  # the common {"content": "..."}: nothing else to look for
         reasoning = delta.get("reasoning_content")
@@ -711,12 +725,19 @@ class StreamParser:
             if type(reasoning) is not str:
                 self._bad_text(reasoning, field_name, ci)
             if reasoning:
-                if not self._text(turn, reasoning, REASONING):
-                    return False
+                nbytes = len(reasoning) if reasoning.isascii() else _utf8_len(reasoning)
+                stream = self._stream_bytes + nbytes
+                if (
+                    turn.text_bytes + nbytes > self._max_text_bytes
+                    or stream > self._max_stream_bytes
+                ):
+                    return self._text(turn, reasoning, REASONING)
+                self._stream_bytes = stream
+                turn.append_text(REASONING, reasoning, nbytes)
                 event = _new_event(ReasoningDelta)  # built through its slots (fsm.events)
-                _rd_choice(event, index)
+                _rd_choice(event, turn.index)
                 _rd_text(event, reasoning)
-                events.append(event)
+                self._events.append(event)
         refusal = delta.get("refusal")
         if refusal is not None:
             if type(refusal) is not str:
@@ -724,7 +745,7 @@ class StreamParser:
             if refusal:
                 if not self._text(turn, refusal, REFUSAL):
                     return False
-                events.append(_refusal_delta(index, refusal))
+                self._events.append(_refusal_delta(turn.index, refusal))
         function_call = delta.get("function_call")
         if function_call is not None:
             return self._function_call(turn, function_call, ci)

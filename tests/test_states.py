@@ -250,3 +250,28 @@ def test_readme_ending_table_is_generated_from_the_table() -> None:
         "README.md's ending table is stale: paste the output of "
         "`python -c 'import fsm.states as s; print(s.ending_table(), end=\"\")'`"
     )
+
+
+def test_machine_callbacks_take_transitions_own_path() -> None:
+    """fire()'s direct path is only for a machine without callbacks: on a machine built the
+    same way with a callback added, transitions runs it, and the outcome is the same."""
+    from fsm.states import _build_machine
+
+    machine = _build_machine()
+    seen: list[tuple[str, str]] = []
+    machine.after_state_change.append(
+        lambda event: seen.append((event.transition.source, event.transition.dest))
+    )
+    call = _call_in(S.OPENED)
+    machine.events["accumulate"].trigger(call)
+    machine.events["finish"].trigger(call)
+    assert call.state is S.FINISHED
+    assert seen == [("OPENED", "ACCUMULATING"), ("ACCUMULATING", "FINISHED")]
+    with pytest.raises(MachineError):
+        machine.events["abort"].trigger(call)
+    # and on a state's enter callback
+    machine = _build_machine()
+    machine.get_state(S.ACCUMULATING).on_enter.append(lambda event: seen.append(("enter", "")))
+    call = _call_in(S.OPENED)
+    machine.events["accumulate"].trigger(call)
+    assert call.state is S.ACCUMULATING and seen[-1] == ("enter", "")
