@@ -26,7 +26,6 @@ import argparse
 import datetime
 import importlib.util
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from mdsection import replace_section
 
 from fsm.store import audit
 from fsm.store.engine import display_url, normalize_url
@@ -213,17 +213,7 @@ def render_md(runs: list[tuple[str, dict[str, float]]], argv: list[str], load: s
 
 def write_md(section: str, path: Path = BENCHMARKS) -> None:
     """Replace the ``## Audit stats`` section of ``path`` (or append it)."""
-    text = path.read_bytes().decode("utf-8") if path.exists() else ""
-    found = re.search(rf"^{re.escape(SECTION)}[ \t]*\r?$", text, re.MULTILINE)
-    if found:
-        after = re.search(r"^## ", text[found.end() :], re.MULTILINE)
-        end = found.end() + after.start() if after else len(text)
-        rest = text[end:]
-        new = text[: found.start()] + section + ("\n" + rest if rest else "")
-    else:
-        new = text + ("" if not text or text.endswith("\n") else "\n") + ("\n" if text else "")
-        new += section
-    path.write_bytes(new.encode("utf-8"))
+    replace_section(path, SECTION, section)
 
 
 def main(argv: list[str] | None = None) -> int:

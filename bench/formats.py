@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import orjson  # noqa: E402
+from mdsection import replace_section  # noqa: E402
 
 import fsm  # noqa: E402
 
@@ -417,17 +418,7 @@ def _versions() -> list[str]:
 
 def write_md(section: str, path: Path = BENCHMARKS) -> None:
     """Replace this script's section of ``path`` (or append it); the rest stays byte-identical."""
-    text = path.read_bytes().decode("utf-8") if path.exists() else ""
-    found = re.search(rf"^{re.escape(SECTION)}[ \t]*\r?$", text, re.MULTILINE)
-    if found:
-        after = re.search(r"^## ", text[found.end() :], re.MULTILINE)
-        end = found.end() + after.start() if after else len(text)
-        rest = text[end:]
-        new = text[: found.start()] + section + ("\n" + rest if rest else "")
-    else:
-        new = text + ("" if not text or text.endswith("\n") else "\n") + ("\n" if text else "")
-        new += section
-    path.write_bytes(new.encode("utf-8"))
+    replace_section(path, SECTION, section)
 
 
 def main(argv: list[str] | None = None) -> int:

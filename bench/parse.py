@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from mdsection import replace_section
 
 import fsm
 from fsm import StreamParser
@@ -1125,18 +1126,7 @@ def render_md(result: dict[str, Any], shown: str) -> str:
 
 def write_md(section: str, path: Path) -> None:
     """Replace this benchmark's section of ``path`` (or append it); the rest stays as it is."""
-    import re
-
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
-    found = re.search(rf"^{re.escape(SECTION)}[ \t]*$", text, re.MULTILINE)
-    if found:
-        after = re.search(r"^## ", text[found.end() :], re.MULTILINE)
-        end = found.end() + after.start() if after else len(text)
-        rest = text[end:]
-        new = text[: found.start()] + section + ("\n" + rest if rest else "")
-    else:
-        new = text.rstrip("\n") + "\n\n" + section if text else section
-    path.write_text(new, encoding="utf-8")
+    replace_section(path, SECTION, section)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -45,7 +45,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import re
 import sqlite3
 import statistics
 import sys
@@ -59,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from mdsection import replace_section
 from sqlalchemy import event
 
 from fsm import parse
@@ -721,17 +721,7 @@ def floor_table(runs: list[EngineRun]) -> list[str]:
 def write_md(section: str, path: Path = BENCHMARKS, heading: str = SECTION) -> None:
     """Replace the ``heading`` section (by default ``## Store``) of ``path`` (or append it); the
     rest stays byte-identical."""
-    text = path.read_bytes().decode("utf-8") if path.exists() else ""
-    found = re.search(rf"^{re.escape(heading)}[ \t]*\r?$", text, re.MULTILINE)
-    if found:
-        after = re.search(r"^## ", text[found.end() :], re.MULTILINE)
-        end = found.end() + after.start() if after else len(text)
-        rest = text[end:]
-        new = text[: found.start()] + section + ("\n" + rest if rest else "")
-    else:
-        new = text + ("" if not text or text.endswith("\n") else "\n") + ("\n" if text else "")
-        new += section
-    path.write_bytes(new.encode("utf-8"))
+    replace_section(path, heading, section)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,6 @@ import importlib.util
 import json
 import os
 import platform
-import re
 import sqlite3
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from mdsection import replace_section
 
 from fsm.store import audit
 from fsm.store.engine import display_url, normalize_url
@@ -267,17 +267,7 @@ def markdown(runs: dict[str, dict[str, Any]], started: datetime, seconds: float,
 
 def write_md(section: str, path: Path = BENCHMARKS) -> None:
     """Replace the "## Audit viewer" section of ``path`` (or append it)."""
-    text = path.read_bytes().decode("utf-8") if path.exists() else ""
-    found = re.search(rf"^{re.escape(SECTION)}[ \t]*\r?$", text, re.MULTILINE)
-    if found:
-        after = re.search(r"^## ", text[found.end() :], re.MULTILINE)
-        end = found.end() + after.start() if after else len(text)
-        rest = text[end:]
-        new = text[: found.start()] + section + ("\n" + rest if rest else "")
-    else:
-        new = text + ("" if not text or text.endswith("\n") else "\n") + ("\n" if text else "")
-        new += section
-    path.write_bytes(new.encode("utf-8"))
+    replace_section(path, SECTION, section)
 
 
 def main(argv: list[str] | None = None) -> int:
