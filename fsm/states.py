@@ -133,7 +133,9 @@ class _Event(_MachineEvent):
                     states = machine.states
                     source = states[transition.source]
                     dest = None if transition.dest is None else states.get(transition.dest)
-                    if dest is not None and not (source.on_exit or dest.on_enter or dest.final):
+                    if dest is not None and not (
+                        source.on_exit or dest.on_enter or getattr(dest, "final", False)
+                    ):
                         model.state = dest.value
                         return True
         result: bool = super().trigger(model, *args, **kwargs)
@@ -141,16 +143,18 @@ class _Event(_MachineEvent):
 
 
 def _plain_machine(machine: Machine) -> bool:
-    """Whether ``machine`` has no machine-wide callback and no queue (see :class:`_Event`)."""
+    """Whether ``machine`` has no machine-wide callback and no queue (see :class:`_Event`).
+    Read with ``getattr``: older ``transitions`` releases lack some (0.8.0 has no
+    ``on_exception``, ``on_final`` or ``model_attribute``)."""
     return not (
         machine.has_queue
         or machine.prepare_event
         or machine.before_state_change
         or machine.after_state_change
         or machine.finalize_event
-        or machine.on_exception
-        or machine.on_final
-        or machine.model_attribute != "state"
+        or getattr(machine, "on_exception", None)
+        or getattr(machine, "on_final", None)
+        or getattr(machine, "model_attribute", "state") != "state"
     )
 
 

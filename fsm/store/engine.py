@@ -717,6 +717,9 @@ def _pool_kwargs(url: URL, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
     if url.get_backend_name() == "sqlite" and sqlite_file(url) is None:
         return kwargs  # in memory: SQLAlchemy's single-connection pools
+    pool_class: type[Any] = url.get_dialect().get_pool_class(url)  # type: ignore[attr-defined]
+    if not issubclass(pool_class, sa.pool.QueuePool):
+        return kwargs  # e.g. aiosqlite's NullPool in older SQLAlchemy 2.0: no size to set
     return {**kwargs, "pool_size": POOL_SIZE}
 
 

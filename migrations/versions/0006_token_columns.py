@@ -127,17 +127,18 @@ _PG_PARAMS = {
 def upgrade() -> None:
     sqlite = op.get_bind().dialect.name == "sqlite"
     if sqlite:
-        # each column with its check (ALTER TABLE cannot add a table check on SQLite). SQLite
-        # verifies every check of the table on every row when a column comes with one: a row
-        # that broke another check (written with the checks off, which fsm audit check
-        # reports) would stop the upgrade, and the new columns, NULL, cannot break theirs
+        # a table rebuild, each column with a table check (a column check added by ALTER TABLE
+        # is misread by the SQLite reflection of SQLAlchemy 2.0.33, which later rebuilds use).
+        # The copy keeps rows as they are: a row that broke another check (written with the
+        # checks off, which fsm audit check reports) must not stop the upgrade
         op.execute("PRAGMA ignore_check_constraints = ON")
         try:
-            for column in _COLUMNS:
-                op.execute(
-                    f"ALTER TABLE messages ADD COLUMN {column} INTEGER"
-                    f" CONSTRAINT ck_messages_{column} CHECK ({_check(column, sqlite=True)})"
-                )
+            with op.batch_alter_table("messages", recreate="always") as batch:
+                for column in _COLUMNS:
+                    batch.add_column(sa.Column(column, sa.Integer(), nullable=True))
+                    batch.create_check_constraint(
+                        op.f(f"ck_messages_{column}"), sa.text(_check(column, sqlite=True))
+                    )
         finally:
             op.execute("PRAGMA ignore_check_constraints = OFF")
         # an UPDATE evaluates only the checks of the columns it sets: the new ones

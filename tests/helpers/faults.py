@@ -307,6 +307,9 @@ class Proxy:
         self._open.set()
         self._open_replies.set()
         with contextlib.suppress(OSError):
+            # wakes the thread blocked in accept() (close() alone does not, on Linux): it ends
+            self._listener.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
             self._listener.close()
         self.reset()
 
