@@ -21,6 +21,8 @@ from fsm.states import (
     CALL_NOT_FINISHED,
     MISSING_NAME,
     NO_TOOL_CALLS,
+    CallEnding,
+    Ending,
     ToolCallState,
     ending,
 )
@@ -272,29 +274,23 @@ class Turn:
 
     def end(self, how: str, reason: str | None, *, repair: bool, max_depth: int) -> list[Event]:
         """End the turn when the stream ended ``how`` (with the stream's ``reason``): every call
-        by the ending table (:func:`fsm.states.ending`), then the turn's own verdict. Returns the
-        calls' final events, in final order."""
-        finish = self.finish_reason
-        row = ending(how, finish)
+        by the ending table (:func:`fsm.states.ending`, or a format's :meth:`ending_row`), then
+        the turn's own verdict. Returns the calls' final events, in final order."""
+        row = self.ending_row(how)
         why = None if row.trigger is None else (row.reason or reason or how)
-        calls = sorted(self._calls, key=_call_order)
+        calls = self.final_call_order()
         events: list[Event] = []
         for position, call in enumerate(calls):
             call.position = position
+            forced = self.forced_ending(call)
             if call.over_limit is not None:
                 event = call.end("abort", call.over_limit)
             elif not call.name.strip():  # empty or only whitespace (str.isspace): no name
                 event = call.end(*MISSING_NAME)
+            elif forced is not None:
+                event = call.end(*forced)
             elif row.trigger is None:
-                raw = call.raw_arguments
-                syntax = is_json(raw, max_depth)
-                suffix = (
-                    repair_json(raw, max_depth) if syntax is JsonSyntax.INVALID and repair else None
-                )
-                if suffix:
-                    event = call.end("finish", None, suffix)
-                else:
-                    event = call.end(*ARGUMENT_ENDINGS[syntax])
+                event = _end_normally(call, repair=repair, max_depth=max_depth)
             else:
                 event = call.end(row.trigger, why)
             events.append(event)
@@ -306,12 +302,30 @@ class Turn:
         self.end_reason = how
         if row.trigger is not None:
             self.incomplete_reason = why
-        elif not calls and finish in CALL_FINISH_REASONS:
+        elif not calls and self.promises_calls():
             self.incomplete_reason = NO_TOOL_CALLS
         elif any(c.state is not ToolCallState.FINISHED for c in calls):
             self.incomplete_reason = CALL_NOT_FINISHED
         self.complete = self.incomplete_reason is None
         return events
+
+    def ending_row(self, how: str) -> Ending:
+        """The row of the ending table for a stream that ended ``how``, by the choice's last
+        ``finish_reason`` (a format turn maps its own stop signal)."""
+        return ending(how, self.finish_reason)
+
+    def final_call_order(self) -> list[ToolCall]:
+        """The calls in their final order (by index, then arrival)."""
+        return sorted(self._calls, key=_call_order)
+
+    def forced_ending(self, call: ToolCall) -> CallEnding | None:
+        """An ending the stream itself decided for ``call`` (none in Chat Completions)."""
+        return None
+
+    def promises_calls(self) -> bool:
+        """Whether the stop signal says calls were made (then a turn with none is
+        ``no_tool_calls``)."""
+        return self.finish_reason in CALL_FINISH_REASONS
 
     def to_message(self, *, include_reasoning: bool = False) -> AssistantMessage:
         """The OpenAI assistant message for this turn, ready to send back (with
@@ -414,6 +428,20 @@ class Turn:
             f"Turn(index={self.index}, finish_reason={self.finish_reason!r}, "
             f"complete={self.complete}, tool_calls={len(self._calls)})"
         )
+
+
+def _end_normally(call: ToolCall, *, repair: bool, max_depth: int) -> Event:
+    """End ``call`` of a stream that ended normally: ``finished`` when its arguments are JSON
+    (or, opt-in, repaired to JSON), else by :data:`ARGUMENT_ENDINGS`; a custom call (free text,
+    never JSON) is ``finished`` whatever its text."""
+    if call.custom:
+        return call.end("finish", None)
+    raw = call.raw_arguments
+    syntax = is_json(raw, max_depth)
+    suffix = repair_json(raw, max_depth) if syntax is JsonSyntax.INVALID and repair else None
+    if suffix:
+        return call.end("finish", None, suffix)
+    return call.end(*ARGUMENT_ENDINGS[syntax])
 
 
 def _call_json(call: ToolCall) -> dict[str, Any]:

@@ -16,13 +16,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, ClassVar, Final
 
-from fsm.events import Event
-from fsm.jsonutil import JsonSyntax, is_json, repair_json
 from fsm.states import (
-    ARGUMENT_ENDINGS,
-    CALL_NOT_FINISHED,
-    MISSING_NAME,
-    NO_TOOL_CALLS,
     CallEnding,
     Ending,
     ToolCallState,
@@ -220,54 +214,13 @@ class ItemTurn(Turn):
         mapping of its stop signal)."""
         raise NotImplementedError
 
-    def end(self, how: str, reason: str | None, *, repair: bool, max_depth: int) -> list[Event]:
-        """End the turn (see :meth:`fsm.turn.Turn.end`): every call by the row of
-        :meth:`ending_row`, a custom call ``finished`` whatever its text."""
-        row = self.ending_row(how)
-        why = None if row.trigger is None else (row.reason or reason or how)
-        calls: list[ToolCall] = list(self.tool_calls)
-        events: list[Event] = []
-        for position, call in enumerate(calls):
-            call.position = position
-            forced = call.forced if isinstance(call, ItemToolCall) else None
-            if call.over_limit is not None:
-                event = call.end("abort", call.over_limit)
-            elif not call.name.strip():
-                event = call.end(*MISSING_NAME)
-            elif forced is not None:
-                event = call.end(*forced)
-            elif row.trigger is None:
-                if call.custom:
-                    event = call.end("finish", None)
-                else:
-                    raw = call.raw_arguments
-                    syntax = is_json(raw, max_depth)
-                    suffix = (
-                        repair_json(raw, max_depth)
-                        if syntax is JsonSyntax.INVALID and repair
-                        else None
-                    )
-                    if suffix:
-                        event = call.end("finish", None, suffix)
-                    else:
-                        event = call.end(*ARGUMENT_ENDINGS[syntax])
-            else:
-                event = call.end(row.trigger, why)
-            events.append(event)
-        self._final_calls = calls
-        self.by_index = {}
-        self._by_id = {}
-        self._last = None
-        self.ended = True
-        self.end_reason = how
-        if row.trigger is not None:
-            self.incomplete_reason = why
-        elif not calls and self.promises_calls():
-            self.incomplete_reason = NO_TOOL_CALLS
-        elif any(c.state is not ToolCallState.FINISHED for c in calls):
-            self.incomplete_reason = CALL_NOT_FINISHED
-        self.complete = self.incomplete_reason is None
-        return events
+    def final_call_order(self) -> list[ToolCall]:
+        """The calls in output order."""
+        return list(self.tool_calls)
+
+    def forced_ending(self, call: ToolCall) -> CallEnding | None:
+        """The ending an item's own terminal status gave ``call`` (:attr:`ItemToolCall.forced`)."""
+        return call.forced if isinstance(call, ItemToolCall) else None
 
     def promises_calls(self) -> bool:
         """Whether the stop signal says calls were made (then a turn with none is
