@@ -48,12 +48,13 @@ pragmas and transaction handling as fsm's engines; PostgreSQL: nothing to do), w
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
 import re
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,7 @@ __all__ = [
     "BUSY_TIMEOUT_SECONDS",
     "CONNECT_TIMEOUT_SECONDS",
     "DEFAULT_TIMEOUT",
+    "ENGINE_URL_OPTIONS",
     "POOL_SIZE",
     "SCHEMA_ENV",
     "WRITE",
@@ -99,7 +101,9 @@ __all__ = [
     "create_readonly_engine",
     "default_url",
     "display_url",
+    "display_url_text",
     "dumps_json",
+    "engine_url_options",
     "is_configured",
     "new_sqlite_file",
     "normalize_url",
@@ -147,6 +151,12 @@ _POSTGRES_SETTINGS: Final[tuple[str, ...]] = ()
 #: (``plan_cache_mode = force_custom_plan``, the setting before) cost the server about twice the
 #: work of the inserts themselves (bench/floor.py).
 _POSTGRES_WRITE_TRANSACTION: Final = "SET LOCAL enable_seqscan = off"
+#: PostgreSQL, first in every transaction of the store's engines, reads included: no JIT. The
+#: store's transactions are short lookups and small inserts; on a hash-partitioned store the
+#: planner's cost estimate of a listing (a subquery per partition) passes ``jit_above_cost``
+#: and compiling it cost 25-30 times the query itself (bench/store.py ``--partitions``). Sent
+#: in the same round trip as the transaction's other ``SET LOCAL``s.
+_POSTGRES_EVERY_TRANSACTION: Final = "SET LOCAL jit = off"
 #: PostgreSQL, every transaction of a read-only engine (run first, inside it, so a pooling proxy
 #: cannot carry them over to another client): writes refused, and no JIT (compiling a query costs
 #: more than these scans and lookups ever win back).
@@ -186,6 +196,8 @@ class _Profile:
     #: PostgreSQL: the per-transaction deadline (``statement_timeout``, ``lock_timeout``,
     #: ``idle_in_transaction_session_timeout``) in milliseconds, or ``None`` for none
     postgres_deadline_ms: int | None = None
+    #: PostgreSQL: run first in every transaction, writes or not (``None``: nothing)
+    postgres_every_transaction: str | None = None
 
 
 def _store_profile(
@@ -204,6 +216,7 @@ def _store_profile(
         postgres_transaction=_POSTGRES_WRITE_TRANSACTION,
         postgres_writes_only=True,
         postgres_deadline_ms=None if timeout is None else server_deadline_ms(timeout),
+        postgres_every_transaction=_POSTGRES_EVERY_TRANSACTION,
     )
 
 
@@ -302,9 +315,11 @@ def normalize_url(url: str | os.PathLike[str] | URL | None) -> URL:
                 return _path_url(text)
             raise DatabaseUrlError(f"{url!r} is not a database URL or file path: {_URL_FORMS}")
         try:
-            parsed = sa.make_url(text)
+            parsed = sa.make_url(_multi_host_url(text))
         except (sa.exc.ArgumentError, ValueError) as exc:
-            raise DatabaseUrlError(f"{url!r} is not a valid database URL: {_URL_FORMS}") from exc
+            raise DatabaseUrlError(
+                f"{display_url_text(text)!r} is not a valid database URL: {_URL_FORMS}"
+            ) from exc
     elif isinstance(url, URL):
         parsed = url
     else:
@@ -320,6 +335,36 @@ def normalize_url(url: str | os.PathLike[str] | URL | None) -> URL:
             f"({parsed.render_as_string(hide_password=True)}): {_URL_FORMS}"
         )
     return parsed
+
+
+#: a libpq multi-host URL (``postgresql://h1:5432,h2:5433/db?target_session_attrs=read-write``,
+#: as pg_auto_failover prints it): scheme, user info, the comma-separated hosts, the rest.
+_MULTI_HOST: Final = re.compile(
+    r"(?P<scheme>[A-Za-z][\w+.-]*)://(?P<auth>[^@/?#]*@)?(?P<hosts>[^@/?#]*,[^@/?#]*)"
+    r"(?P<path>/[^?#]*)?(?:\?(?P<query>[^#]*))?\Z"
+)
+
+
+def _multi_host_url(text: str) -> str:
+    """``text`` with a libpq multi-host list (``h1:5432,h2:5433``) moved to the query as
+    ``host=h1:5432&host=h2:5433``, the form SQLAlchemy's psycopg dialect takes (libpq then
+    tries the hosts in order, with ``target_session_attrs``); any other text as it is."""
+    found = _MULTI_HOST.match(text)
+    if found is None:
+        return text
+    hosts = [host.strip() for host in found["hosts"].split(",")]
+    if not all(hosts):
+        raise DatabaseUrlError(
+            f"{display_url_text(text)!r} has an empty host in its host list: give "
+            "host1:port1,host2:port2"
+        )
+    query = "&".join([*(f"host={host}" for host in hosts), *filter(None, [found["query"]])])
+    return f"{found['scheme']}://{found['auth'] or ''}{found['path'] or '/'}?{query}"
+
+
+def display_url_text(text: str) -> str:
+    """``text`` (a URL that may not parse) with the password of its user info masked."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", text)
 
 
 def _looks_like_path(text: str) -> bool:
@@ -485,7 +530,7 @@ def create_engine(
     :func:`store_schema`; applied as a ``schema_translate_map``, nothing is set on the session).
     Extra keyword arguments go to :func:`sqlalchemy.create_engine`.
     """
-    parsed = normalize_url(url)
+    parsed, kwargs = _url_options(normalize_url(url), kwargs)
     in_schema = store_schema(schema, parsed)
     kwargs.setdefault("json_serializer", dumps_json)
     kwargs = _pool_kwargs(parsed, kwargs)
@@ -516,7 +561,7 @@ def create_readonly_engine(
     transaction, safe behind a transaction pooler). Extra keyword arguments go to
     :func:`sqlalchemy.create_engine`.
     """
-    parsed = normalize_url(url)
+    parsed, kwargs = _url_options(normalize_url(url), kwargs)
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise AuditError(f"fsm audits SQLite and PostgreSQL stores, not {backend} ({parsed})")
@@ -550,7 +595,7 @@ def create_async_engine(
     """
     from sqlalchemy.ext.asyncio import create_async_engine as sa_create_async_engine
 
-    parsed = async_url(url)
+    parsed, kwargs = _url_options(async_url(url), kwargs)
     in_schema = store_schema(schema, parsed)
     kwargs.setdefault("json_serializer", dumps_json)
     kwargs = _pool_kwargs(parsed, kwargs)
@@ -604,7 +649,10 @@ def configure_engine(
             _store_profile(foreign_keys=True, busy_timeout=busy_timeout, wal=wal),
         )
     elif sync_engine.dialect.name == "postgresql":
-        _configure(sync_engine, _store_profile(foreign_keys=True, busy_timeout=busy_timeout))
+        # the host's own transactions keep their JIT setting: only fsm's write transactions
+        # (the WRITE option) get a setting of fsm's
+        profile = _store_profile(foreign_keys=True, busy_timeout=busy_timeout)
+        _configure(sync_engine, dataclasses.replace(profile, postgres_every_transaction=None))
     _configured_engines.add(sync_engine)
     return engine
 
@@ -631,7 +679,8 @@ def require_configured(connection: Connection) -> None:
 def create_probe_engine(url: str | URL | None = None) -> Engine:
     """An engine with no settings and no pool, for looking at a database without changing it
     (no journal mode, no foreign keys, no directory created): reading its revision."""
-    engine = _sa_engine(sa.create_engine, normalize_url(url), {"poolclass": pool.NullPool})
+    parsed, kwargs = _url_options(normalize_url(url), {"poolclass": pool.NullPool})
+    engine = _sa_engine(sa.create_engine, parsed, _postgres_kwargs(parsed, kwargs, None))
     faults.hook(engine)
     return engine
 
@@ -710,6 +759,81 @@ def _make_parent(parsed: URL) -> None:
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
 
 
+#: URL query parameters fsm reads itself and never hands to libpq (which would refuse them), so
+#: that a ``--db`` URL or ``$FSM_DB_URL`` can set them: the pool of the engine and psycopg's
+#: ``prepare_threshold`` (``none``: never prepare, fsm's default; ``N``: prepare a statement
+#: run N times on a connection, which needs a direct connection or PgBouncer 1.21+ with
+#: ``max_prepared_statements``). A keyword argument given to the factory wins over the URL.
+ENGINE_URL_OPTIONS: Final[Mapping[str, str]] = {
+    "prepare_threshold": "psycopg: prepare a statement after N runs (none: never, the default)",
+    "pool_size": f"connections kept open by the engine's pool (default {POOL_SIZE})",
+    "max_overflow": "connections opened past pool_size under load (default 10)",
+    "pool_timeout": "seconds to wait for a free connection of the pool (default 30)",
+    "pool_recycle": "seconds after which a pooled connection is opened again (default never)",
+}
+
+
+def _option_value(name: str, text: str) -> int | float | None:
+    """The value of one of :data:`ENGINE_URL_OPTIONS` in a URL's query."""
+    try:
+        if name == "prepare_threshold":
+            if text.strip().lower() in ("", "none", "null", "off"):
+                return None
+            value: int | float = int(text)
+        elif name == "pool_timeout":
+            value = float(text)
+        else:
+            value = int(text)
+    except ValueError:
+        value = -2
+    if value < (-1 if name in ("max_overflow", "pool_recycle") else 0) or (
+        name == "pool_timeout" and not value > 0
+    ):
+        kind = "none or a whole number" if name == "prepare_threshold" else "a number"
+        raise DatabaseUrlError(
+            f"the URL option {name}={text!r} is not valid: give {kind} "
+            f"({name}: {ENGINE_URL_OPTIONS[name]})"
+        )
+    return value
+
+
+def engine_url_options(url: URL) -> tuple[URL, dict[str, Any], dict[str, Any]]:
+    """Split :data:`ENGINE_URL_OPTIONS` off a PostgreSQL ``url``: the URL without them, the
+    engine's keyword arguments (``pool_size``, ...) and the driver's ``connect_args``
+    (``prepare_threshold``). A value that is not valid raises
+    :class:`~fsm.store.errors.DatabaseUrlError`."""
+    if url.get_backend_name() != "postgresql":
+        return url, {}, {}
+    given = [name for name in ENGINE_URL_OPTIONS if name in url.query]
+    if not given:
+        return url, {}, {}
+    engine: dict[str, Any] = {}
+    connect: dict[str, Any] = {}
+    for name in given:
+        raw = url.query[name]
+        text = raw[-1] if isinstance(raw, tuple) else raw
+        (connect if name == "prepare_threshold" else engine)[name] = _option_value(name, text)
+    return url.difference_update_query(given), engine, connect
+
+
+def _url_options(url: URL, kwargs: dict[str, Any]) -> tuple[URL, dict[str, Any]]:
+    """``url`` without fsm's own query options and ``kwargs`` with them (the caller's own
+    keyword arguments win; pool options are dropped for an engine without a sized pool)."""
+    url, engine, connect = engine_url_options(url)
+    if not engine and not connect:
+        return url, kwargs
+    kwargs = dict(kwargs)
+    if "poolclass" not in kwargs and "pool" not in kwargs:
+        for key, value in engine.items():
+            kwargs.setdefault(key, value)
+    if connect:
+        connect_args = dict(kwargs.pop("connect_args", {}))
+        for key, value in connect.items():
+            connect_args.setdefault(key, value)
+        kwargs["connect_args"] = connect_args
+    return url, kwargs
+
+
 def _pool_kwargs(url: URL, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` with ``pool_size`` :data:`POOL_SIZE` for a pooled engine (PostgreSQL, a
     SQLite file) unless the caller chose a pool or its size."""
@@ -732,13 +856,18 @@ def _sqlite_kwargs(kwargs: dict[str, Any], busy_timeout: float) -> dict[str, Any
 
 def _postgres_kwargs(url: URL, kwargs: dict[str, Any], timeout: float | None) -> dict[str, Any]:
     """``kwargs`` with :func:`postgres_connect_args` in ``connect_args`` for a psycopg URL
-    (what the URL's query or the caller's ``connect_args`` set is kept)."""
+    (what the URL's query or the caller's ``connect_args`` set is kept), and
+    ``prepare_threshold=None``: psycopg prepares nothing on the server (safe behind PgBouncer's
+    transaction pooling; ``?prepare_threshold=N`` or ``connect_args`` ask for it)."""
     if url.get_backend_name() != "postgresql" or not url.get_driver_name().startswith("psycopg"):
         return kwargs
     connect_args = dict(kwargs.pop("connect_args", {}))
     for key, value in postgres_connect_args(timeout).items():
         if key not in url.query:
             connect_args.setdefault(key, value)
+    # no server-side prepared statements unless asked for (``?prepare_threshold=N``): a
+    # transaction-pooling proxy hands a prepared server session to other clients
+    connect_args.setdefault("prepare_threshold", None)
     return {"connect_args": connect_args, **kwargs}
 
 
@@ -783,6 +912,7 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
     ``options=-c lock_timeout=...``) keeps it: the deadline only ever shortens a wait."""
     settings: Sequence[str] = profile.postgres_settings
     transaction, writes_only = profile.postgres_transaction, profile.postgres_writes_only
+    every = profile.postgres_every_transaction
     deadline_ms = profile.postgres_deadline_ms
     wanted: dict[str, int] = {}
     if deadline_ms is not None:
@@ -798,11 +928,11 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
             "lock_timeout": max(1, deadline_ms * 9 // 10),
             "idle_in_transaction_session_timeout": deadline_ms,
         }
-    if transaction is not None or wanted:
+    if transaction is not None or wanted or every is not None:
 
         @event.listens_for(engine, "begin")
         def _on_begin(connection: Connection) -> None:
-            statements = []
+            statements = [] if every is None else [every]
             if transaction is not None and (
                 not writes_only or connection.get_execution_options().get(WRITE, False)
             ):

@@ -34,9 +34,12 @@ __all__ = [
     "LedgerStateError",
     "MigrationsNotFoundError",
     "PendingTurnError",
+    "PoolerError",
+    "ReadOnlyNodeError",
     "ResultsError",
     "RetryableStoreError",
     "SchemaNotAtHeadError",
+    "ServerFullError",
     "StorageFullError",
     "StoreBusyError",
     "StoreError",
@@ -93,6 +96,29 @@ class StoreUnavailableError(RetryableStoreError):
     """
 
 
+class ServerFullError(StoreUnavailableError):
+    """The server (or the pooler in front of it) is running but has no connection slot left:
+    PostgreSQL's ``too_many_connections`` (SQLSTATE 53300: "sorry, too many clients already",
+    "remaining connection slots are reserved"), PgBouncer's ``max_client_conn``. Nothing was
+    written; retry later, and size the pools (each store's ``pool_size + max_overflow``, 16 + 10
+    by default, times its processes) below the server's ``max_connections``."""
+
+
+class ReadOnlyNodeError(StoreUnavailableError):
+    """A write reached a server that accepts no writes (SQLSTATE 25006
+    ``read_only_sql_transaction``): a hot standby, or the old primary after a failover. Nothing
+    was written. The store dropped the connections of its pool, so a retry connects again (with
+    ``target_session_attrs=read-write`` in a multi-host URL, to the new primary)."""
+
+
+class PoolerError(StoreUnavailableError):
+    """A connection pooler between fsm and the server broke the session fsm was given: a
+    prepared statement of another client's session (SQLSTATE 26000, 42P05: server-side prepared
+    statements behind a transaction-pooling PgBouncer), or the pooler's own refusal (08P01:
+    ``query_wait_timeout``, a pooler that cannot reach the server). Nothing was written; the
+    message names the cause and the fix; retrying may succeed."""
+
+
 class CommitOutcomeUnknownError(StoreUnavailableError):
     """The connection was lost while COMMIT was in flight: the write may or may not be stored.
 
@@ -132,14 +158,24 @@ class DatabaseCorruptError(StoreError):
 
 
 class ConversationNotFoundError(StoreError, LookupError):
-    """No conversation has this id."""
+    """No conversation has this id. ``replica`` names the reader database it was looked up in
+    when that was not the primary (``read_url=``): the message then says that replication lag
+    may be why (a conversation just created on the primary may not have reached it yet)."""
 
-    def __init__(self, conversation_id: str) -> None:
+    def __init__(self, conversation_id: str, *, replica: str | None = None) -> None:
         self.conversation_id = conversation_id
-        super().__init__(
-            f"no conversation {conversation_id!r} in the store "
-            "(create it first with create_conversation())"
-        )
+        self.replica = replica
+        if replica is None:
+            super().__init__(
+                f"no conversation {conversation_id!r} in the store "
+                "(create it first with create_conversation())"
+            )
+        else:
+            super().__init__(
+                f"no conversation {conversation_id!r} on the replica {replica}: replication "
+                "lag may be why (it may exist on the primary and not have reached the replica "
+                "yet); retry, or read it from the primary"
+            )
 
 
 class ConversationExistsError(StoreError):

@@ -18,7 +18,17 @@ The decision is made by code, never by the message text:
   :data:`SQLSTATE_CLASS_FAULTS`. A failed *connect* has no SQLSTATE (libpq reports it before
   any session exists): it is :class:`~fsm.store.errors.StoreUnavailableError`, unless a probe of
   the server's ``postgres`` database shows that the database named in the URL does not exist
-  (:class:`~fsm.store.errors.DatabaseNotFoundError`).
+  (:class:`~fsm.store.errors.DatabaseNotFoundError`), or the server (or PgBouncer) refused it
+  for want of a connection slot (:class:`~fsm.store.errors.ServerFullError`). That last case is
+  the one decision made on the text: libpq hands over the server's ``FATAL`` of a refused
+  startup (SQLSTATE 53300 on the wire) as a message only, so :data:`_FULL_AT_CONNECT` lists the
+  phrases of PostgreSQL 12-17 and PgBouncer (English server messages: ``lc_messages``).
+
+Some outcomes also drop connections (:data:`DROP_CONNECTION`): a write on a read-only node
+(25006, after a failover the old primary or a standby) invalidates the whole pool so that the
+next call connects again (a multi-host URL with ``target_session_attrs=read-write`` then finds
+the new primary); a prepared statement that a pooler mixed up (26000, 42P05) drops the one
+connection.
 
 A connection lost on a statement-less operation of an open connection (COMMIT or ROLLBACK) is
 left untyped here: whether a COMMIT in flight was stored is its own question (issue 20).
@@ -41,6 +51,9 @@ from fsm.store.errors import (
     DatabaseFileError,
     DatabaseNotFoundError,
     DatabaseUrlError,
+    PoolerError,
+    ReadOnlyNodeError,
+    ServerFullError,
     StorageFullError,
     StoreBusyError,
     StoreError,
@@ -48,6 +61,7 @@ from fsm.store.errors import (
 )
 
 __all__ = [
+    "DROP_CONNECTION",
     "SQLITE_FAULTS",
     "SQLSTATE_CLASS_FAULTS",
     "SQLSTATE_FAULTS",
@@ -87,6 +101,45 @@ def _unavailable(fault: Fault) -> StoreError:
     return StoreUnavailableError(
         f"the database {fault.url} {where} ({fault.reason}): nothing was written; check that "
         "the server is running and the URL is right, then retry"
+    )
+
+
+def _server_full(fault: Fault) -> StoreError:
+    return ServerFullError(
+        f"the database server of {fault.url} is running but has no connection slot left "
+        f"({fault.reason}): nothing was written; retry later, and keep the connections of every "
+        "process (each store's pool_size + max_overflow, 16 + 10 by default) below the "
+        "server's max_connections less superuser_reserved_connections, or put PgBouncer in "
+        "front (see the production guide)"
+    )
+
+
+def _read_only_node(fault: Fault) -> StoreError:
+    return ReadOnlyNodeError(
+        f"the database server of {fault.url} accepts no writes ({fault.reason}): it is a hot "
+        "standby, or was the primary before a failover; nothing was written. The store's "
+        "connections were dropped: retry (a multi-host URL with target_session_attrs=read-write "
+        "then connects to the new primary), and point writers at the primary, not a replica"
+    )
+
+
+def _pooler_prepared(fault: Fault) -> StoreError:
+    return PoolerError(
+        f"a prepared statement was missing or already there on the server session of "
+        f"{fault.url} ({fault.reason}): a transaction-pooling proxy (PgBouncer pool_mode = "
+        "transaction) handed this client another client's server session; nothing was "
+        "written. fsm prepares no statement by default: remove prepare_threshold from the URL "
+        "(or the engine's connect_args), or use PgBouncer 1.21+ with max_prepared_statements "
+        "> 0; then retry"
+    )
+
+
+def _protocol(fault: Fault) -> StoreError:
+    return PoolerError(
+        f"the connection to {fault.url} was refused or ended by a pooler or a server that broke "
+        f"the protocol ({fault.reason}): nothing was written; if PgBouncer sits in front, check "
+        "its limits (max_client_conn, default_pool_size, query_wait_timeout) and that it "
+        "reaches the server; then retry"
     )
 
 
@@ -217,6 +270,8 @@ SQLITE_FAULTS: Final[Mapping[int, Make]] = {
 }
 #: SQLite codes a read-only engine leaves untyped (its refusal of writes is the point).
 _READONLY_EXPECTED: Final = frozenset({8})
+#: the same for PostgreSQL SQLSTATEs (read_only_sql_transaction).
+_READONLY_EXPECTED_SQLSTATES: Final = frozenset({"25006"})
 
 #: PostgreSQL SQLSTATEs, exact.
 SQLSTATE_FAULTS: Final[Mapping[str, Make]] = {
@@ -227,7 +282,11 @@ SQLSTATE_FAULTS: Final[Mapping[str, Make]] = {
     "53000": _full,  # insufficient_resources
     "53100": _full,  # disk_full
     "53200": _full,  # out_of_memory
-    "53300": _unavailable,  # too_many_connections
+    "53300": _server_full,  # too_many_connections
+    "08P01": _protocol,  # protocol_violation: PgBouncer's own errors
+    "25006": _read_only_node,  # read_only_sql_transaction (hot standby, demoted primary)
+    "26000": _pooler_prepared,  # invalid_sql_statement_name: prepared statement missing
+    "42P05": _pooler_prepared,  # duplicate_prepared_statement
     "57014": _timed_out,  # query_canceled (statement_timeout)
     "57P01": _unavailable,  # admin_shutdown
     "57P02": _unavailable,  # crash_shutdown
@@ -243,6 +302,17 @@ SQLSTATE_CLASS_FAULTS: Final[Mapping[str, Make]] = {
 }
 #: the outcomes that mean "the connection is gone" (left untyped on COMMIT / ROLLBACK).
 _CONNECTION_LOST: Final = frozenset({_unavailable})
+#: SQLSTATEs whose connection is dropped: ``True`` drops every connection of the pool (the
+#: server is the wrong one), ``False`` only the one that failed (its session is unusable).
+DROP_CONNECTION: Final[Mapping[str, bool]] = {"25006": True, "26000": False, "42P05": False}
+#: what a refused connect says when the server (or PgBouncer) has no slot left: PostgreSQL's
+#: "sorry, too many clients already" and "remaining connection slots are reserved for ..."
+#: (12-17), PgBouncer's "no more connections allowed (max_client_conn)"
+_FULL_AT_CONNECT: Final = (
+    "too many clients already",
+    "remaining connection slots are reserved",
+    "no more connections allowed",
+)
 
 
 # -- the translation -------------------------------------------------------------------------
@@ -304,8 +374,12 @@ def _lookup(orig: BaseException, url: URL, *, connecting: bool, readonly: bool) 
         return SQLITE_FAULTS.get(primary)
     sqlstate = getattr(orig, "sqlstate", None)
     if isinstance(sqlstate, str) and sqlstate:
+        if readonly and sqlstate in _READONLY_EXPECTED_SQLSTATES:
+            return None
         return SQLSTATE_FAULTS.get(sqlstate) or SQLSTATE_CLASS_FAULTS.get(sqlstate[:2])
     if url.get_backend_name() == "postgresql" and _is_operational(orig):
+        if connecting and any(phrase in str(orig) for phrase in _FULL_AT_CONNECT):
+            return _server_full
         if connecting and _database_missing(url):
             return _missing_database
         return _unavailable  # no session, no SQLSTATE: refused, unreachable, reset
@@ -354,6 +428,10 @@ def hook(engine: sa.Engine, *, readonly: bool = False) -> None:
         error = context.sqlalchemy_exception
         if not isinstance(error, sa.exc.DBAPIError):
             return None
+        drop = DROP_CONNECTION.get(getattr(driver_error(error), "sqlstate", None) or "")
+        if drop is not None and context.connection is not None and not readonly:
+            context.is_disconnect = True
+            context.invalidate_pool_on_disconnect = drop
         return translate(
             error,
             engine.url,

@@ -863,7 +863,15 @@ class StoreCore:
                 "(the network or the server is down or overloaded): nothing was written; "
                 "retry later"
             )
-        return None
+        if isinstance(exc, StoreUnavailableError):
+            return None  # typed already, by the statement that failed
+        # a connection lost on a statement-less step (the COMMIT of a read, a ROLLBACK): the
+        # driver's error says nothing typed, and a read never wrote anything
+        return StoreUnavailableError(
+            f"the connection to {self.url} was lost ({cause}), at the end of a read or while "
+            "a transaction was rolled back: nothing was written; retry (after a failover the "
+            "pool connects again)"
+        )
 
     def _rejected(self, exc: sa_exc.DBAPIError) -> ValueRejectedError:
         diag = getattr(exc.orig, "diag", None)
