@@ -25,10 +25,10 @@ from fsm.cli.options import (
     GeneratedHelpCommand,
     Page,
     count_option,
-    db_option,
     filter_options,
     output_options,
     paging_options,
+    read_db_options,
 )
 from fsm.cli.output import OutputFormat, columns_of, emit, escape_surrogates, json_default
 
@@ -36,7 +36,7 @@ __all__ = ["audit"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-read_only_db = db_option("Opened read-only.")
+read_only_db = read_db_options("Opened read-only.")
 
 
 def _pipe_safe(function: F) -> F:

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from fsm.cli.audit import _pipe_safe
-from fsm.cli.options import Page, db_option, output_options, paging_options
+from fsm.cli.options import Page, output_options, paging_options, read_db_options
 from fsm.cli.output import OutputFormat, emit
 
 __all__ = ["COLUMNS", "conversations"]
@@ -27,7 +27,7 @@ _BATCH = 1000
 
 
 @click.command(name="conversations")
-@db_option("Opened read-only.")
+@read_db_options("Opened read-only.")
 @paging_options
 @output_options
 @_pipe_safe

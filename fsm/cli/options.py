@@ -1,7 +1,8 @@
 """The options the commands share, each declared once (in the style of sqlite-utils).
 
 * :func:`db_option`: ``--db URL``, one help text for every command (a command adds a note:
-  read-only for the audit, created or upgraded for the demo);
+  read-only for the audit, created or upgraded for the demo); :func:`read_db_options` adds
+  ``--read-db URL`` (``$FSM_READ_DB_URL``: a replica) to the commands that only read;
 * :func:`filter_options`: the audit's filters (``--tool``, ``--state``, ``--reason``,
   ``--conversation``, ``--model``, ``--since``, ``--until``), handed to the command as one
   ``filters`` mapping of the keywords the :mod:`fsm.store.audit` functions take;
@@ -55,6 +56,7 @@ __all__ = [
     "json_document_option",
     "output_options",
     "paging_options",
+    "read_db_options",
     "whole_number",
 ]
 
@@ -98,6 +100,40 @@ def db_option(note: str = "") -> Decorator[Any]:
     after the shared help text."""
     text = f"{_DB_HELP} {note}" if note else _DB_HELP
     return click.option("--db", "url", metavar="URL", default=None, help=text)
+
+
+_READ_DB_HELP = (
+    "Read from this database instead of --db: a streaming replica (hot standby) of it, to keep "
+    "audit reads off the primary (a conversation committed a moment ago may not be there yet: "
+    "replication lag). Default: $FSM_READ_DB_URL, else --db."
+)
+
+
+def read_db_options(note: str = "") -> Decorator[Any]:
+    """``--db URL`` and ``--read-db URL`` (default ``$FSM_READ_DB_URL``) for a command that only
+    reads: the command receives ``url``, the read URL when one is given, else ``--db``."""
+
+    def build(kwargs: dict[str, Any]) -> tuple[str, Any]:
+        read_url, url = kwargs.pop("read_url"), kwargs.pop("url")
+        return "url", read_url or url
+
+    def decorate(function: F) -> F:
+        return _apply(
+            _gather(function, build),
+            [
+                db_option(note),
+                click.option(
+                    "--read-db",
+                    "read_url",
+                    metavar="URL",
+                    default=None,
+                    envvar="FSM_READ_DB_URL",
+                    help=_READ_DB_HELP,
+                ),
+            ],
+        )
+
+    return decorate
 
 
 #: the largest whole number an option takes: what both engines hold in a 64-bit integer.

@@ -63,6 +63,7 @@ from fsm.store.errors import (
     IdempotencyMismatchError,
     StoreBusyError,
     StoreError,
+    StoreLayoutError,
     StoreUnavailableError,
     ValueRejectedError,
 )
@@ -192,6 +193,16 @@ class ConversationStore(LedgerMethods):
             network fails the call in time with
             :class:`~fsm.store.errors.StoreUnavailableError`), and it bounds connecting, TCP
             keepalives and ``tcp_user_timeout``.
+        read_url: PostgreSQL: a second database to send the store's audit reads to
+            (:meth:`list_conversations`, :meth:`attempts`), typically a streaming replica
+            (hot standby) of ``url``; the store owns its engine (same ``schema`` and
+            ``timeout``). :meth:`history` and :meth:`next_seq` always read the primary: what
+            goes back to a model, or decides the next write, must include every acknowledged
+            turn, and a replica lags (milliseconds idle, seconds under load). A conversation
+            missing on the replica raises :class:`~fsm.store.errors.ConversationNotFoundError`
+            saying that replication lag may be why.
+        read_engine: instead of ``read_url``, a host's own engine for those reads (borrowed,
+            as ``engine=``).
 
     A store built from a URL owns its engine; call :meth:`close` (or use it as a context
     manager) when done. Methods are safe to call from several threads and processes at once.
@@ -208,9 +219,15 @@ class ConversationStore(LedgerMethods):
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
         schema: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
+        read_url: str | URL | None = None,
+        read_engine: Engine | None = None,
     ) -> None:
         self._timeout = check_timeout(timeout)
         self._busy_timeout = busy_timeout
+        self._read_engine: Engine | None = None
+        self._owns_read_engine = False
+        if read_url is not None and read_engine is not None:
+            raise TypeError("ConversationStore takes a read_url or a read_engine, not both")
         if engine is not None:
             if url is not None:
                 raise TypeError("ConversationStore takes a url or an engine, not both")
@@ -228,6 +245,7 @@ class ConversationStore(LedgerMethods):
             )
             self._owns_engine = False
             self._open_borrowed(auto_upgrade)
+            self._open_reader(read_url, read_engine, schema)
             return
         self._url = normalize_url(url)
         self._owns_engine = True
@@ -242,9 +260,43 @@ class ConversationStore(LedgerMethods):
             auto_upgrade = self._core.auto_upgrade(url is not None, dialect, auto_upgrade)
             try:
                 ensure_at_head(self._engine, auto_upgrade=auto_upgrade, upgrade_empty=upgrade_empty)
+                self._open_reader(read_url, read_engine, schema)
             except BaseException:
                 self._engine.dispose()
                 raise
+
+    def _open_reader(
+        self, read_url: str | URL | None, read_engine: Engine | None, schema: str | None
+    ) -> None:
+        """Set up the engine of the audit reads (``read_url`` / ``read_engine``), if any: on
+        the same engine kind as the primary, PostgreSQL only."""
+        if read_url is None and read_engine is None:
+            return
+        if read_engine is not None and not isinstance(read_engine, Engine):
+            raise TypeError(
+                f"read_engine must be a sqlalchemy Engine, not {type(read_engine).__name__}"
+            )
+        if self._engine.dialect.name != "postgresql":
+            raise StoreLayoutError(
+                "a reader database (read_url / read_engine) is a PostgreSQL feature (a "
+                f"streaming replica); {self._engine.dialect.name} has none: drop the option"
+            )
+        if read_engine is not None:
+            in_schema = store_schema(schema, read_engine.url)
+            self._read_engine = (
+                read_engine
+                if in_schema is None
+                else read_engine.execution_options(schema_translate_map={None: in_schema})
+            )
+            return
+        parsed = normalize_url(read_url)
+        if parsed.get_backend_name() != "postgresql":
+            raise StoreLayoutError(
+                f"the reader database {display_url(parsed)} is not PostgreSQL: give the URL of "
+                "a replica of the primary"
+            )
+        self._read_engine = create_engine(parsed, schema=schema, timeout=self._timeout)
+        self._owns_read_engine = True
 
     def _open_borrowed(self, auto_upgrade: bool | None) -> None:
         """Set up the store over a host's engine: its schema must be at head (or upgraded when
@@ -275,10 +327,18 @@ class ConversationStore(LedgerMethods):
         host's engine given as ``engine=``."""
         return self._owns_engine
 
+    @property
+    def read_url(self) -> str | None:
+        """The URL of the reader database (password masked), or ``None``: reads go to the
+        primary."""
+        return None if self._read_engine is None else display_url(self._read_engine.url)
+
     def close(self) -> None:
         """Release the store's connections (a borrowed engine is left as it is)."""
         if self._owns_engine:
             self._engine.dispose()
+        if self._owns_read_engine and self._read_engine is not None:
+            self._read_engine.dispose()
 
     def bind(self, connection: Connection) -> BoundStore:
         """The store working inside ``connection``'s transaction: the caller's unit of work.
@@ -348,7 +408,7 @@ class ConversationStore(LedgerMethods):
         the primary keys and the attempts' conversation index.
         """
         check_listing(limit, after)
-        with self._reader() as conn:
+        with self._reader(replica=True) as conn:
             return self._core.list_conversations(conn, limit, after)
 
     def delete_conversation(self, conversation_id: str) -> bool:
@@ -527,8 +587,14 @@ class ConversationStore(LedgerMethods):
         ``error`` says why a commit failed after the tools ran.
         """
         self._core.check_conversation_id(conversation_id)
-        with self._reader() as conn:
-            return self._core.attempts(conn, conversation_id)
+        try:
+            with self._reader(replica=True) as conn:
+                return self._core.attempts(conn, conversation_id)
+        except ConversationNotFoundError as exc:
+            if self._read_engine is None:
+                raise
+            replica = display_url(self._read_engine.url)
+            raise ConversationNotFoundError(conversation_id, replica=replica) from exc
 
     @property
     def dialect(self) -> str:
@@ -540,10 +606,12 @@ class ConversationStore(LedgerMethods):
 
     # -- internals ---------------------------------------------------------------------------
     @contextmanager
-    def _reader(self) -> Iterator[Connection]:
+    def _reader(self, *, replica: bool = False) -> Iterator[Connection]:
         """A read transaction with one snapshot for all its statements (SQLite gives that to
-        every transaction; PostgreSQL needs REPEATABLE READ), under the deadline."""
-        with self._engine.connect() as conn:
+        every transaction; PostgreSQL needs REPEATABLE READ), under the deadline; with
+        ``replica``, on the reader database when the store has one."""
+        engine = self._read_engine if replica and self._read_engine is not None else self._engine
+        with engine.connect() as conn:
             if self._core.postgres:
                 conn = conn.execution_options(isolation_level=READ_SNAPSHOT)
             with self._transaction(conn, write=False) as conn:
