@@ -289,7 +289,8 @@ def default_url() -> str:
 #: what a valid ``--db`` looks like, for the messages of :class:`DatabaseUrlError`.
 _URL_FORMS: Final = (
     "give a SQLite file path (chat.db), a sqlite:///path.db URL or a "
-    "postgresql+psycopg://user@host/db URL"
+    "postgresql+psycopg://user@host/db URL (several hosts: "
+    "postgresql://user@host1:5432,host2:5432/db?target_session_attrs=read-write)"
 )
 
 
@@ -314,8 +315,9 @@ def normalize_url(url: str | os.PathLike[str] | URL | None) -> URL:
             if _looks_like_path(text):
                 return _path_url(text)
             raise DatabaseUrlError(f"{url!r} is not a database URL or file path: {_URL_FORMS}")
+        one_host = _multi_host_url(text)
         try:
-            parsed = sa.make_url(_multi_host_url(text))
+            parsed = sa.make_url(one_host)
         except (sa.exc.ArgumentError, ValueError) as exc:
             raise DatabaseUrlError(
                 f"{display_url_text(text)!r} is not a valid database URL: {_URL_FORMS}"
@@ -786,10 +788,11 @@ def _option_value(name: str, text: str) -> int | float | None:
             value = int(text)
     except ValueError:
         value = -2
-    if value < (-1 if name in ("max_overflow", "pool_recycle") else 0) or (
-        name == "pool_timeout" and not value > 0
-    ):
-        kind = "none or a whole number" if name == "prepare_threshold" else "a number"
+    # prepare_threshold=0 would prepare fsm's one-round-trip SET LOCAL statements, which
+    # PostgreSQL cannot prepare (several commands); from 1 on, psycopg sees that first
+    least = {"max_overflow": -1, "pool_recycle": -1, "prepare_threshold": 1}.get(name, 0)
+    if value < least or (name == "pool_timeout" and not value > 0):
+        kind = "none or a whole number from 1" if name == "prepare_threshold" else "a number"
         raise DatabaseUrlError(
             f"the URL option {name}={text!r} is not valid: give {kind} "
             f"({name}: {ENGINE_URL_OPTIONS[name]})"
@@ -932,11 +935,13 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
 
         @event.listens_for(engine, "begin")
         def _on_begin(connection: Connection) -> None:
-            statements = [] if every is None else [every]
+            statements = []
             if transaction is not None and (
                 not writes_only or connection.get_execution_options().get(WRITE, False)
             ):
                 statements.append(transaction)
+            if every is not None:
+                statements.append(every)
             local = connection.connection.info.get(_LOCAL_DEADLINE)
             if local:
                 statements.append(local)
