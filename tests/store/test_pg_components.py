@@ -374,9 +374,11 @@ def test_standby_reads_writes_and_promotion_under_a_commit_loop(
     multi-host URL with target_session_attrs=read-write: every error typed and retried with
     the idempotency key, 0 lost, 0 doubled on the new primary, its audit clean."""
     primary, standby = components.primary, components.standby
-    with ConversationStore(_url(standby.port)) as on_standby:
-        with pytest.raises(ReadOnlyNodeError, match="accepts no writes"):
-            on_standby.create_conversation("write-on-standby")
+    with (
+        ConversationStore(_url(standby.port)) as on_standby,
+        pytest.raises(ReadOnlyNodeError, match="accepts no writes"),
+    ):
+        on_standby.create_conversation("write-on-standby")
     multi = (
         f"postgresql://postgres@127.0.0.1:{primary.port},127.0.0.1:{standby.port}/postgres"
         "?target_session_attrs=read-write"
