@@ -615,14 +615,19 @@ def _load_postgres(engine: sa.Engine, batches: Iterator[Batch], report: dict[str
             cur.execute("SET LOCAL TimeZone = 'UTC'")  # the generated timestamps are UTC
             cur.execute("SET LOCAL maintenance_work_mem = '512MB'")
             cur.execute("SET LOCAL work_mem = '256MB'")
+            # a hash-partitioned store (fsm db upgrade --partitions N): only the keys declared
+            # on the tables themselves (conparentid = 0), not the copies PostgreSQL keeps for
+            # each partition of the referenced table, which go and come back with them
             cur.execute(
-                "SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid) "
-                "FROM pg_constraint c WHERE c.contype = 'f' "
+                "SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid), "
+                "r.relkind = 'p' "
+                "FROM pg_constraint c JOIN pg_class r ON r.oid = c.conrelid "
+                "WHERE c.contype = 'f' AND c.conparentid = 0 "
                 "AND c.conrelid = ANY(%s::regclass[]) ORDER BY c.conname",
                 (list(TABLES),),
             )
             fks = cur.fetchall()
-            for table, name, _definition in fks:
+            for table, name, _definition, _partitioned in fks:
                 cur.execute(f'ALTER TABLE {table} DROP CONSTRAINT "{name}"')
             copies = [
                 ("conversations", CONVERSATION_COLUMNS),
@@ -651,10 +656,14 @@ def _load_postgres(engine: sa.Engine, batches: Iterator[Batch], report: dict[str
                             copy.write_row(row)
                 _count(report, batch)
             begin = time.perf_counter()
-            for table, name, definition in fks:
-                cur.execute(f'ALTER TABLE {table} ADD CONSTRAINT "{name}" {definition} NOT VALID')
-            for table, name, _definition in fks:
-                cur.execute(f'ALTER TABLE {table} VALIDATE CONSTRAINT "{name}"')
+            for table, name, definition, partitioned in fks:
+                # PostgreSQL (before 18) has no NOT VALID key on a partitioned table: added
+                # there, the key is checked at once (set-based too)
+                later = "" if partitioned else " NOT VALID"
+                cur.execute(f'ALTER TABLE {table} ADD CONSTRAINT "{name}" {definition}{later}')
+            for table, name, _definition, partitioned in fks:
+                if not partitioned:
+                    cur.execute(f'ALTER TABLE {table} VALIDATE CONSTRAINT "{name}"')
             cur.execute(
                 "SELECT setval(pg_get_serial_sequence('attempts', 'id'), "
                 "(SELECT coalesce(max(id), 0) + 1 FROM attempts), false)"
