@@ -33,7 +33,9 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
 
+from fsm.cli.main import cli
 from fsm.store import ConversationStore, StoreError, audit
 from fsm.store.errors import ConversationNotFoundError, ReadOnlyNodeError, ServerFullError
 from fsm.store.migrate import upgrade
@@ -345,6 +347,18 @@ def test_pgbouncer_transaction_pooling_with_fsm_defaults(components: Components)
             violations = list(audit.check(engine))
         finally:
             engine.dispose()
+    # the audit's listing streams every call through the pooler (it died part-way before)
+    listed = CliRunner().invoke(
+        cli, ["audit", "calls", "--db", components.bouncer.url, "--nl", "--limit", "0"]
+    )
+    engine = sa.create_engine(direct_url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            calls = conn.exec_driver_sql("SELECT count(*) FROM tool_calls").scalar_one()
+    finally:
+        engine.dispose()
+    assert listed.exit_code == 0, listed.stderr
+    assert len(listed.output.splitlines()) == calls
     lost, doubled, _ = lost_and_doubled(direct_url, pooled)
     direct_rate = sum(map(len, direct.acked.values())) / direct_s
     pooled_rate = sum(map(len, pooled.acked.values())) / pooled_s
@@ -359,6 +373,7 @@ def test_pgbouncer_transaction_pooling_with_fsm_defaults(components: Components)
         turns_per_s=round(pooled_rate, 1),
         direct_turns_per_s=round(direct_rate, 1),
         audit_violations=len(violations),
+        audit_calls_listed=f"{len(listed.output.splitlines())}/{calls}",
     )
     assert not pooled.untyped and not direct.untyped, pooled.untyped + direct.untyped
     assert not pooled.errors, pooled.errors

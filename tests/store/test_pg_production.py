@@ -66,7 +66,6 @@ def test_engine_url_options_are_split_off() -> None:
 
 
 # -- on the test server -----------------------------------------------------------------------
-pytestmark_pg = pytest.mark.postgres
 
 
 @pytest.fixture
@@ -266,3 +265,33 @@ def test_read_db_option_is_listed() -> None:
         assert "--read-db" in result.output and "FSM_READ_DB_URL" in result.output, path
     group = cli.get_command(click.Context(cli), "history")
     assert group is not None and "--read-db" not in CliRunner().invoke(group, ["--help"]).output
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        'connection to server at "db", port 5432 failed: FATAL:  sorry, too many clients already',
+        'connection to server at "db", port 5432 failed: FATAL:  remaining connection slots are '
+        "reserved for non-replication superuser connections",
+        "FATAL:  no more connections allowed (max_client_conn)",
+    ],
+)
+def test_a_connect_refused_for_want_of_slots_is_server_full(message: str) -> None:
+    """libpq gives a refused startup no SQLSTATE: the server's (and PgBouncer's) words decide,
+    and the error says the server is full, not that it could not be reached. (With a real
+    server: tests/store/test_pg_components.py::test_connection_slots_full.)"""
+    import psycopg
+
+    from fsm.store import ServerFullError, faults
+
+    error = sa.exc.OperationalError(None, None, psycopg.OperationalError(message))
+    typed = faults.translate(error, "postgresql+psycopg://app@db/app", connecting=True)
+    assert isinstance(typed, ServerFullError) and typed.retryable
+    assert "no connection slot left" in str(typed) and "max_connections" in str(typed)
+    refused = psycopg.OperationalError("connection refused")
+    other = faults.translate(
+        sa.exc.OperationalError(None, None, refused),
+        "postgresql+psycopg://app@db/",
+        connecting=True,
+    )
+    assert type(other) is StoreUnavailableError
