@@ -62,7 +62,12 @@ from fsm.store.engine import (
     store_schema,
     sync_url,
 )
-from fsm.store.errors import ConversationExistsError, StoreBusyError
+from fsm.store.errors import (
+    ConversationExistsError,
+    ConversationNotFoundError,
+    StoreBusyError,
+    StoreLayoutError,
+)
 from fsm.store.ledger import AsyncLedgerMethods
 from fsm.store.migrate import ensure_at_head
 from fsm.store.render import HistoryFormat, check_format
@@ -118,6 +123,10 @@ class AsyncConversationStore(AsyncLedgerMethods):
         timeout: PostgreSQL: the deadline of each operation in seconds (default 30; ``None``:
             none), enforced by the server per transaction and by the client, as for
             :class:`~fsm.store.ConversationStore`.
+        read_url: PostgreSQL: a reader database (a streaming replica) for the audit reads
+            (:meth:`list_conversations`, :meth:`attempts`), as for
+            :class:`~fsm.store.ConversationStore`; :meth:`history` and :meth:`next_seq` read
+            the primary.
 
     Use it with ``async with`` (which checks the schema at once), or call :meth:`close` when
     done. Cancelling a task in the middle of a write rolls that write back: nothing is half
@@ -133,8 +142,10 @@ class AsyncConversationStore(AsyncLedgerMethods):
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
         schema: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
+        read_url: str | URL | None = None,
     ) -> None:
         self._timeout = check_timeout(timeout)
+        self._read_engine: AsyncEngine | None = None
         if engine is not None:
             if url is not None:
                 raise TypeError("AsyncConversationStore takes a url or an engine, not both")
@@ -174,6 +185,14 @@ class AsyncConversationStore(AsyncLedgerMethods):
         self._ready_lock = asyncio.Lock()
         #: SQLite: the store's writers take turns (see :meth:`_write`)
         self._writers = asyncio.Lock()
+        if read_url is not None:
+            parsed = sync_url(read_url)
+            if dialect != "postgresql" or parsed.get_backend_name() != "postgresql":
+                raise StoreLayoutError(
+                    "a reader database (read_url) is a PostgreSQL feature (a streaming replica "
+                    "of a PostgreSQL primary): drop the option"
+                )
+            self._read_engine = create_async_engine(parsed, schema=schema, timeout=self._timeout)
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -240,10 +259,17 @@ class AsyncConversationStore(AsyncLedgerMethods):
     #: Whether the store writes inside a caller's transaction (never: see :meth:`bind`).
     caller_transaction = False
 
+    @property
+    def read_url(self) -> str | None:
+        """The URL of the reader database (password masked), or ``None``."""
+        return None if self._read_engine is None else display_url(sync_url(self._read_engine.url))
+
     async def close(self) -> None:
         """Release the store's connections (a borrowed engine is left as it is)."""
         if self._owns_engine:
             await self._engine.dispose()
+        if self._read_engine is not None:
+            await self._read_engine.dispose()
 
     async def bind(self, connection: AsyncConnection) -> AsyncBoundStore:
         """The store working inside ``connection``'s transaction (the caller's unit of work),
@@ -320,7 +346,7 @@ class AsyncConversationStore(AsyncLedgerMethods):
         <fsm.store.ConversationStore.list_conversations>`)."""
         check_listing(limit, after)
         await self.open()
-        async with self._reader() as conn:
+        async with self._reader(replica=True) as conn:
             return await conn.run_sync(self._core.list_conversations, limit, after)
 
     async def next_seq(self, conversation_id: str) -> int:
@@ -416,14 +442,21 @@ class AsyncConversationStore(AsyncLedgerMethods):
         :meth:`ConversationStore.attempts <fsm.store.ConversationStore.attempts>`)."""
         self._core.check_conversation_id(conversation_id)
         await self.open()
-        async with self._reader() as conn:
-            return await conn.run_sync(self._core.attempts, conversation_id)
+        try:
+            async with self._reader(replica=True) as conn:
+                return await conn.run_sync(self._core.attempts, conversation_id)
+        except ConversationNotFoundError as exc:
+            if self.read_url is None:
+                raise
+            raise ConversationNotFoundError(conversation_id, replica=self.read_url) from exc
 
     # -- internals ---------------------------------------------------------------------------
     @asynccontextmanager
-    async def _reader(self) -> AsyncIterator[AsyncConnection]:
-        """A read transaction with one snapshot for all its statements."""
-        async with self._engine.connect() as conn:
+    async def _reader(self, *, replica: bool = False) -> AsyncIterator[AsyncConnection]:
+        """A read transaction with one snapshot for all its statements (with ``replica``, on
+        the reader database when there is one)."""
+        engine = self._read_engine if replica and self._read_engine is not None else self._engine
+        async with engine.connect() as conn:
             if self._core.postgres:
                 conn = await conn.execution_options(isolation_level=READ_SNAPSHOT)
             async with self._transaction(conn, write=False) as conn:

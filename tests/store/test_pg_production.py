@@ -295,3 +295,31 @@ def test_a_connect_refused_for_want_of_slots_is_server_full(message: str) -> Non
         connecting=True,
     )
     assert type(other) is StoreUnavailableError
+
+
+@pytest.mark.postgres
+def test_the_async_store_takes_a_reader_database(pg_url: sa.URL) -> None:
+    """AsyncConversationStore(read_url=...): listings and attempts on the reader, history on
+    the primary, a conversation missing on the reader names replication lag."""
+    import asyncio
+
+    from fsm.store.aio import AsyncConversationStore
+
+    replica, drop = pg_schema_url(postgres_server())
+    upgrade(replica)
+
+    async def scenario() -> None:
+        async with AsyncConversationStore(pg_url, read_url=replica) as store:
+            assert store.read_url is not None
+            conv = await store.create_conversation("c-async")
+            turn = make_turn(response_id=None)
+            await store.commit_turn(conv, turn, ["sunny"], idempotency_key="k")
+            assert len(await store.history(conv)) == 2
+            assert await store.list_conversations() == []
+            with pytest.raises(ConversationNotFoundError, match="replication lag"):
+                await store.attempts(conv)
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 60))
+    finally:
+        drop()
