@@ -251,12 +251,18 @@ def test_bench_seed_fills_a_partitioned_store(empty_url: sa.URL) -> None:
     try:
         with engine.connect() as conn:
             keys_before = conn.execute(
-                sa.text("SELECT count(*) FROM pg_constraint WHERE contype = 'f'")
+                sa.text(
+                    "SELECT count(*) FROM pg_constraint WHERE contype = 'f' "
+                    "AND connamespace = current_schema()::regnamespace"
+                )
             ).scalar_one()
         report = seed.seed(empty_url, 3000, attempt_rate=0.3)  # type: ignore[attr-defined]
         with engine.connect() as conn:
             keys_after = conn.execute(
-                sa.text("SELECT count(*) FROM pg_constraint WHERE contype = 'f' AND convalidated")
+                sa.text(
+                    "SELECT count(*) FROM pg_constraint WHERE contype = 'f' AND convalidated "
+                    "AND connamespace = current_schema()::regnamespace"
+                )
             ).scalar_one()
             calls = conn.execute(sa.text("SELECT count(*) FROM tool_calls")).scalar_one()
             spread = conn.execute(
