@@ -1015,7 +1015,13 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> Non
     with ConversationStore(url, auto_upgrade=True) as store:
         cid = store.create_conversation("c1")
         store.append(cid, [{"role": "user", "content": f"{i} " + "x" * 200} for i in range(2000)])
-    for args in (["history", "--db", url, "c1"], ["history", "--db", url, "--json", "c1"]):
+        for i in range(1200):
+            store.create_conversation(f"conversation-{i:05d}-" + "y" * 100)
+    for args in (
+        ["history", "--db", url, "c1"],
+        ["history", "--db", url, "--json", "c1"],
+        ["conversations", "--db", url, "--limit", "0"],
+    ):
         proc = subprocess.Popen(
             [sys.executable, "-m", "fsm", *args],
             stdout=subprocess.PIPE,
