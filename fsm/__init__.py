@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from fsm.api import aparse, parse
+from fsm.completion import parse_completion
 from fsm.errors import (
     FsmError,
     IncompleteTurnError,
@@ -70,4 +71,5 @@ __all__ = [
     "__version__",
     "aparse",
     "parse",
+    "parse_completion",
 ]

@@ -1006,3 +1006,32 @@ def test_a_group_without_its_command_shows_its_help(args: list[str]) -> None:
         == f"Usage: {' '.join(['fsm', *args])} [OPTIONS] COMMAND [ARGS]..."
     )
     assert "Commands:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """``fsm history c1 | head -1``: no "Broken pipe" message, no traceback, exit 0 (the reader
+    took what it wanted), however much was left to print; as the audit commands do."""
+    url = f"sqlite:///{tmp_path / 'chat.db'}"
+    with ConversationStore(url, auto_upgrade=True) as store:
+        cid = store.create_conversation("c1")
+        store.append(cid, [{"role": "user", "content": f"{i} " + "x" * 200} for i in range(2000)])
+        for i in range(1200):
+            store.create_conversation(f"conversation-{i:05d}-" + "y" * 100)
+    for args in (
+        ["history", "--db", url, "c1"],
+        ["history", "--db", url, "--json", "c1"],
+        ["conversations", "--db", url, "--limit", "0"],
+    ):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fsm", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=tmp_path,
+            env=repo_env(),
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline()  # the first line, as `head -1` reads it
+        proc.stdout.close()
+        stderr = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 0, stderr
+        assert stderr == ""

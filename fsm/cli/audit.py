@@ -8,14 +8,11 @@ default; ``--json``, ``--nl``, ``--csv``, ``--tsv`` for scripts). Errors are typ
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
-import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
@@ -34,24 +31,8 @@ from fsm.cli.output import OutputFormat, columns_of, emit, escape_surrogates, js
 
 __all__ = ["audit"]
 
-F = TypeVar("F", bound=Callable[..., Any])
 
 read_only_db = read_db_options("Opened read-only.")
-
-
-def _pipe_safe(function: F) -> F:
-    """Stop quietly when the reader of stdout goes away (``fsm audit calls | head``)."""
-
-    @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return function(*args, **kwargs)
-        except BrokenPipeError:
-            with contextlib.suppress(OSError, ValueError):  # later flushes must not fail again
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            sys.exit(0)
-
-    return wrapper  # type: ignore[return-value]
 
 
 @contextmanager
@@ -175,7 +156,6 @@ def audit() -> None:
 )
 @paging_options
 @output_options
-@_pipe_safe
 def calls(
     url: str | None,
     filters: dict[str, Any],
@@ -233,7 +213,6 @@ def calls(
 )
 @paging_options
 @output_options
-@_pipe_safe
 def failures(
     url: str | None, filters: dict[str, Any], counts: bool, page: Page, output: OutputFormat
 ) -> None:
@@ -283,7 +262,6 @@ def failures(
 )
 @click.option("--conversation", default=None, help="Only this conversation's turns.")
 @output_options
-@_pipe_safe
 def pending(
     url: str | None, states: tuple[str, ...], conversation: str | None, output: OutputFormat
 ) -> None:
@@ -319,7 +297,6 @@ def pending(
     help="One breakdown only (needed for --nl, --csv and --tsv). Default: all three, and totals.",
 )
 @output_options
-@_pipe_safe
 def stats(url: str | None, filters: dict[str, Any], by: str | None, output: OutputFormat) -> None:
     """Usage statistics: calls per tool, turns, calls, tokens and incomplete share per model,
     and per day.
@@ -394,7 +371,6 @@ def stats(url: str | None, filters: dict[str, Any], by: str | None, output: Outp
     "index against its table), PostgreSQL amcheck with heapallindexed.",
 )
 @output_options
-@_pipe_safe
 def check(
     url: str | None, progress: bool | None, batch_size: int, deep: bool, output: OutputFormat
 ) -> None:

@@ -14,7 +14,6 @@ from typing import Any
 
 import click
 
-from fsm.cli.audit import _pipe_safe
 from fsm.cli.options import Page, output_options, paging_options, read_db_options
 from fsm.cli.output import OutputFormat, emit
 
@@ -30,7 +29,6 @@ _BATCH = 1000
 @read_db_options("Opened read-only.")
 @paging_options
 @output_options
-@_pipe_safe
 def conversations(url: str | None, page: Page, output: OutputFormat) -> None:
     """List the conversations of the store, in id order: when each was created, its number of
     history messages, of turns (assistant messages) and of recorded attempts, and its last

@@ -95,6 +95,18 @@ _NO_ARGS_IS_HELP: type[click.UsageError] = getattr(
 )
 
 
+def _quiet_stdout() -> None:
+    """Point standard output at the null device, so that the interpreter's last flush of what
+    is still buffered does not fail again on the closed pipe (Python's documented recipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (a test's captured stdout)
+        pass
+    finally:
+        os.close(devnull)
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -137,6 +149,9 @@ class FsmGroup(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.Abort, click.ClickException, KeyboardInterrupt):
             raise
+        except BrokenPipeError:  # the reader went away (`fsm history c1 | head -1`): done
+            _quiet_stdout()
+            ctx.exit(0)
         except FsmError as exc:
             click.echo(f"error: {_one_line(str(exc))}", err=True)
             ctx.exit(exit_code_for(exc))

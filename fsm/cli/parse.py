@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 import orjson
 
 from fsm.api import parse_text
 from fsm.cli.output import safe_text
+from fsm.completion import COMPLETION_KINDS, completion_kind, parse_completion
 from fsm.parser import ParseResult, StreamParser, Turn
 
 __all__ = [
     "INTERRUPTED",
+    "Parsed",
     "not_a_stream",
     "parse_command",
     "parse_input",
@@ -93,10 +95,13 @@ def render_result(result: ParseResult) -> str:
     return "\n".join(head).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def render_json(result: ParseResult) -> str:
-    """The ``--json`` document. Lone surrogates, which UTF-8 cannot carry, are written as JSON
-    ``\\uXXXX`` escapes (the whole document is then ASCII)."""
+def render_json(result: ParseResult, completion: str | None = None) -> str:
+    """The ``--json`` document (with ``"input"``: the kind of a non-streamed response, e.g.
+    ``"chat.completion"``, when it was one). Lone surrogates, which UTF-8 cannot carry, are
+    written as JSON ``\\uXXXX`` escapes (the whole document is then ASCII)."""
     payload: Any = result.to_json()
+    if completion is not None:
+        payload = {"input": completion, **payload}
     try:
         return orjson.dumps(payload, option=orjson.OPT_INDENT_2).decode()
     except TypeError:  # orjson.JSONEncodeError: a str with a lone surrogate
@@ -130,14 +135,50 @@ def read_input(source: str) -> tuple[bytes, bool]:
     return bytes(received), False
 
 
+class Parsed(NamedTuple):
+    """What :func:`parse_input` made of its bytes."""
+
+    #: the parse result
+    result: ParseResult
+    #: what the input was, for people: ``"chat.completion"``, ``"response"`` or ``"message"``
+    #: for a non-streamed response (:func:`fsm.completion.parse_completion`), ``None`` for a stream
+    completion: str | None
+
+
+def _completion(data: bytes) -> Any:
+    """The decoded object when ``data`` is one whole non-streamed response, else ``None`` (a
+    stream, JSON lines of chunks, anything else: the stream path judges those)."""
+    body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
+    if body.lstrip()[:1] != b"{":
+        return None
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:  # JSON lines of chunks, or not JSON at all
+        return None
+    return obj if completion_kind(obj) is not None else None
+
+
 def parse_input(
     data: bytes, *, interrupted: bool, repair_json: bool, format: str = "auto"
-) -> ParseResult:
-    """:func:`fsm.api.parse_text` of ``data``; for input cut by Ctrl-C (``interrupted``), the
-    stream is aborted with reason :data:`INTERRUPTED` instead of ended by EOF (its open calls
+) -> Parsed:
+    """:func:`fsm.api.parse_text` of ``data``, or :func:`fsm.completion.parse_completion` when it
+    is one whole non-streamed response (a ``chat.completion``, a Responses ``response``, an
+    Anthropic ``message``, pretty-printed or not); a ``format`` that names another format than
+    that response's is a :class:`click.UsageError`. For input cut by Ctrl-C (``interrupted``),
+    the stream is aborted with reason :data:`INTERRUPTED` instead of ended by EOF (its open calls
     become ``aborted``), and a last JSON line cut in the middle is left out."""
     if not interrupted:
-        return parse_text(data, repair_json=repair_json, format=format)
+        whole = _completion(data)
+        if whole is not None:
+            kind = completion_kind(whole)
+            assert kind is not None
+            if format not in ("auto", kind):
+                raise click.UsageError(
+                    f"the input is a non-streamed {COMPLETION_KINDS[kind]} ({kind} format), "
+                    f"not {format}: drop --format or name {kind}"
+                )
+            return Parsed(parse_completion(whole, repair_json=repair_json), COMPLETION_KINDS[kind])
+        return Parsed(parse_text(data, repair_json=repair_json, format=format), None)
     parser = StreamParser(repair_json=repair_json, format=format)
     body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
     if body.lstrip()[:1] == b"{":  # JSON lines, as parse_text tells them
@@ -150,7 +191,7 @@ def parse_input(
     else:
         parser.receive_data(data)
     parser.abort(INTERRUPTED)
-    return parser.result()
+    return Parsed(parser.result(), None)
 
 
 def not_a_stream(result: ParseResult) -> str | None:
@@ -196,7 +237,9 @@ def not_a_stream(result: ParseResult) -> str | None:
 def parse_command(file: str, as_json: bool, repair_json: bool, stream_format: str) -> None:
     """Parse a recorded stream FILE (SSE text, or JSON lines of chunks or events; '-' for
     stdin): Chat Completions, OpenAI Responses API or Anthropic Messages (auto-detected, or
-    --format).
+    --format). A FILE holding one whole non-streamed response (a chat.completion, a Responses
+    'response' or an Anthropic 'message', as create() without stream=True returns it) is parsed
+    by the same rules, and the output says so.
 
     Exit status: 0 when every choice is a complete turn, 1 when any is not, 2 when the input is
     not a stream at all (invalid chunks, no SSE event or chunk in it, or none that is a Chat
@@ -210,17 +253,19 @@ def parse_command(file: str, as_json: bool, repair_json: bool, stream_format: st
       curl -sN ... | fsm parse --json -
     """
     data, interrupted = read_input(file)
-    result = parse_input(
+    result, completion = parse_input(
         data, interrupted=interrupted, repair_json=repair_json, format=stream_format
     )
-    why = None if interrupted else not_a_stream(result)
+    why = None if interrupted or completion else not_a_stream(result)
     if why is not None:
         name = "stdin" if file == "-" else file
         click.echo(f"error: {name} is not a stream: {why}", err=True)
         sys.exit(_EXIT_UNUSABLE)
     if as_json:
-        click.echo(render_json(result))
+        click.echo(render_json(result, completion))
     else:
+        if completion is not None:
+            click.echo(f"a non-streamed {completion} (not a stream): parsed by the same rules")
         click.echo(render_result(result))
     if interrupted:
         click.echo(

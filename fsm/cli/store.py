@@ -176,8 +176,9 @@ def ingest(
     expected_seq: int | None,
     repair_json: bool,
 ) -> None:
-    """Parse a recorded stream FILE (SSE text or JSON lines of chunks; '-' for stdin) and commit
-    its turn, with the tool results, to a conversation.
+    """Parse a recorded stream FILE (SSE text or JSON lines of chunks; '-' for stdin), or one
+    whole non-streamed response (a chat.completion, a Responses 'response', an Anthropic
+    'message'), and commit its turn, with the tool results, to a conversation.
 
     A turn that is not complete (a call truncated or aborted, a stream cut short) goes to the
     conversation's attempts instead, never to history, and the exit status is 1. Committing the
@@ -199,10 +200,14 @@ def ingest(
     normalize_url(url)  # a --db that is no URL or path is told before anything is read
     results = _load_results(results_path)
     data, interrupted = read_input(file)
-    parsed = parse_input(data, interrupted=interrupted, repair_json=repair_json)
+    parsed, completion = parse_input(data, interrupted=interrupted, repair_json=repair_json)
     if interrupted:
         _record_interrupted(url, conversation_id, parsed, choice, len(data))
-    why = not_a_stream(parsed)
+    if completion is not None:
+        click.echo(
+            f"a non-streamed {completion} (not a stream): parsed by the same rules", err=True
+        )
+    why = None if completion else not_a_stream(parsed)
     if why is not None:
         name = "stdin" if file == "-" else file
         click.echo(f"error: {name} is not a stream: {why}; nothing written", err=True)

@@ -68,6 +68,7 @@ from fsm.store.errors import (
     StoreBusyError,
     StoreLayoutError,
 )
+from fsm.store.importing import plan_import
 from fsm.store.ledger import AsyncLedgerMethods
 from fsm.store.migrate import ensure_at_head
 from fsm.store.render import HistoryFormat, check_format
@@ -396,6 +397,26 @@ class AsyncConversationStore(AsyncLedgerMethods):
                     self._core.commit_turn, conversation_id, plan, expected_seq, idempotency_key
                 )
 
+    @store_write("import_history")
+    async def import_history(
+        self,
+        conversation_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        format: str = "chat",
+        expected_seq: int | None = None,
+    ) -> int:
+        """:meth:`ConversationStore.import_history <fsm.store.ConversationStore.import_history>`:
+        a whole history, all or nothing, after the same checks."""
+        plan = plan_import(conversation_id, messages, format)
+        await self.open()
+        with self._core.translate():
+            async with self._write() as conn:
+                seq: int = await conn.run_sync(
+                    self._core.import_history, conversation_id, plan, expected_seq
+                )
+                return seq
+
     @store_write("record_attempt")
     async def record_attempt(
         self,
@@ -620,6 +641,25 @@ class AsyncBoundStore:
             )
         )
         return result
+
+    @store_write("import_history")
+    async def import_history(
+        self,
+        conversation_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        format: str = "chat",
+        expected_seq: int | None = None,
+    ) -> int:
+        """:meth:`BoundStore.import_history <fsm.store.BoundStore.import_history>`, in the
+        caller's transaction."""
+        bound = self._sync
+        seq: int = await self._conn.run_sync(
+            lambda _conn: _undecorated(bound.import_history)(
+                conversation_id, messages, format=format, expected_seq=expected_seq
+            )
+        )
+        return seq
 
     @store_write("record_attempt")
     async def record_attempt(

@@ -170,11 +170,12 @@ def conversation_row(
     return {"id": cid, "meta": meta}
 
 
-def plain_rows(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The rows (without positions) of plain messages given to ``append``."""
+def plain_rows(messages: Sequence[Mapping[str, Any]], *, start: int = 0) -> list[dict[str, Any]]:
+    """The rows (without positions) of plain messages given to ``append`` (errors number them
+    from ``start``)."""
     if isinstance(messages, Mapping):
         raise InvalidMessageError("append() takes a list of messages, not a single message")
-    return [_plain_row(i, message) for i, message in enumerate(messages)]
+    return [_plain_row(i, message) for i, message in enumerate(messages, start)]
 
 
 def plan_turn(turn: Turn | ParseResult, results: Results | None) -> TurnPlan:

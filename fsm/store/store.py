@@ -67,6 +67,7 @@ from fsm.store.errors import (
     StoreUnavailableError,
     ValueRejectedError,
 )
+from fsm.store.importing import ImportPlan, plan_import
 from fsm.store.ledger import LedgerMethods, pending_error
 from fsm.store.migrate import ensure_at_head
 from fsm.store.models import Attempt, AttemptCall, Conversation, Message, ToolCallRow
@@ -496,6 +497,39 @@ class ConversationStore(LedgerMethods):
                 conn, conversation_id, plan, expected_seq, idempotency_key
             )
 
+    @store_write("import_history")
+    def import_history(
+        self,
+        conversation_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        format: str = "chat",
+        expected_seq: int | None = None,
+    ) -> int:
+        """Import a whole existing history, all or nothing, and return the next seq.
+
+        ``messages`` is a conversation as one of the three APIs takes it (``format``:
+        ``"chat"``, Chat Completions messages; ``"responses"``, Responses input items;
+        ``"anthropic"``, Anthropic messages). Plain messages go in as :meth:`append` writes them;
+        each assistant message with tool calls goes in as :meth:`commit_turn` writes a turn,
+        with the results that follow it. The same contract the database enforces is checked
+        first, and a history that breaks it raises a typed error naming the message, with
+        nothing written: a result for no call, a call with no result, a result out of its slot
+        (results follow their assistant message, one per call, in call order, each with its
+        call's id) are :class:`~fsm.store.errors.ResultsError`; a call whose arguments are not
+        JSON or that has no name, or a message fsm cannot store, is
+        :class:`~fsm.store.errors.InvalidMessageError`.
+
+        What was imported reads back equal through :meth:`history` in the same format, for
+        content as fsm renders it (Responses ``input_image`` parts come back with
+        ``detail: "auto"``; an Anthropic user message that holds tool results and text comes
+        back as the results' message and a user message of its own). ``expected_seq`` as in
+        :meth:`append`.
+        """
+        plan = plan_import(conversation_id, messages, format)
+        with self._core.translate(), self._write() as conn:
+            return self._core.import_history(conn, conversation_id, plan, expected_seq)
+
     @store_write("record_attempt")
     def record_attempt(
         self,
@@ -799,6 +833,20 @@ class BoundStore:
             return self._core.commit_turn(
                 conn, conversation_id, plan, expected_seq, idempotency_key
             )
+
+    @store_write("import_history")
+    def import_history(
+        self,
+        conversation_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        format: str = "chat",
+        expected_seq: int | None = None,
+    ) -> int:
+        """:meth:`ConversationStore.import_history`, in the caller's transaction."""
+        plan = plan_import(conversation_id, messages, format)
+        with self._savepoint() as conn:
+            return self._core.import_history(conn, conversation_id, plan, expected_seq)
 
     @store_write("record_attempt")
     def record_attempt(
@@ -1170,6 +1218,23 @@ class StoreCore:
         return CommittedTurn(
             conversation_id, seq, cast("list[HistoryMessage]", messages), created=True
         )
+
+    def import_history(
+        self,
+        conn: Connection,
+        conversation_id: str,
+        plan: ImportPlan,
+        expected_seq: int | None,
+    ) -> int:
+        """Write an imported history's steps in order (each as :meth:`append` and
+        :meth:`commit_turn` write theirs), all in ``conn``'s transaction; returns the next seq."""
+        seq = expected_seq
+        for kind, step in plan.steps:
+            if kind == "append":
+                seq = self.append(conn, conversation_id, step, seq)
+            else:
+                seq = self.commit_turn(conn, conversation_id, step, seq, None).next_seq
+        return self.next_seq(conn, conversation_id) if seq is None else seq
 
     def write_state(
         self,
