@@ -166,7 +166,8 @@ NOT_AT_HEAD = (
 )
 URL_FORMS = (
     "give a SQLite file path (chat.db), a sqlite:///path.db URL or a "
-    "postgresql+psycopg://user@host/db URL"
+    "postgresql+psycopg://user@host/db URL (several hosts: "
+    "postgresql://user@host1:5432,host2:5432/db?target_session_attrs=read-write)"
 )
 NO_SQLITE_FILE = (
     "error: no SQLite database at {tmp}/missing.db: fsm history reads a store and never creates "
@@ -227,6 +228,30 @@ CATALOG: list[Mistake] = [
         "error: No such command 'show'. (see: fsm --help)",
     ),
     # -- fsm ingest
+    Mistake(
+        "`--db sqlite://x.db`: two slashes, a host where a file goes (fsm ingest)",
+        ("ingest", "--db", "sqlite://x.db", "--conversation", "c1", "{tmp}/notes.md"),
+        2,
+        "error: 'sqlite://x.db' names a host, which SQLite has not (two slashes after 'sqlite:'): "
+        "a file is sqlite:///x.db (three slashes, relative to here), sqlite:////abs/path/x.db "
+        "(four, absolute), or just the path",
+    ),
+    Mistake(
+        "`--db sqlite://x.db`: two slashes, a host where a file goes (fsm history)",
+        ("history", "--db", "sqlite://x.db", "c1"),
+        2,
+        "error: 'sqlite://x.db' names a host, which SQLite has not (two slashes after 'sqlite:'): "
+        "a file is sqlite:///x.db (three slashes, relative to here), sqlite:////abs/path/x.db "
+        "(four, absolute), or just the path",
+    ),
+    Mistake(
+        "`--db sqlite://x.db`: two slashes, a host where a file goes (fsm audit check)",
+        ("audit", "check", "--db", "sqlite://x.db"),
+        2,
+        "error: 'sqlite://x.db' names a host, which SQLite has not (two slashes after 'sqlite:'): "
+        "a file is sqlite:///x.db (three slashes, relative to here), sqlite:////abs/path/x.db "
+        "(four, absolute), or just the path",
+    ),
     Mistake(
         "`--db chat.db`: a path, not a URL (accepted as a SQLite file)",
         (
@@ -891,8 +916,27 @@ def test_an_older_sqlite_database_names_both_fixes(tmp_path: Path) -> None:
     )
 
 
+def test_two_slashes_after_sqlite_is_a_database_url_error() -> None:
+    """``sqlite://x.db`` (a host where a file goes): the same one line in Python as on the
+    command line, never SQLAlchemy's raw ArgumentError, never an in-memory database."""
+    for url in ("sqlite://x.db", "sqlite://localhost/x.db", "sqlite+pysqlite://x.db"):
+        with pytest.raises(DatabaseUrlError, match="names a host, which SQLite has not"):
+            ConversationStore(url)
+        with pytest.raises(DatabaseUrlError, match="names a host"):
+            AsyncConversationStore(url)
+    ConversationStore("sqlite://", auto_upgrade=True).close()  # nothing after: in memory
+
+
 @pytest.mark.parametrize(
-    "url", ["", "   ", "postgres@localhost/app", "sqlite:x.db", "nonsense://", "mysql://a@b/c"]
+    "url",
+    [
+        "",
+        "   ",
+        "postgres@localhost/app",
+        "sqlite:x.db",
+        "nonsense://",
+        "mysql://a@b/c",
+    ],
 )
 def test_a_bad_url_is_a_database_url_error(url: str) -> None:
     with pytest.raises(DatabaseUrlError) as caught:

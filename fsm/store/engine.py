@@ -336,6 +336,15 @@ def normalize_url(url: str | os.PathLike[str] | URL | None) -> URL:
             f"fsm stores to SQLite and PostgreSQL, not {backend} "
             f"({parsed.render_as_string(hide_password=True)}): {_URL_FORMS}"
         )
+    if backend == "sqlite" and (parsed.host or parsed.port):
+        # sqlite://x.db (two slashes, a common slip) reads x.db as a host SQLite has not
+        name = parsed.host or ""
+        raise DatabaseUrlError(
+            f"{parsed.render_as_string(hide_password=True)!r} names a host, which SQLite has not "
+            f"(two slashes after 'sqlite:'): a file is sqlite:///{name or 'x.db'} (three slashes, "
+            f"relative to here), sqlite:////abs/path/{name or 'x.db'} (four, absolute), or just "
+            "the path"
+        )
     return parsed
 
 
