@@ -187,9 +187,10 @@ def _register() -> None:
     from fsm.cli.conversations import conversations
     from fsm.cli.demo import demo
     from fsm.cli.parse import parse_command
+    from fsm.cli.replay import replay
     from fsm.cli.store import db, history, ingest
 
-    for command in (parse_command, db, ingest, history, conversations, audit, demo):
+    for command in (parse_command, db, ingest, history, conversations, audit, demo, replay):
         cli.add_command(command)
 
 
