@@ -33,7 +33,14 @@ extensions = [
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 # docs/drafts/: other branches' text waiting to be folded into the guides, never built
-exclude_patterns = ["_build", "_generated", "drafts", "drafts/**", "examples/README.md", "Thumbs.db"]
+exclude_patterns = [
+    "_build",
+    "_generated",
+    "drafts",
+    "drafts/**",
+    "examples/README.md",
+    "Thumbs.db",
+]
 
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
