@@ -5,6 +5,7 @@ Build: ``docs/build.sh`` (``python -m sphinx -W --keep-going -b html docs docs/_
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -13,6 +14,10 @@ sys.path.insert(0, str(HERE / "_ext"))
 sys.path.insert(0, str(HERE.parent))  # fsm from this checkout, installed or not
 
 import fsm  # noqa: E402
+
+# accessible-pygments (furo's) configures the root logger at INFO when imported: keep the
+# migrations' INFO records (imported by autodoc) out of the build's output
+logging.getLogger("alembic").setLevel(logging.WARNING)
 
 project = "fsm"
 author = "the fsm authors"

@@ -52,19 +52,35 @@ PUBLIC_MODULES = (
 # -- generated pages -----------------------------------------------------------------------------
 
 
+def _attribute_comments(module: Any) -> dict[str, str]:
+    """The ``#:`` comment lines right above each ``NAME = ...`` of a module's source, joined
+    (what autodoc shows as the attribute's documentation), without importing Sphinx."""
+    comments: dict[str, str] = {}
+    pending: list[str] = []
+    for line in inspect.getsource(module).splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#:"):
+            pending.append(stripped[2:].strip())
+            continue
+        name = stripped.split("=", 1)[0].split(":", 1)[0].strip()
+        if pending and "=" in stripped and name.isidentifier():
+            comments[name] = " ".join(pending)
+        pending = []
+    return comments
+
+
 def exit_statuses() -> list[tuple[str, int, str]]:
     """``(constant name, status, meaning)`` of every ``EXIT_*`` constant of :mod:`fsm.cli.main`,
     the meaning being the constant's ``#:`` comment, in status order."""
-    from sphinx.pycode import ModuleAnalyzer
-
     import fsm.cli.main as main
 
-    comments = ModuleAnalyzer.for_module("fsm.cli.main").find_attr_docs()
+    comments = _attribute_comments(main)
     rows = []
     for name in dir(main):
         if name.startswith("EXIT_") and isinstance(getattr(main, name), int):
-            doc = " ".join(" ".join(comments.get(("", name), [])).split())
-            rows.append((name, getattr(main, name), doc))
+            if name not in comments:
+                raise RuntimeError(f"fsm.cli.main.{name} has no #: comment saying what it means")
+            rows.append((name, getattr(main, name), comments[name]))
     return sorted(rows, key=lambda row: row[1])
 
 
@@ -125,7 +141,7 @@ def _write_generated(app: Any) -> None:
 
 def _candidates(target: str, context: str | None) -> Iterator[str]:
     yield target
-    if context and "." not in target:
+    if context and not target.startswith("fsm"):
         yield f"{context}.{target}"
         parts = context.split(".")
         for end in range(len(parts) - 1, 0, -1):
