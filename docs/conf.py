@@ -43,7 +43,6 @@ exclude_patterns = [
     "_generated",
     "drafts",
     "drafts/**",
-    "examples/README.md",
     "Thumbs.db",
 ]
 
