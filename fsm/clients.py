@@ -182,9 +182,10 @@ class _Parsed:
 class EventIterator(_Parsed, Iterator[Event]):
     """Events of one streamed response, parsed as the transport delivers it.
 
-    Iterate it (once) for the events; read :attr:`parser` or :meth:`result` at any time. Also a
-    context manager: leaving the block closes it (aborting a stream that has not ended, with the
-    block's exception as reason if there is one).
+    Iterate it (once) for the events; read :attr:`parser` or
+    :meth:`~fsm.clients.EventIterator.result` at any time. Also a context manager: leaving the
+    block closes it (aborting a stream that has not ended, with the block's exception as reason
+    if there is one).
     """
 
     def __init__(
@@ -252,7 +253,7 @@ class AsyncEventIterator(_Parsed, AsyncIterator[Event]):
 
     Cancelling the consuming task while it waits for data aborts the stream with reason
     ``cancelled`` and re-raises :class:`asyncio.CancelledError` (the abort's events are not
-    yielded: read :attr:`parser` or :meth:`result`).
+    yielded: read :attr:`parser` or :meth:`~fsm.clients.EventIterator.result`).
     """
 
     def __init__(

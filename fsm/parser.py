@@ -10,7 +10,7 @@
     result = parser.result()
 
 The parser does no I/O and owns no threads. The exact semantics are ``shared/spec/parser.md``;
-the project README documents every choice made where the spec is silent.
+the manual's decisions log (docs/decisions.md) lists every choice made where the spec is silent.
 """
 
 from __future__ import annotations

@@ -75,6 +75,7 @@ __all__ = [
     "ReplayFailure",
     "ReplayServer",
     "ReplayTurn",
+    "carries_tool_results",
     "demo_script",
     "split_events",
 ]
@@ -295,6 +296,36 @@ def demo_script(
     ]
 
 
+def carries_tool_results(body: Any) -> bool:
+    """Whether a request body (Chat Completions, Responses or Messages) sends tool results
+    back: a ``tool`` or ``function`` message, a ``function_call_output`` or
+    ``custom_tool_call_output`` item, a ``previous_response_id``, or a ``tool_result`` block. A
+    request without one starts a conversation (``ReplayServer(repeat=True)`` starts its script
+    over)."""
+    if not isinstance(body, dict):
+        return False
+    if body.get("previous_response_id") is not None:
+        return True
+    entries = body.get("messages")
+    if not isinstance(entries, list):
+        entries = body.get("input")
+    if not isinstance(entries, list):
+        return False
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("role") in ("tool", "function"):
+            return True
+        if entry.get("type") in ("function_call_output", "custom_tool_call_output"):
+            return True
+        content = entry.get("content")
+        if isinstance(content, list) and any(
+            isinstance(block, dict) and block.get("type") == "tool_result" for block in content
+        ):
+            return True
+    return False
+
+
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -420,10 +451,20 @@ class ReplayServer:
             framing, line endings and every other byte stay as recorded); ``cut_at``,
             ``reset_at``, ``error_at`` and ``hold_at`` count bytes of the recording.
 
+        host: the address to listen on (``127.0.0.1``, the default, is the loopback: only this
+            machine can reach the server).
+        port: the port to listen on; ``0`` (the default) picks a free one (:attr:`port`).
+        repeat: play the script again and again, as ``fsm replay`` does: when every turn has
+            been answered, or when a request carries no tool result (a new conversation
+            starts), the script starts over with new response ids. Without it (the default)
+            a request past the end of the script is refused.
+        log: called with one line per request answered or refused (``fsm replay`` prints them
+            on stderr).
+
     Attributes:
         requests: every JSON body received, in order (``None`` for a body that is not JSON).
         failures: every rejected request, as :class:`ReplayFailure`.
-        served: how many turns of the script have been answered.
+        served: how many turns of the script have been answered (since it last started over).
     """
 
     def __init__(
@@ -432,10 +473,20 @@ class ReplayServer:
         *,
         hold_timeout: float = 10.0,
         response_ids: Literal["unique", "recorded"] = "unique",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        repeat: bool = False,
+        log: Callable[[str], None] | None = None,
     ) -> None:
         if response_ids not in ("unique", "recorded"):
             raise ValueError(f"response_ids must be 'unique' or 'recorded', got {response_ids!r}")
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be from 0 to 65535, got {port!r}")
         self.script: list[ReplayTurn] = list(script)
+        self.host = host
+        self._port = port
+        self.repeat = repeat
+        self._log = log
         self.hold_timeout = hold_timeout
         self.response_ids = response_ids
         #: the random part of this server's response ids (see ``response_ids``)
@@ -457,7 +508,7 @@ class ReplayServer:
         """Start listening (``__enter__`` does this)."""
         if self._httpd is not None:
             raise RuntimeError("the server is already running")
-        httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
+        httpd = _HTTPServer((self.host, self._port), _Handler)
         httpd.replay = self
         self._httpd = httpd
         self._thread = threading.Thread(
@@ -506,8 +557,11 @@ class ReplayServer:
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:PORT``."""
-        return f"http://127.0.0.1:{self.port}"
+        """``http://HOST:PORT`` (``http://127.0.0.1:PORT`` by default): the ``base_url`` for an
+        ``anthropic`` client. A server listening on every address (``0.0.0.0``) names the
+        loopback."""
+        host = "127.0.0.1" if self.host in ("", "0.0.0.0") else self.host
+        return f"http://{host}:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -637,6 +691,16 @@ class ReplayServer:
             status = 400
             turn: ReplayTurn | None = None
             fmt = FORMAT_OF_PATH.get(path)
+            if (
+                self.repeat
+                and fmt is not None
+                and self.served > 0
+                and (self.served >= len(self.script) or not carries_tool_results(body))
+            ):
+                # a new conversation (or the script's end): play the script again
+                self.served = 0
+                self._previous = None
+                self._id_token = os.urandom(4).hex()
             if fmt is None:
                 problem, status = f"unknown path {path!r}", 404
             elif body is None:
@@ -680,6 +744,12 @@ class ReplayServer:
             body = None
         turn, problem, status, served = self._decide(path, body)
         fmt = FORMAT_OF_PATH.get(path, "chat")
+        if self._log is not None:
+            if turn is None:
+                self._log(f"POST {path}: {status} refused: {problem}")
+            else:
+                name = "bytes" if isinstance(turn.stream, bytes) else Path(turn.stream).name
+                self._log(f"POST {path}: {status}, turn {served} of {len(self.script)} ({name})")
         if turn is None:
             assert problem is not None
             error_type = "not_found_error" if status == 404 else "invalid_request_error"

@@ -92,7 +92,7 @@ FINAL_EVENTS: Final[dict[ToolCallState, type[Event]]] = {
 _LIVE = [ToolCallState.OPENED, ToolCallState.ACCUMULATING]
 
 #: Every transition as ``(trigger, sources, destination)``. This list *is* the machine: the
-#: :data:`MACHINE`, the README diagram and the table-driven tests are all built from it.
+#: :data:`MACHINE`, the manual's diagram and the table-driven tests are all built from it.
 TRANSITIONS: Final[tuple[tuple[str, tuple[ToolCallState, ...], ToolCallState], ...]] = (
     ("accumulate", (ToolCallState.OPENED,), ToolCallState.ACCUMULATING),
     ("finish", tuple(_LIVE), ToolCallState.FINISHED),
@@ -196,7 +196,7 @@ def fire(call: Any, trigger: str) -> None:
 def mermaid_diagram() -> str:
     """Return the state diagram as Mermaid ``stateDiagram-v2`` text, built from :data:`TRANSITIONS`.
 
-    The README embeds this text; a test fails when the README's copy is stale.
+    The manual (docs/reference/states.md) shows this text, generated at each build.
     """
     lines = ["stateDiagram-v2", f"    [*] --> {ToolCallState.OPENED.value}"]
     for trigger, sources, dest in TRANSITIONS:
@@ -310,7 +310,8 @@ _SPECIAL_FINISH: Final = frozenset({"length", "content_filter"})
 
 
 def ending_table() -> str:
-    """The ending table as Markdown rows, built from :data:`ENDINGS` (the README embeds it)."""
+    """The ending table as Markdown rows, built from :data:`ENDINGS` (the manual shows it,
+    generated at each build)."""
     lines = [
         "| how the stream ended | finish_reason | calls | reason |",
         "|---|---|---|---|",

@@ -388,7 +388,8 @@ class Turn:
         ``function_call`` / ``custom_tool_call``, built-in tool items); with ``results`` (a
         mapping of call id to output, or the outputs in call order) also one
         ``function_call_output`` / ``custom_tool_call_output`` per call, in call order. Items
-        only another provider understands are dropped (see README "Three stream formats").
+        only another provider understands are dropped (see the manual's guide to the three
+        stream formats, docs/guides/formats.md).
 
         Only for a complete turn (:class:`~fsm.errors.IncompleteTurnError` otherwise)."""
         from fsm.formats.render import to_items

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,13 +90,20 @@ def test_final_states_have_no_way_out() -> None:
         assert not FINAL_STATES & set(sources)
 
 
-def test_readme_diagram_is_generated_from_the_machine() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    blocks = re.findall(r"```mermaid\n(stateDiagram-v2\n.*?)```", readme, re.S)
-    assert blocks, "README.md has no mermaid stateDiagram-v2 block"
-    assert blocks[0] == mermaid_diagram(), (
-        "README.md's state diagram is stale: paste the output of "
-        "`python -c 'import fsm.states as s; print(s.mermaid_diagram(), end=\"\")'`"
+def test_manual_diagram_is_generated_from_the_machine() -> None:
+    """The manual's state diagram is generated from the machine at each build (docs/_ext:
+    ``_generated/state-diagram.md``, included by docs/reference/states.md): it cannot go stale."""
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    page = (docs / "reference" / "states.md").read_text()
+    assert "```{include} ../_generated/state-diagram.md" in page
+    assert "stateDiagram-v2" not in page  # no hand-made copy beside it
+    sys.path.insert(0, str(docs / "_ext"))
+    try:
+        import fsmdocs
+    finally:
+        sys.path.remove(str(docs / "_ext"))
+    assert fsmdocs.generated_pages()["state-diagram.md"] == (
+        f"```{{mermaid}}\n{mermaid_diagram()}```\n"
     )
 
 
@@ -244,12 +251,17 @@ def test_stream_states() -> None:
     assert [s.value for s in StreamState] == ["open", "ended", "closed", "failed"]
 
 
-def test_readme_ending_table_is_generated_from_the_table() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert ending_table() in readme, (
-        "README.md's ending table is stale: paste the output of "
-        "`python -c 'import fsm.states as s; print(s.ending_table(), end=\"\")'`"
-    )
+def test_manual_ending_table_is_generated_from_the_table() -> None:
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    page = (docs / "reference" / "states.md").read_text()
+    assert "```{include} ../_generated/ending-table.md" in page
+    assert ending_table().splitlines()[2] not in page  # no hand-made copy beside it
+    sys.path.insert(0, str(docs / "_ext"))
+    try:
+        import fsmdocs
+    finally:
+        sys.path.remove(str(docs / "_ext"))
+    assert fsmdocs.generated_pages()["ending-table.md"] == ending_table() + "\n"
 
 
 def test_machine_callbacks_take_transitions_own_path() -> None:

@@ -91,7 +91,7 @@ def demo(url: str | None, delay: float, stream_format: str) -> None:
       fsm demo --format anthropic
     """
     fmt: Any = stream_format
-    package, extra = ("anthropic", "anthropic") if fmt == "anthropic" else ("openai", "clients")
+    package, extra = ("anthropic", "anthropic") if fmt == "anthropic" else ("openai", "openai")
     try:
         sdk = importlib.import_module(package)
     except ModuleNotFoundError:

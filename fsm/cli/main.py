@@ -33,7 +33,8 @@ __all__ = [
     "main",
 ]
 
-# One exit status per outcome, the same for every command (the README's "Exit status" table):
+# One exit status per outcome, the same for every command (the manual's exit status page,
+# docs/reference/exit-status.md, is generated from these and their comments):
 #: the work was done and the result is incomplete or not clean (a stream that did not complete,
 #: a turn recorded as a failed attempt, an audit check that found violations)
 EXIT_INCOMPLETE = 1
@@ -202,9 +203,10 @@ def _register() -> None:
     from fsm.cli.conversations import conversations
     from fsm.cli.demo import demo
     from fsm.cli.parse import parse_command
+    from fsm.cli.replay import replay
     from fsm.cli.store import db, history, ingest
 
-    for command in (parse_command, db, ingest, history, conversations, audit, demo):
+    for command in (parse_command, db, ingest, history, conversations, audit, demo, replay):
         cli.add_command(command)
 
 

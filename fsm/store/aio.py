@@ -257,7 +257,7 @@ class AsyncConversationStore(AsyncLedgerMethods):
         """The database's dialect: ``sqlite`` or ``postgresql``."""
         return str(self._engine.dialect.name)
 
-    #: Whether the store writes inside a caller's transaction (never: see :meth:`bind`).
+    #: Whether the store writes inside a caller's transaction; never (see :meth:`bind`).
     caller_transaction = False
 
     @property

@@ -186,7 +186,7 @@ class PendingTurn:
         return self.executions[_position(self, call)]
 
     def to_message(self) -> dict[str, Any]:
-        """The assistant message as history will hold it (as :meth:`Turn.to_message`)."""
+        """The assistant message as history will hold it (as :meth:`fsm.Turn.to_message`)."""
         message: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.refusal is not None:
             message["refusal"] = self.refusal
