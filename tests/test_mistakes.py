@@ -992,6 +992,22 @@ def test_the_postgres_probe_does_not_mistake_a_down_server(tmp_path: Path) -> No
     assert proc.returncode == 4, proc.stderr
 
 
+@pytest.mark.postgres
+def test_an_unknown_role_is_a_url_to_fix_not_a_retry(tmp_path: Path) -> None:
+    """A role the server does not know (or a wrong password) is exit 2, "check the user and
+    password in the URL": retrying cannot help, so never exit 4 "retry"."""
+    server = postgres_server()
+    role = f"fsm_nobody_{uuid.uuid4().hex[:6]}"
+    nobody = server.set(username=role)
+    ctx = make_ctx(tmp_path, "postgresql", server, server)
+    proc = fsm(ctx, ("history", "--db", nobody.render_as_string(hide_password=False), "c1"))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: the server refused the login of "), proc.stderr
+    assert f'role "{role}" does not exist' in proc.stderr
+    with pytest.raises(DatabaseUrlError, match="check the user and password"):
+        ConversationStore(nobody)
+
+
 def test_the_help_lists_every_exit_status() -> None:
     from fsm.cli import main
 

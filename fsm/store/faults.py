@@ -314,6 +314,15 @@ _FULL_AT_CONNECT: Final = (
     "no more connections allowed",
 )
 
+#: what a refused login says at connect (libpq gives it no SQLSTATE): an unknown role, a wrong
+#: password, no pg_hba.conf line for this client; retrying cannot help, the URL must change
+_LOGIN_REFUSED_AT_CONNECT: Final = (
+    "does not exist",  # FATAL:  role "x" does not exist (a missing database is told apart first)
+    "password authentication failed",
+    "no pg_hba.conf entry",
+    "authentication failed",
+)
+
 
 # -- the translation -------------------------------------------------------------------------
 def driver_error(exc: BaseException) -> BaseException:
@@ -382,8 +391,16 @@ def _lookup(orig: BaseException, url: URL, *, connecting: bool, readonly: bool) 
             return _server_full
         if connecting and _database_missing(url):
             return _missing_database
+        if connecting and _login_refused_text(str(orig)):
+            return _login_refused
         return _unavailable  # no session, no SQLSTATE: refused, unreachable, reset
     return None
+
+
+def _login_refused_text(text: str) -> bool:
+    return any(phrase in text for phrase in _LOGIN_REFUSED_AT_CONNECT) and (
+        "role " in text or "authentication" in text or "pg_hba.conf" in text
+    )
 
 
 def _is_operational(orig: BaseException) -> bool:
