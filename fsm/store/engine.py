@@ -630,8 +630,10 @@ def configure_engine(
 ) -> _E:
     """Set up a host application's own engine (sync or asyncio) for fsm; returns it.
 
-    Call it once, right after creating the engine and before its first connection (a connection
-    already in the pool keeps its old settings). A second call on the same engine does nothing.
+    Call it right after creating the engine. Called later, it still works: the connections the
+    pool holds are closed (new ones get the settings), and a connection the host still has open
+    is refused by the store with a message saying to open a new one. A second call on the same
+    engine does nothing.
 
     SQLite (``pysqlite`` or ``aiosqlite``): every new connection gets ``PRAGMA foreign_keys=ON``
     (the store's contract lives partly in foreign keys) and ``PRAGMA busy_timeout`` (seconds a
@@ -664,6 +666,9 @@ def configure_engine(
         # (the WRITE option) get a setting of fsm's
         profile = _store_profile(foreign_keys=True, busy_timeout=busy_timeout)
         _configure(sync_engine, dataclasses.replace(profile, postgres_every_transaction=None))
+    # connections opened before this call lack the settings: the pool's are closed (a new
+    # pool takes their place), one still checked out is refused by require_configured
+    sync_engine.dispose()
     _configured_engines.add(sync_engine)
     return engine
 
@@ -680,6 +685,12 @@ def is_configured(connection: Connection) -> bool:
 def require_configured(connection: Connection) -> None:
     """Raise :class:`EngineNotConfiguredError` unless :func:`is_configured`."""
     if not is_configured(connection):
+        if connection.engine in _configured_engines:
+            raise EngineNotConfiguredError(
+                "this connection was opened before fsm.store.configure_engine(engine) was "
+                "called, so it lacks fsm's settings (foreign keys, transactions): open a new one "
+                "(engine.connect() / engine.begin()) for fsm's work"
+            )
         raise EngineNotConfiguredError(
             "this SQLite engine was not set up for fsm (its connections have foreign keys off "
             "and the driver's own transaction handling): call "

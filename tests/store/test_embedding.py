@@ -213,6 +213,33 @@ def test_configure_engine_sets_sqlite_pragmas_once(engine_name: str, db_url: sa.
         engine.dispose()
 
 
+def test_configure_engine_after_the_engine_connected_still_works(
+    engine_name: str, db_url: sa.URL
+) -> None:
+    """Issue 29: configure_engine() called after the host's engine connected: the pool's old
+    connections are closed, so the store works at once; a connection the host still holds is
+    refused with a message saying to open a new one (not "call configure_engine")."""
+    if engine_name != "sqlite":
+        pytest.skip("SQLite connections carry fsm's settings; PostgreSQL needs none")
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.connect() as conn:  # the host's app ran before fsm was set up
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar_one() == 0
+        held = engine.connect()
+        configure_engine(engine)
+        store = ConversationStore(engine=engine)
+        cid = store.create_conversation()
+        store.commit_turn(cid, make_turn(), ["r"])
+        with engine.begin() as conn:
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar_one() == 1
+            store.bind(conn).append(cid, [{"role": "user", "content": "next"}])
+        with pytest.raises(EngineNotConfiguredError, match="opened before .*open a new one"):
+            store.bind(held)
+        held.close()
+    finally:
+        engine.dispose()
+
+
 def test_postgres_sessions_carry_no_fsm_setting(engine_name: str, db_url: sa.URL) -> None:
     """Transaction-pooling safe: fsm sets nothing per session; its write transactions set
     ``enable_seqscan`` with ``SET LOCAL``, and read-only transactions are ``READ ONLY`` one
