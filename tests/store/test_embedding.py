@@ -233,7 +233,7 @@ def test_configure_engine_after_the_engine_connected_still_works(
         with engine.begin() as conn:
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar_one() == 1
             store.bind(conn).append(cid, [{"role": "user", "content": "next"}])
-        with pytest.raises(EngineNotConfiguredError, match="opened before .*open a new one"):
+        with pytest.raises(EngineNotConfiguredError, match=r"opened before .*open a new one"):
             store.bind(held)
         held.close()
     finally:
