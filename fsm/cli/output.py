@@ -5,9 +5,12 @@ One writer for every command that prints rows, in the format the shared output f
 (:func:`fsm.cli.options.output_options`):
 
 * the default (or ``--table``): an aligned table for people, numbers right-aligned, long cells
-  cut to ``--max-width`` characters with an ellipsis, and the whole table fitted to the width of
-  the terminal (``$COLUMNS``, else the terminal's; not when stdout is no terminal and
-  ``COLUMNS`` is unset) by cutting its widest text columns; ``--max-width 0`` cuts nothing.
+  cut to ``--max-width`` characters with an ellipsis, times to the second in UTC, and the whole
+  table fitted to the width of the terminal (``$COLUMNS``, else the terminal's; not when stdout
+  is no terminal and ``COLUMNS`` is unset): columns empty in every row are left out, long text
+  columns (arguments, results, reasons) are cut first, then left out from the right (numbers
+  first; a line on stderr names them), while ids, names, states, models and times stay whole as
+  long as they fit; ``--columns`` keeps what it names, ``--max-width 0`` cuts nothing.
   Control characters are shown escaped (:func:`safe_text`) so that a value can neither break
   the layout nor drive the terminal. An empty result still prints the header;
 * ``--json``: one JSON array (one object per line inside it), ``--nl``: one JSON object per line
@@ -254,10 +257,14 @@ def _tsv_cell(value: Any) -> str:
 
 
 def _table_cell(value: Any, limit: int) -> str:
-    """A value as a table shows it: a float to 6 digits, a list of texts as ``a, b`` (empty:
-    nothing), anything else as its exact text; terminal-safe and cut to ``limit``."""
+    """A value as a table shows it: a float to 6 digits, a time to the second in UTC, a list of
+    texts as ``a, b`` (empty: nothing), anything else as its exact text; terminal-safe and cut
+    to ``limit``."""
     if isinstance(value, float):
         text = f"{value:.6g}"
+    elif isinstance(value, datetime):  # to the second, in UTC: 2026-11-30T14:05:09Z
+        utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        text = utc.strftime("%Y-%m-%dT%H:%M:%SZ")
     elif isinstance(value, list) and all(isinstance(v, str) for v in value):
         text = ", ".join(value)
     else:
@@ -326,6 +333,16 @@ def emit(
 
 #: the narrowest a text column is cut to when a table is fitted to the terminal.
 _MIN_COLUMN = 8
+#: the columns a fitted table keeps whole as long as they fit (what an auditor reads a row by):
+#: ids, names, states and why, models and times; the others (arguments, results...) are cut
+#: first, then left out
+_WHOLE_NAMES = frozenset(
+    {"id", "conversation", "name", "tool", "state", "reason", "model", "time", "day"}
+)
+
+
+def _keep_whole(column: str) -> bool:
+    return column in _WHOLE_NAMES or column.endswith(("_id", "_at"))
 
 
 def _fit(widths: list[int], floors: list[int], total: int) -> list[int]:
@@ -350,6 +367,47 @@ def _fit(widths: list[int], floors: list[int], total: int) -> list[int]:
             if excess <= 0:
                 break
     return fitted
+
+
+def _total(widths: Sequence[int]) -> int:
+    """A table's width: its columns and two spaces between each."""
+    return sum(widths) + 2 * (len(widths) - 1)
+
+
+def _fitting_columns(
+    header: Sequence[str],
+    cells: Sequence[Sequence[str]],
+    widths: Sequence[int],
+    numeric: Sequence[bool],
+    room: int,
+    may_leave_out: bool,
+) -> list[int]:
+    """The columns (their indexes) a table too wide for ``room`` keeps: without columns that
+    are empty in every row; then, while it cannot fit with its text columns cut to
+    :data:`_MIN_COLUMN`, without the rightmost number column, then the rightmost text column,
+    that is not kept whole (:func:`_keep_whole`). Nothing is left out of columns the user named
+    (``may_leave_out`` false)."""
+    keep = list(range(len(header)))
+    if not may_leave_out:
+        return keep
+    if cells:
+        keep = [i for i in keep if any(line[i] for line in cells)]
+
+    def narrowest() -> int:
+        return _total(
+            [
+                widths[i] if numeric[i] or _keep_whole(header[i]) else min(widths[i], _MIN_COLUMN)
+                for i in keep
+            ]
+        )
+
+    for kind in (True, False):  # numbers first (positions, counts), then texts
+        for i in reversed(list(keep)):
+            if narrowest() <= room:
+                return keep
+            if numeric[i] == kind and not _keep_whole(header[i]):
+                keep.remove(i)
+    return keep
 
 
 def _table(
@@ -381,11 +439,32 @@ def _table(
     for line in cells:
         widths = [max(w, _width(cell)) for w, cell in zip(widths, line, strict=True)]
     room = output.width if output.width is not None else terminal_width()
-    if limit and room:
-        floors = [
-            w if right else min(w, _MIN_COLUMN) for w, right in zip(widths, numeric, strict=True)
-        ]
-        fitted = _fit(widths, floors, room)
+    if limit and room and _total(widths) > room:
+        keep = _fitting_columns(header, cells, widths, numeric, room, output.columns is None)
+        if len(keep) < len(header):
+            left_out = [header[i] for i in range(len(header)) if i not in keep]
+            print(
+                f"({len(left_out)} column(s) left out to fit {room} columns: "
+                f"{', '.join(left_out)}; --columns or --max-width 0 shows them)",
+                file=sys.stderr,
+            )
+            header = [header[i] for i in keep]
+            titles = [titles[i] for i in keep]
+            widths = [widths[i] for i in keep]
+            numeric = [numeric[i] for i in keep]
+            cells = [[line[i] for i in keep] for line in cells]
+        whole = [right or _keep_whole(c) for c, right in zip(header, numeric, strict=True)]
+        fitted = _fit(
+            widths,
+            [w if k else min(w, _MIN_COLUMN) for w, k in zip(widths, whole, strict=True)],
+            room,
+        )
+        if _total(fitted) > room:  # the whole columns alone are too wide: cut them too
+            fitted = _fit(
+                fitted,
+                [w if r else min(w, _MIN_COLUMN) for w, r in zip(fitted, numeric, strict=True)],
+                room,
+            )
         if fitted != widths:
             widths = fitted
             titles = [_cut(t, w) for t, w in zip(titles, widths, strict=True)]

@@ -11,6 +11,7 @@ import io
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -185,11 +186,11 @@ def test_audit_columns_and_width_through_the_cli(hostile: str) -> None:
     picked = run(
         "audit", "calls", "--db", hostile, "--columns", "name,arguments", env={"COLUMNS": "30"}
     )
-    assert picked.stdout.splitlines() == [  # both cut to 14, the widest first
-        "name            arguments",
-        "--------------  --------------",
-        'get_\\x1b[31mr…  {"q": "abc\\u2…',
-        'lookup          {"t": "xxxxxx…',
+    assert picked.stdout.splitlines() == [  # the name whole (15), the arguments cut to 13
+        "name             arguments",
+        "---------------  -------------",
+        'get_\\x1b[31mred  {"q": "abc\\u…',
+        'lookup           {"t": "xxxxx…',
     ]
     wide = run("audit", "calls", "--db", hostile, "--max-width", "0", env={"COLUMNS": "80"})
     assert LONG in wide.stdout
@@ -358,3 +359,57 @@ def test_failure_counts_are_never_paged(hostile: str) -> None:
             shown.stderr
         )
     assert run("audit", "failures", "--db", hostile, "--counts").exit_code == 0
+
+
+def test_a_fitted_table_keeps_ids_names_states_and_times_whole(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 29: at 80-140 columns the columns an auditor reads a row by stay whole; columns
+    empty in every row are left out first, then the long texts are cut, then left out from the
+    right (numbers first), and a line on stderr names what was left out."""
+    when = datetime(2026, 11, 30, 14, 5, 9, 123456, tzinfo=UTC)
+    rows = [
+        {
+            "conversation_id": f"support-ticket-2026-11-30-{n:04d}",
+            "seq": 1,
+            "position": n,
+            "call_id": f"call_{n:02d}_Xq7Zr2mKpA",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris", "units": "metric", "days": 7}' * 2,
+            "state": "truncated" if n else "finished",
+            "model": "gpt-4o-mini-2024-07-18",
+            "created_at": when,
+            "result": "18 C, sunny" * 5 if not n else None,
+            "reason": "length" if n else None,
+            "duration_ms": None,
+        }
+        for n in range(3)
+    ]
+    whole = ("support-ticket-2026-11-30-0001", "call_01_Xq7Zr2mKpA", "get_weather", "truncated")
+    for width in (130, 140):  # room for the whole columns: they are not cut
+        lines = emitted(OutputFormat(width=width), rows=rows, columns=list(rows[0])).splitlines()
+        note = capsys.readouterr().err
+        assert all(len(line) <= width for line in lines), (width, lines)
+        assert "duration_ms" not in lines[0]  # empty in every row
+        for text in (*whole, "2026-11-30T14:05:09Z", "length", "gpt-4o-mini-2024-07-18"):
+            assert text in lines[3], (width, text, lines)
+        left_out = [c for c in ("seq", "position", "arguments", "result") if c not in lines[0]]
+        assert note.startswith(f"({len(left_out) + 1} column(s) left out to fit {width} columns")
+        assert all(c in note for c in left_out)
+    # 100: every other column left out before a whole column is cut
+    lines = emitted(OutputFormat(width=100), rows=rows, columns=list(rows[0])).splitlines()
+    assert lines[0].split() == [
+        "conversation_id", "call_id", "name", "state", "model", "created_at", "reason"
+    ]  # fmt: skip
+    assert all(len(line) <= 100 for line in lines)
+    assert "seq, position, arguments, result, duration_ms" in capsys.readouterr().err
+    # a table that fits is left as it is, empty columns included
+    lines = emitted(OutputFormat(width=400), rows=rows, columns=list(rows[0])).splitlines()
+    assert lines[0].split() == list(rows[0]) and capsys.readouterr().err == ""
+    # --columns keeps what it names, even empty, cutting instead
+    picked = OutputFormat(width=60, columns=("name", "duration_ms", "arguments"))
+    assert emitted(picked, rows=rows, columns=list(rows[0])).splitlines()[0].split() == [
+        "name",
+        "duration_ms",
+        "arguments",
+    ]
