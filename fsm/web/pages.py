@@ -34,7 +34,13 @@ from fsm.web.html import attr, href, json_block, path_of, text, when
 __all__ = ["Query", "View", "Viewer"]
 
 #: rows per page of each listing (``limit=`` may ask for fewer or more, up to MAX_LIMIT).
-LIMITS: Final = {"conversations": 50, "calls": 100, "failures": 100, "timeline": 200}
+LIMITS: Final = {
+    "conversations": 50,
+    "calls": 100,
+    "failures": 100,
+    "timeline": 200,
+    "attempts": 50,
+}
 MAX_LIMIT: Final = 500
 #: violations the check page keeps (the counts per kind cover every one).
 MAX_VIOLATIONS: Final = 1000
@@ -58,13 +64,14 @@ class Query:
         """Every non-empty value of ``name``, in order."""
         return [v for k, v in self.pairs if k == name and v.strip()]
 
-    def limit(self, default: int) -> int:
-        """``limit=``: a whole number from 1 to :data:`MAX_LIMIT` (the page's default if absent)."""
-        given = self.get("limit")
+    def limit(self, default: int, name: str = "limit") -> int:
+        """``limit=`` (or ``name=``): a whole number from 1 to :data:`MAX_LIMIT` (the page's
+        default if absent)."""
+        given = self.get(name)
         if given is None:
             return default
-        if not given.isdigit() or not 1 <= int(given) <= MAX_LIMIT:
-            raise InvalidFilterError(f"limit must be a whole number from 1 to {MAX_LIMIT}")
+        if not (given.isascii() and given.isdigit()) or not 1 <= int(given) <= MAX_LIMIT:
+            raise InvalidFilterError(f"{name} must be a whole number from 1 to {MAX_LIMIT}")
         return int(given)
 
 
@@ -185,11 +192,16 @@ def _pending(title: str, pending: Pending, what: str) -> View:
 
 
 # -- shared bits -------------------------------------------------------------------------------
-def _conversation_link(conversation_id: str, seq: int | None = None, *, anchor: str = "") -> str:
-    """The link to a conversation's timeline, at the page holding ``seq``."""
+def _conversation_link(
+    conversation_id: str, seq: int | None = None, *, anchor: str = "", attempt: int | None = None
+) -> str:
+    """The link to a conversation's timeline, at the page holding ``seq`` (and, for the
+    attempt ``attempt`` at ``seq``, at the page of attempts that starts with it)."""
     query: dict[str, Any] = {}
     if seq is not None and seq >= LIMITS["timeline"]:
         query["after"] = (seq // LIMITS["timeline"]) * LIMITS["timeline"] - 1
+    if seq is not None and attempt is not None:
+        query["attempts_after"] = cursor((seq, attempt - 1))
     return href(path_of("c", conversation_id), query, anchor=anchor)
 
 
@@ -365,11 +377,24 @@ class Viewer:
     def timeline(self, conversation_id: str, query: Query) -> View:
         """One conversation in seq order, with its attempts at their place in time."""
         limit = query.limit(LIMITS["timeline"])
+        attempts_limit = query.limit(LIMITS["attempts"], "attempts_limit")
         after_text = query.get("after")
-        if after_text is not None and not after_text.lstrip("-").isdigit():
+        if after_text is not None and not (
+            after_text.isascii() and after_text.lstrip("-").isdigit() and len(after_text) <= 20
+        ):
             raise InvalidFilterError("after must be a seq (a whole number)")
         after = None if after_text is None else int(after_text)
-        found = browse.timeline(self.engine, conversation_id, after=after, limit=limit)
+        attempts_after = uncursor(query.get("attempts_after"), 2)
+        found = browse.timeline(
+            self.engine,
+            conversation_id,
+            after=after,
+            limit=limit,
+            attempts_after=None
+            if attempts_after is None
+            else (attempts_after[0], attempts_after[1]),
+            attempts_limit=attempts_limit,
+        )
         title = f"Conversation {conversation_id}"
         if found is None:
             missing = (
@@ -380,6 +405,8 @@ class Viewer:
                 title, missing, {"error": "not found", "conversation_id": conversation_id}, 404
             )
         data = found.as_dict()
+        more_attempts = None if found.attempts_next is None else cursor(found.attempts_next)
+        data["attempts_next_cursor"] = more_attempts
         base = path_of("c", conversation_id)
         body = [
             '<dl class="meta">'
@@ -414,9 +441,16 @@ class Viewer:
                 f'<a rel="next" class="next" href="{href(base, {"after": found.next_after})}">'
                 "next page</a>"
             )
+        if more_attempts is not None:
+            kept = [(k, v) for k, v in query.pairs if k not in ("attempts_after", "format")]
+            pager.append(
+                f'<a class="next-attempts" href="{href(base, [*kept, ("attempts_after", more_attempts)])}">'
+                "more attempts of these messages</a>"
+            )
         shown = len(found.messages)
         body.append(
             f'<nav class="pager"><span class="count">{shown} message{"s" if shown != 1 else ""}'
+            f", {len(found.attempts)} attempt{'s' if len(found.attempts) != 1 else ''}"
             f"</span> {' '.join(pager)}</nav>"
         )
         return View(title, "".join(body), data)
@@ -616,7 +650,9 @@ class Viewer:
                 anchor = f"attempt-{row.attempt_id}-{row.position}"
                 outcome = f'<span class="reason">{_short(row.reason)}</span>'
             state = row.state if row.state in _STATES else "unknown"
-            link = _conversation_link(row.conversation_id, row.seq, anchor=anchor)
+            link = _conversation_link(
+                row.conversation_id, row.seq, anchor=anchor, attempt=row.attempt_id
+            )
             body.append(
                 f'<tr><td><a class="id" href="{_conversation_link(row.conversation_id)}">'
                 f"{text(row.conversation_id)}</a></td>"
@@ -717,7 +753,9 @@ class Viewer:
                 if row.position is not None
                 else f"attempt-{row.attempt_id}"
             )
-            link = _conversation_link(row.conversation_id, row.seq, anchor=anchor)
+            link = _conversation_link(
+                row.conversation_id, row.seq, anchor=anchor, attempt=row.attempt_id
+            )
             body.append(
                 f'<tr><td class="n"><a class="place" href="{link}">#{row.attempt_id}</a></td>'
                 f'<td><a class="id" href="{_conversation_link(row.conversation_id)}">'

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 import secrets
 import socket
 import sys
@@ -58,6 +59,8 @@ _SECURITY_HEADERS: Final = {
     "Cache-Control": "no-store",
 }
 _COOKIE: Final = "fsm_audit_token"
+#: what ``surrogateescape`` makes of bytes that are not UTF-8 (no UTF-8 text decodes to these)
+_NOT_UTF8: Final = re.compile("[\udc80-\udcff]")
 _STATIC: Final = {
     "/static/style.css": ("style.css", "text/css; charset=utf-8"),
     "/static/favicon.svg": ("favicon.svg", "image/svg+xml"),
@@ -123,7 +126,16 @@ class App:
                 "This viewer is read-only: only GET and HEAD.",
                 {"Allow": "GET, HEAD"},
             )
-        response = self._get(parts.path, Query([(k, v) for k, v in pairs if k != "token"]))
+        query = Query([(k, v) for k, v in pairs if k != "token"])
+        if any(_NOT_UTF8.search(k) or _NOT_UTF8.search(v) for k, v in query.pairs):
+            response = self._error(
+                HTTPStatus.BAD_REQUEST,
+                "The query string must be UTF-8 (percent-encoded): a value is not.",
+                parts.path,
+                Query([(k, v) for k, v in query.pairs if k == "format"]),
+            )
+        else:
+            response = self._get(parts.path, query)
         if method == "HEAD":
             return Response(
                 response.status, b"", {**response.headers, "X-Body-Length": str(len(response.body))}
@@ -181,7 +193,7 @@ class App:
             if path.startswith("/c/") and len(path) > 3:
                 raw = unquote_to_bytes(path[3:])
                 try:
-                    conversation_id = raw.decode("utf-8", "surrogatepass")
+                    conversation_id = raw.decode("utf-8")
                 except UnicodeDecodeError:
                     return self._error(
                         HTTPStatus.BAD_REQUEST, "A conversation id must be UTF-8.", path, query

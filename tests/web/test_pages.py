@@ -131,7 +131,8 @@ def test_calls_twin_is_the_audit_query(app: App) -> None:
         target = f"/calls?format=json&limit=9&after={page['next']}"
     assert len(keys) == len(set(keys)) == len(list(audit.tool_calls(engine, limit=None)))
     html = get(app, "/calls?state=truncated")
-    assert re.search(r'href="/c/plain#attempt-\d+-0"', html)
+    # an attempt's call links to the page of attempts that starts with its attempt
+    assert re.search(r'href="/c/plain\?attempts_after=[\w-]+#attempt-\d+-0"', html)
     assert get(app, "/calls?format=json&arg=nonsense", 400)["error"].startswith("arg")
     assert "unknown state" in get(app, "/calls?format=json&state=bogus", 400)["error"]
 

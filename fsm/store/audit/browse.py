@@ -12,6 +12,7 @@ multiples of ``limit``).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -20,7 +21,14 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from fsm.store.audit.filters import Filters, _time_column, _time_filters
+from fsm.store.audit.filters import (
+    INT64_MAX,
+    INT64_MIN,
+    Filters,
+    _time_column,
+    _time_filters,
+    row_key,
+)
 from fsm.store.audit.read import (
     _ATTEMPT_CALLS,
     _ATTEMPTS,
@@ -36,7 +44,7 @@ from fsm.store.audit.read import (
     _Row,
     _text,
 )
-from fsm.store.codec import as_utc
+from fsm.store.codec import as_utc, encode_text
 from fsm.store.errors import InvalidFilterError
 
 __all__ = [
@@ -103,6 +111,11 @@ def conversations(
     if after is not None and (len(after) != 2 or not all(isinstance(part, str) for part in after)):
         raise InvalidFilterError("after must be a conversation row's key (two strings)")
     f = Filters.of(model=model, since=since, until=until)
+    if prefix and _UNSENDABLE.search(prefix):
+        raise InvalidFilterError(
+            f"prefix {prefix!r} starts no conversation id (ids are text without U+0000 or "
+            "surrogates)"
+        )
     c = _CONVERSATIONS.alias("c")
     m = _MESSAGES.alias("m")
     a = _ATTEMPTS.alias("a")
@@ -125,7 +138,7 @@ def conversations(
                     # (which would read every attempt of the model for each conversation)
                     _probe(
                         a.c.conversation_id == c.c.id,
-                        sa.type_coerce(a.c.model, sa.String) + "" == f.model,
+                        sa.type_coerce(a.c.model, sa.String) + "" == encode_text(f.model),
                     ),
                 )
             )
@@ -277,8 +290,10 @@ class TimelineAttempt(_Row):
 class Timeline:
     """A page of one conversation: its messages from ``after + 1`` on (at most ``limit``), and the
     attempts placed among them (an attempt at ``at_seq`` s comes before the message at s; the
-    last page also holds the attempts after the last message). ``next_after`` is the cursor of
-    the next page (``None`` on the last)."""
+    last page also holds the attempts after the last message), at most a page of them.
+    ``next_after`` is the cursor of the next page (``None`` on the last); ``attempts_next`` the
+    key of the last attempt shown when the same messages have more attempts (``None`` when
+    all are shown)."""
 
     conversation_id: str
     created_at: datetime | None
@@ -288,6 +303,8 @@ class Timeline:
     messages: list[TimelineMessage]
     attempts: list[TimelineAttempt]
     next_after: int | None
+    #: ``attempts_after=`` for the next page of attempts of the same messages (``None``: none)
+    attempts_next: tuple[int, int] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The page as plain data (the viewer's JSON)."""
@@ -300,19 +317,35 @@ class Timeline:
             "messages": [m.as_dict() for m in self.messages],
             "attempts": [a.as_dict() for a in self.attempts],
             "next_after": self.next_after,
+            "attempts_next": None if self.attempts_next is None else list(self.attempts_next),
         }
 
 
 def timeline(
-    bind: Bind, conversation_id: str, *, after: int | None = None, limit: int = 200
+    bind: Bind,
+    conversation_id: str,
+    *,
+    after: int | None = None,
+    limit: int = 200,
+    attempts_after: tuple[int, int] | None = None,
+    attempts_limit: int = 50,
 ) -> Timeline | None:
     """A page of the conversation ``conversation_id`` (``None`` when it does not exist): its
     messages with seq > ``after`` (all from 0 when ``None``), at most ``limit``, each assistant
-    message with its calls and each call with its result, and the attempts among them."""
+    message with its calls and each call with its result, and the attempts among them: at most
+    ``attempts_limit``, in ``(at_seq, id)`` order, after ``attempts_after`` (the
+    :attr:`Timeline.attempts_next` of the page before, for a range of messages with more
+    attempts than one page holds)."""
     if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
         raise InvalidFilterError(f"limit must be an integer from 1 to {MAX_PAGE}, not {limit!r}")
-    if after is not None and type(after) is not int:
-        raise InvalidFilterError(f"after must be a seq (an integer), not {after!r}")
+    if type(attempts_limit) is not int or not 1 <= attempts_limit <= MAX_PAGE:
+        raise InvalidFilterError(
+            f"attempts_limit must be an integer from 1 to {MAX_PAGE}, not {attempts_limit!r}"
+        )
+    if after is not None and (type(after) is not int or not INT64_MIN <= after <= INT64_MAX):
+        raise InvalidFilterError(f"after must be a seq (a 64-bit integer), not {after!r}")
+    attempts_key = row_key(attempts_after, "ii", "a conversation's attempts")
+    _check_lookup_id(conversation_id)
     c, m, t = _CONVERSATIONS, _MESSAGES, _CALLS
     a, ac = _ATTEMPTS, _ATTEMPT_CALLS
     low = -1 if after is None else after
@@ -373,6 +406,16 @@ def timeline(
         attempt_bounds = [a.c.conversation_id == conversation_id, a.c.at_seq > low]
         if more:
             attempt_bounds.append(a.c.at_seq <= high)
+        if attempts_key is not None:
+            attempt_bounds.append(sa.tuple_(a.c.at_seq, a.c.id) > sa.tuple_(*attempts_key))
+        # a page of attempts, by the index (conversation_id, at_seq, id)
+        page_ids = (
+            sa.select(a.c.id)
+            .where(*attempt_bounds)
+            .order_by(a.c.at_seq, a.c.id)
+            .limit(attempts_limit)
+            .subquery("page_ids")
+        )
         attempts = conn.execute(
             sa.select(
                 a.c.id,
@@ -396,7 +439,10 @@ def timeline(
             )
             .where(*attempt_bounds)
             .order_by(a.c.at_seq, a.c.id)
+            .limit(attempts_limit + 1)
         ).all()
+        more_attempts = len(attempts) > attempts_limit
+        attempts = attempts[:attempts_limit]
         attempt_calls: Sequence[Any] = []
         if attempts:
             attempt_calls = conn.execute(
@@ -417,7 +463,9 @@ def timeline(
                         )
                     ),
                 )
-                .where(ac.c.attempt_id.in_([row[0] for row in attempts]))
+                # the page's attempts as a subquery (a list of their ids as bound parameters
+                # would meet the drivers' limit of 65,535 of them)
+                .select_from(ac.join(page_ids, page_ids.c.id == ac.c.attempt_id))
                 .order_by(ac.c.attempt_id, ac.c.position)
             ).all()
     results: dict[tuple[int, int], tuple[int, Any, str | None]] = {}
@@ -508,7 +556,22 @@ def timeline(
             for row in attempts
         ],
         next_after=high if more else None,
+        attempts_next=(attempts[-1][1], attempts[-1][0]) if more_attempts else None,
     )
+
+
+def _check_lookup_id(conversation_id: object) -> None:
+    """A conversation id the engines can look up (text, without U+0000 or a lone surrogate,
+    which no conversation id holds and no driver can send): :class:`InvalidFilterError`
+    otherwise."""
+    if not isinstance(conversation_id, str) or _UNSENDABLE.search(conversation_id):
+        raise InvalidFilterError(
+            f"{conversation_id!r} is not a conversation id (ids are text without U+0000 or "
+            "surrogates)"
+        )
+
+
+_UNSENDABLE: Final = re.compile("[\x00\ud800-\udfff]")
 
 
 def _number(value: Any) -> Any:

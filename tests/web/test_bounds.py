@@ -1,0 +1,128 @@
+"""Every page of the viewer bounded in rows and bytes, and every malformed request a 400 with a
+one-line reason (issue 26, finding 6), on each engine, through :class:`fsm.web.App` (no socket).
+
+The conversation page pages its attempts (at most ``attempts_limit`` of them, 50 by default,
+with a cursor to the next ones): 70,000 attempts at one place give a page of a few tens of
+kilobytes, where the page used to hold them all (52 MB at 40,000) and, on PostgreSQL past
+65,535 attempts, failed for good (their ids were sent as one bound parameter each)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from fsm.store import audit
+from fsm.web import App
+from tests.web.data import build, clone_attempts
+
+
+@pytest.fixture
+def app(db_url: sa.URL) -> Iterator[App]:
+    build(db_url)
+    engine = audit.open_readonly(db_url)
+    try:
+        yield App(engine, label="test store")
+    finally:
+        engine.dispose()
+
+
+def _get(app: App, target: str, status: int = 200) -> tuple[Any, int]:
+    response = app.respond("GET", target, {})
+    assert response.status == status, response.body[:300]
+    if "json" in response.headers.get("Content-Type", ""):
+        return json.loads(response.body), len(response.body)
+    return response.body.decode(), len(response.body)
+
+
+def _b64(key: Any) -> str:
+    return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+
+
+def test_many_attempts_are_paged(app: App, db_url: sa.URL) -> None:
+    clone_attempts(db_url, "plain", 120)  # 121 attempts, all after the last message
+    seen: list[int] = []
+    target = "/c/plain?format=json"
+    pages = 0
+    while True:
+        page, size = _get(app, target)
+        pages += 1
+        assert len(page["attempts"]) <= 50 and size < 100_000
+        assert [m["seq"] for m in page["messages"]] == [0, 1, 2]  # the messages stay
+        seen += [a["id"] for a in page["attempts"]]
+        if page["attempts_next_cursor"] is None:
+            break
+        target = f"/c/plain?format=json&attempts_after={page['attempts_next_cursor']}"
+    assert pages == 3 and len(seen) == len(set(seen)) == 121 and seen == sorted(seen)
+    html, size = _get(app, "/c/plain")
+    assert size < 300_000 and html.count('class="msg attempt"') == 50
+    more = re.search(r'class="next-attempts" href="([^"]+)"', html)
+    assert more is not None
+    nxt, _ = _get(app, more.group(1).replace("&amp;", "&"))
+    assert nxt.count('class="msg attempt"') == 50
+    # a smaller page on request, and the limit's own bounds
+    assert len(_get(app, "/c/plain?format=json&attempts_limit=7")[0]["attempts"]) == 7
+    _get(app, "/c/plain?format=json&attempts_limit=501", 400)
+    # a failure's link opens the page of attempts that starts with its attempt
+    failures, _ = _get(app, "/failures?format=json&conversation=plain&limit=500")
+    last = failures["rows"][-1]
+    listing, _ = _get(app, "/failures?conversation=plain&limit=500")
+    link = re.findall(r'<a class="place" href="([^"]+)"', listing)[-1].replace("&amp;", "&")
+    target, _, anchor = link.partition("#")
+    linked, _ = _get(app, target)
+    assert anchor == f"attempt-{last['attempt_id']}-{last['position']}"
+    assert f'id="{anchor}"' in linked
+
+
+def test_past_65535_attempts_the_page_answers(app: App, db_url: sa.URL) -> None:
+    """PostgreSQL takes at most 65,535 bound parameters: the page's attempts are a subquery."""
+    clone_attempts(db_url, "plain", 70_000)
+    page, size = _get(app, "/c/plain?format=json")
+    assert len(page["attempts"]) == 50 and page["attempts_next_cursor"] is not None
+    assert size < 100_000
+    _, size = _get(app, "/c/plain")
+    assert size < 300_000
+    home, _ = _get(app, "/?format=json&prefix=plain")
+    assert home["rows"][0]["attempts"] == 70_001
+
+
+FORGED = _b64(["a", "b"])
+BAD_REQUESTS = [
+    "/c/%ED%A0%80",  # a lone surrogate, in UTF-8 (which has none)
+    "/c/%FF",
+    "/c/a%00b",
+    f"/failures?after={FORGED}",
+    f"/failures?after={_b64([10**30, 0])}",
+    f"/failures?after={_b64([1, 2, 3])}",
+    "/failures?after=not-base64!",
+    f"/calls?after={_b64([1, 'x', 0, 0, 0])}",
+    f"/calls?after={_b64(['c', 0, 7, 0, 0])}",
+    f"/calls?after={_b64(['c', 10**30, 1, 0, 0])}",
+    f"/?after={_b64([1, 2])}",
+    f"/c/plain?after={10**30}",
+    f"/c/plain?after=-{10**30}",
+    "/c/plain?after=%C2%B2",  # a superscript two: a digit to str.isdigit, not a number
+    f"/c/plain?attempts_after={FORGED}",
+    f"/c/plain?attempts_after={_b64([2**63, 0])}",
+    "/c/plain?limit=%C2%B2",
+    "/?prefix=%FF",
+    "/?model=%ED%A0%80",
+    "/calls?conversation=%ED%A0%80",
+    "/failures?conversation=%FF",
+    "/stats?conversation=%ED%A0%80",
+    "/calls?conversation=a%00b",
+]
+
+
+@pytest.mark.parametrize("target", BAD_REQUESTS)
+def test_a_malformed_request_is_a_400_with_one_line(app: App, target: str) -> None:
+    joined = "&" if "?" in target else "?"
+    data, _ = _get(app, f"{target}{joined}format=json", 400)
+    assert data["status"] == 400 and "\n" not in data["error"] and len(data["error"]) < 300
+    html, _ = _get(app, target, 400)
+    assert "Traceback" not in html and '<p class="error">' in html
