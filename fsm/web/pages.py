@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import queue
 import threading
 import time
 from collections import OrderedDict
@@ -112,15 +113,28 @@ class View:
 
 
 class Pending(Exception):
-    """A whole-store computation still running after the wait budget (since ``started``)."""
+    """A whole-store computation still running (or waiting for a worker) after the wait budget
+    (since ``started``)."""
 
     def __init__(self, started: datetime) -> None:
         super().__init__(f"computing since {started.isoformat()}")
         self.started = started
 
 
+class Busy(Exception):
+    """Every worker of the whole-store computations is busy and their queue is full: a new
+    computation is refused (the page answers 503 with ``Retry-After``)."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(
+            "the viewer is busy with other whole-store computations (statistics, counts, the "
+            f"integrity check): retry in {retry_after} seconds"
+        )
+        self.retry_after = retry_after
+
+
 class _Job:
-    """One computation on a thread of its own."""
+    """One computation, run by a worker of :class:`Scans`."""
 
     def __init__(self, compute: Callable[[], Any]) -> None:
         self.started = datetime.now(UTC)
@@ -129,9 +143,10 @@ class _Job:
         self.error: BaseException | None = None
         self.seconds = 0.0
         self._compute = compute
-        threading.Thread(target=self._run, name="fsm-web-compute", daemon=True).start()
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """Compute (on a worker's thread); the result or the error is kept for the requests."""
+        self.started = datetime.now(UTC)
         clock = time.perf_counter()
         try:
             self.value = self._compute()
@@ -142,32 +157,66 @@ class _Job:
             self.done.set()
 
 
+class Scans:
+    """The whole-store computations of one viewer (``/stats``, the counts of ``/failures``,
+    ``/check``): at most ``workers`` run at once, on threads of their own, and at most
+    ``queued`` wait for one; beyond that a new computation is refused with :class:`Busy`, so
+    that no number of distinct requests can start more scans than the store can serve."""
+
+    def __init__(self, workers: int = 2, queued: int = 8, retry_after: int = 5) -> None:
+        self.workers = workers
+        self.retry_after = retry_after
+        self._queue: queue.Queue[_Job] = queue.Queue(maxsize=queued)
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, compute: Callable[[], Any]) -> _Job:
+        """Queue ``compute``; :class:`Busy` when the queue is full."""
+        job = _Job(compute)
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise Busy(self.retry_after) from None
+        with self._lock:
+            if len(self._threads) < self.workers:
+                thread = threading.Thread(target=self._work, name="fsm-web-scan", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        return job
+
+    def _work(self) -> None:
+        while True:
+            self._queue.get().run()
+
+
 class _Cache:
     """The last few results of a slow whole-store computation (stats, the check), by their
     filters, so that a reload renders at once; ``refresh=1`` recomputes. A computation runs on
-    a thread of its own: a request waits for it at most ``budget`` seconds, then gets
-    :class:`Pending` (the page says so and reloads itself) while it goes on; one computation
-    per key at a time, however many requests ask."""
+    a worker of ``scans`` (shared by every page): a request waits for it at most ``budget``
+    seconds, then gets :class:`Pending` (the page says so and reloads itself) while it goes on;
+    one computation per key at a time, however many requests ask, and :class:`Busy` when the
+    workers and their queue are full."""
 
-    def __init__(self, size: int = 8, budget: float = 2.0) -> None:
+    def __init__(self, scans: Scans, size: int = 8, budget: float = 2.0) -> None:
         self._items: OrderedDict[Any, tuple[Any, datetime, float]] = OrderedDict()
         self._running: dict[Any, _Job] = {}
         self._lock = threading.Lock()
         self._size = size
+        self._scans = scans
         self.budget = budget
 
     def get(
         self, key: Any, compute: Callable[[], Any], refresh: bool
     ) -> tuple[Any, datetime, float]:
         """The result for ``key``: kept, or computed now (within the budget), else
-        :class:`Pending`."""
+        :class:`Pending` (or :class:`Busy`)."""
         with self._lock:
             job = self._running.get(key)
             if job is None:
                 if not refresh and key in self._items:
                     self._items.move_to_end(key)
                     return self._items[key]
-                job = self._running[key] = _Job(compute)
+                job = self._running[key] = self._scans.submit(compute)
         if not job.done.wait(self.budget):
             raise Pending(job.started)
         with self._lock:
@@ -306,8 +355,9 @@ class Viewer:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._stats = _Cache()
-        self._check = _Cache(size=2)
+        self.scans = Scans()
+        self._stats = _Cache(self.scans)
+        self._check = _Cache(self.scans, size=2)
 
     # routes: path -> (current nav entry, function)
     def route(self, path: str) -> tuple[str, Callable[[Query], View]] | tuple[str, None]:
@@ -684,6 +734,7 @@ class Viewer:
         rows = list(audit.failures(self.engine, **filters, limit=limit, after=after))
         # the counts group every failed call (a scan): kept for reloads, as /stats is
         pending: Pending | None = None
+        refused: Busy | None = None
         counts: list[audit.FailureCount] = []
         computed, seconds = datetime.now(UTC), 0.0
         try:
@@ -694,12 +745,15 @@ class Viewer:
             )
         except Pending as still:
             pending = still
+        except Busy as busy:  # the rows still show; the counts on a later visit
+            refused = busy
         next_cursor = cursor(rows[-1].key) if len(rows) == limit else None
         data = {
             "filters": filters,
             "counts": _dicts(counts),
-            "counts_computed_at": None if pending else computed,
+            "counts_computed_at": None if pending or refused else computed,
             "counts_computing": pending is not None,
+            "counts_refused": None if refused is None else str(refused),
             "rows": _dicts(rows),
             "next": next_cursor,
         }
@@ -722,6 +776,8 @@ class Viewer:
                 f'<p class="computing">The counts are being computed (started '
                 f"{when(pending.started)}); this page reloads itself.</p>"
                 if pending
+                else f'<p class="computing">Counts not computed: {text(str(refused))}.</p>'
+                if refused
                 else f'<p class="computed">counts computed {when(computed)} in {seconds:.2f} s '
                 f'<a href="{href("/failures", [*((k, v) for k, v in filters.items() if v), ("refresh", "1")])}">'
                 "recompute</a></p>"

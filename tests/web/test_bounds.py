@@ -11,6 +11,10 @@ from __future__ import annotations
 import base64
 import json
 import re
+import socket
+import threading
+import time
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -126,3 +130,84 @@ def test_a_malformed_request_is_a_400_with_one_line(app: App, target: str) -> No
     assert data["status"] == 400 and "\n" not in data["error"] and len(data["error"]) < 300
     html, _ = _get(app, target, 400)
     assert "Traceback" not in html and '<p class="error">' in html
+
+
+def test_whole_store_scans_are_shared_and_capped(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Distinct /stats filters each need a scan: at most two run at once and eight wait; one
+    more is a 503 with Retry-After (the rows of /failures still show, without their counts);
+    the same filters share one scan; once the scans end, every page answers again."""
+    from fsm.web import pages
+
+    release = threading.Event()
+    running: list[int] = []
+    most = [0]
+    lock = threading.Lock()
+    real_stats = pages.audit.stats
+
+    def slow_stats(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            running.append(1)
+            most[0] = max(most[0], len(running))
+        try:
+            release.wait(30)
+            return real_stats(*args, **kwargs)
+        finally:
+            with lock:
+                running.pop()
+
+    monkeypatch.setattr(pages.audit, "stats", slow_stats)
+    app.viewer._stats.budget = 0.05
+    statuses = [app.respond("GET", f"/stats?model=m{i}", {}).status for i in range(10)]
+    assert statuses == [202] * 10  # two running, eight waiting
+    assert app.respond("GET", "/stats?model=m3", {}).status == 202  # the same scan, shared
+    refused = app.respond("GET", "/stats?model=m10&format=json", {})
+    assert refused.status == 503 and refused.headers["Retry-After"] == "5"
+    assert "busy" in json.loads(refused.body)["error"]
+    failures, _ = _get(app, "/failures?format=json&model=other")  # a count scan, refused
+    assert failures["counts_refused"] and failures["counts"] == []
+    assert failures["rows"] == []
+    assert app.respond("GET", "/?format=json", {}).status == 200  # listings need no scan
+    release.set()
+    app.viewer._stats.budget = 30.0
+    for i in range(11):
+        assert app.respond("GET", f"/stats?model=m{i}&format=json", {}).status == 200
+    assert most[0] == 2
+
+
+def test_connections_time_out_and_are_capped(tmp_path: Any) -> None:
+    """A connection that sends nothing is closed after the read timeout; past the cap of
+    connections served at once, one more is answered 503 at once and closed."""
+    from fsm.store import upgrade
+    from fsm.web import serve
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    build(url)
+    engine = audit.open_readonly(url)
+    serving = serve(engine, label=url, port=0, read_timeout=0.5, max_connections=3)
+    thread = threading.Thread(target=serving.serve_forever, daemon=True)
+    thread.start()
+    port = urllib.parse.urlsplit(serving.url).port
+    assert port is not None
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(3):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.1)
+        extra = socket.create_connection(("127.0.0.1", port), timeout=5)
+        answer = extra.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 2" in answer
+        extra.close()
+        started = time.monotonic()
+        for conn in idle:  # closed by the server after its read timeout
+            assert conn.recv(4096) == b""
+        assert time.monotonic() - started < 3
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            conn.sendall(f"GET /?format=json HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            assert conn.recv(4096).startswith(b"HTTP/1.1 200 ")
+    finally:
+        for conn in idle:
+            conn.close()
+        serving.shutdown()
+        thread.join(5)
+        engine.dispose()
