@@ -409,14 +409,15 @@ class Viewer:
         for row in rows:
             failed = (
                 f'<a class="bad" href="{_conversation_link(row.id, anchor="attempts")}">'
-                f"{row.attempts}</a>"
+                f"{row.attempts:,}{'+' if row.attempts_capped else ''}</a>"
                 if row.attempts
                 else "0"
             )
             body.append(
                 f'<tr><td><a class="id" href="{_conversation_link(row.id)}">{text(row.id)}</a></td>'
                 f"<td>{when(row.created_at)}</td><td>{when(row.last_activity)}</td>"
-                f'<td class="n">{row.messages}</td><td class="n">{row.calls}</td>'
+                f'<td class="n">{row.messages}</td>'
+                f'<td class="n">{row.calls:,}{"+" if row.calls_capped else ""}</td>'
                 f'<td class="n">{failed}</td></tr>'
             )
         body.append("</tbody></table>")

@@ -225,6 +225,14 @@ class App:
             return self._error(
                 HTTPStatus.SERVICE_UNAVAILABLE, " ".join(str(exc).split()), path, query
             )
+        except sa.exc.TimeoutError:
+            return self._error(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                "every connection to the store is in use: retry shortly",
+                path,
+                query,
+                {"Retry-After": "2"},
+            )
         return self._render(view, path, query, current)
 
     def _render(self, view: View, path: str, query: Query, current: str) -> Response:

@@ -48,6 +48,7 @@ from fsm.store.codec import as_utc, encode_text
 from fsm.store.errors import InvalidFilterError
 
 __all__ = [
+    "COUNT_CAP",
     "ConversationRow",
     "Timeline",
     "TimelineAttempt",
@@ -74,6 +75,10 @@ class ConversationRow(_Row):
     messages: int
     calls: int
     attempts: int
+    #: whether the conversation has more than :data:`COUNT_CAP` calls (``calls`` is the cap)
+    calls_capped: bool = False
+    #: whether it has more than :data:`COUNT_CAP` attempts (``attempts`` is the cap)
+    attempts_capped: bool = False
     #: the stored ``created_at`` as the engine compares it (the cursor's first part)
     created_key: str | None = field(default=None, repr=False)
 
@@ -160,13 +165,26 @@ def conversations(
             _created_key(conn, inner.c.created_at).label("created_key"),
         ).subquery("page")
         last_seq = sa.select(sa.func.max(m.c.seq)).where(m.c.conversation_id == page.c.id)
-        n_calls = sa.select(sa.func.count()).where(t.c.conversation_id == page.c.id)
-        n_attempts = sa.select(sa.func.count()).where(a.c.conversation_id == page.c.id)
-        last_message = sa.select(sa.func.max(_raw(conn, m.c.created_at))).where(
-            m.c.conversation_id == page.c.id
+        # counts read at most COUNT_CAP + 1 index entries each (a page's time stays bounded
+        # however many calls or attempts one conversation has)
+        n_calls = _capped_count(
+            sa.select(t.c.position).where(t.c.conversation_id == page.c.id).correlate(page)
         )
-        last_attempt = sa.select(sa.func.max(_raw(conn, a.c.created_at))).where(
-            a.c.conversation_id == page.c.id
+        n_attempts = _capped_count(
+            sa.select(a.c.id).where(a.c.conversation_id == page.c.id).correlate(page)
+        )
+        # the newest message and attempt, by the keys' indexes (not a max over their times)
+        last_message = (
+            sa.select(_raw(conn, m.c.created_at))
+            .where(m.c.conversation_id == page.c.id)
+            .order_by(m.c.seq.desc())
+            .limit(1)
+        )
+        last_attempt = (
+            sa.select(_raw(conn, a.c.created_at))
+            .where(a.c.conversation_id == page.c.id)
+            .order_by(a.c.at_seq.desc(), a.c.id.desc())
+            .limit(1)
         )
         query = sa.select(
             _raw(conn, page.c.id),
@@ -189,12 +207,24 @@ def conversations(
                 created_at=created_time,
                 last_activity=max(times) if times else created_time,
                 messages=0 if _int(seq) is None else int(seq) + 1,
-                calls=int(calls or 0),
-                attempts=int(attempts or 0),
+                calls=min(int(calls or 0), COUNT_CAP),
+                attempts=min(int(attempts or 0), COUNT_CAP),
+                calls_capped=int(calls or 0) > COUNT_CAP,
+                attempts_capped=int(attempts or 0) > COUNT_CAP,
                 created_key=_opt_text(key),
             )
         )
     return out
+
+
+#: the most calls or attempts :func:`conversations` counts per conversation (a row with more
+#: shows ``COUNT_CAP`` and says so: ``calls_capped``, ``attempts_capped``).
+COUNT_CAP: Final = 10_000
+
+
+def _capped_count(rows: sa.Select[Any]) -> sa.Select[Any]:
+    """The number of ``rows``, reading at most ``COUNT_CAP + 1`` of them."""
+    return sa.select(sa.func.count()).select_from(rows.limit(COUNT_CAP + 1).subquery())
 
 
 def _created_key(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
