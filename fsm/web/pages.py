@@ -331,6 +331,24 @@ def _path_of_states(call: browse.TimelineCall) -> str:
     return f'<p class="path" title="the call\'s path through the state machine">{shown}</p>'
 
 
+def _cut_note(fields: Sequence[str]) -> str:
+    """The note of a row whose values were cut at :data:`browse.VALUE_CHARS` characters."""
+    if not fields:
+        return ""
+    return (
+        f'<p class="cut">{text(", ".join(fields))}: cut at {browse.VALUE_CHARS:,} characters '
+        "here (the whole value: <code>fsm history</code>, or the store's Python API)</p>"
+    )
+
+
+def _more_calls_note() -> str:
+    return (
+        f'<p class="cut">more than {browse.CALLS_PER_TURN} calls: the first '
+        f"{browse.CALLS_PER_TURN} are shown (all of them: <code>fsm audit calls "
+        "--conversation</code>)</p>"
+    )
+
+
 def _state_badge(state: str) -> str:
     css = state if state in _STATES else "unknown"
     return f'<span class="state state-{css}">{text(state)}</span>'
@@ -468,7 +486,8 @@ class Viewer:
         ]
         if found.metadata is not None:
             body.append(
-                f"<details><summary>metadata</summary>{json_block(found.metadata)}</details>"
+                f"<details><summary>metadata</summary>{json_block(found.metadata)}"
+                f"{_cut_note(['metadata'] if found.metadata_cut else [])}</details>"
             )
         links = [
             f'<a href="{href("/calls", {"conversation": conversation_id})}">its calls</a>',
@@ -541,8 +560,11 @@ class Viewer:
             for call in m.calls:
                 parts.append(self._call(f"call-{m.seq}-{call.position}", call, history=True))
             parts.append("</div>")
+        if m.more_calls:
+            parts.append(_more_calls_note())
         if m.usage is not None:
             parts.append(f"<details><summary>usage</summary>{json_block(m.usage)}</details>")
+        parts.append(_cut_note(m.cut))
         parts.append("</li>")
         return "".join(parts)
 
@@ -584,7 +606,9 @@ class Viewer:
             parts.append(_content(call.result))
         else:
             parts.append('<p class="none">never executed</p>')
-        parts.append("</div></div></article>")
+        parts.append("</div></div>")
+        parts.append(_cut_note(call.cut))
+        parts.append("</article>")
         return "".join(parts)
 
     def _attempt(self, a: browse.TimelineAttempt) -> str:
@@ -633,6 +657,9 @@ class Viewer:
             for call in a.calls:
                 parts.append(self._call(f"attempt-{a.id}-{call.position}", call, history=False))
             parts.append("</div>")
+        if a.more_calls:
+            parts.append(_more_calls_note())
+        parts.append(_cut_note(a.cut))
         parts.append("</li>")
         return "".join(parts)
 

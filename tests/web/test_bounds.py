@@ -214,3 +214,38 @@ def test_connections_time_out_and_are_capped(tmp_path: Any) -> None:
         serving.shutdown()
         thread.join(5)
         engine.dispose()
+
+
+def test_values_calls_and_the_page_are_bounded_in_size(app: App, db_url: sa.URL) -> None:
+    """A value longer than 32,768 characters is cut there (its field named in ``cut``), a turn
+    shows at most 50 calls (``more_calls``), and the messages stop at about 2,000,000
+    characters of values: the next page starts after the last one shown."""
+    from fsm.store import ConversationStore
+    from fsm.store.audit import browse
+    from tests.helpers.store import make_turn
+
+    big = "x" * 100_000
+    with ConversationStore(db_url) as store:
+        store.create_conversation("huge", metadata={"note": big})
+        store.append("huge", [{"role": "user", "content": big}])
+        calls = [(f"call-{k}", "echo", f'{{"k": {k}, "pad": "{big}"}}') for k in range(60)]
+        store.commit_turn("huge", make_turn(calls, response_id="r-huge"), ["ok"] * 60)
+        store.append("huge", [{"role": "user", "content": big} for _ in range(80)])
+    page, size = _get(app, "/c/huge?format=json")
+    first, turn = page["messages"][0], page["messages"][1]
+    assert first["cut"] == ["content"] and len(first["content"]) == browse.VALUE_CHARS
+    assert page["metadata_cut"] is True and isinstance(page["metadata"], str)
+    assert len(turn["calls"]) == browse.CALLS_PER_TURN and turn["more_calls"] is True
+    assert turn["calls"][0]["cut"] == ["arguments"]
+    shown = len(page["messages"])
+    assert 3 < shown < 142 and page["next_after"] == page["messages"][-1]["seq"]
+    assert size < 3 * browse.PAGE_CHARS
+    html, size = _get(app, "/c/huge")
+    assert size < 3 * browse.PAGE_CHARS
+    assert "content: cut at 32,768 characters" in html and "more than 50 calls" in html
+    # every message, once, across the pages
+    seqs = [m["seq"] for m in page["messages"]]
+    while page["next_after"] is not None:
+        page, _ = _get(app, f"/c/huge?format=json&after={page['next_after']}")
+        seqs += [m["seq"] for m in page["messages"]]
+    assert seqs == list(range(62 + 80))

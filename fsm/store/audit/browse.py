@@ -271,6 +271,8 @@ class TimelineCall(_Row):
     result: Any = None
     result_seq: int | None = None
     result_tool_call_id: str | None = None
+    #: the fields cut at :data:`VALUE_CHARS` characters
+    cut: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -292,6 +294,11 @@ class TimelineMessage(_Row):
     assistant_seq: int | None
     call_position: int | None
     calls: list[TimelineCall] = field(default_factory=list)
+    #: the fields cut at :data:`VALUE_CHARS` characters (a cut JSON value is the text of its
+    #: start)
+    cut: list[str] = field(default_factory=list)
+    #: whether the message has more than :data:`CALLS_PER_TURN` calls (not shown)
+    more_calls: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -314,6 +321,10 @@ class TimelineAttempt(_Row):
     refusal: str | None
     anomalies: Any
     calls: list[TimelineCall] = field(default_factory=list)
+    #: whether the attempt has more than :data:`CALLS_PER_TURN` calls (not shown)
+    more_calls: bool = False
+    #: the fields cut at :data:`VALUE_CHARS` characters
+    cut: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -328,6 +339,8 @@ class Timeline:
     conversation_id: str
     created_at: datetime | None
     metadata: Any
+    #: whether the metadata was cut at :data:`VALUE_CHARS` characters (then its text's start)
+    metadata_cut: bool
     messages_total: int
     after: int | None
     messages: list[TimelineMessage]
@@ -342,6 +355,7 @@ class Timeline:
             "conversation_id": self.conversation_id,
             "created_at": self.created_at,
             "metadata": self.metadata,
+            "metadata_cut": self.metadata_cut,
             "messages_total": self.messages_total,
             "after": self.after,
             "messages": [m.as_dict() for m in self.messages],
@@ -365,7 +379,13 @@ def timeline(
     message with its calls and each call with its result, and the attempts among them: at most
     ``attempts_limit``, in ``(at_seq, id)`` order, after ``attempts_after`` (the
     :attr:`Timeline.attempts_next` of the page before, for a range of messages with more
-    attempts than one page holds)."""
+    attempts than one page holds).
+
+    A page is bounded in size too: each value holds at most :data:`VALUE_CHARS` characters (a
+    longer one is cut there and its field named in the row's ``cut``), each turn at most
+    :data:`CALLS_PER_TURN` calls (``more_calls`` says there are more), and the messages, then
+    the attempts, stop once their values pass :data:`PAGE_CHARS` characters (the page's
+    cursors then start after the last one shown)."""
     if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
         raise InvalidFilterError(f"limit must be an integer from 1 to {MAX_PAGE}, not {limit!r}")
     if type(attempts_limit) is not int or not 1 <= attempts_limit <= MAX_PAGE:
@@ -381,8 +401,13 @@ def timeline(
     low = -1 if after is None else after
     with _connect(bind, snapshot=True) as conn:
         raw = functools.partial(_raw, conn)
+
+        def cut(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+            # one character more than is kept: whether the value was cut, without its length
+            return sa.func.substr(raw(column), 1, VALUE_CHARS + 1)
+
         head = conn.execute(
-            sa.select(raw(c.c.created_at), raw(c.c.meta)).where(c.c.id == conversation_id)
+            sa.select(raw(c.c.created_at), cut(c.c.meta)).where(c.c.id == conversation_id)
         ).first()
         if head is None:
             return None
@@ -392,10 +417,10 @@ def timeline(
         rows = conn.execute(
             sa.select(
                 m.c.seq,
+                raw(m.c.role),
                 *(
-                    raw(col)
+                    cut(col)
                     for col in (
-                        m.c.role,
                         m.c.content,
                         m.c.content_parts,
                         m.c.reasoning,
@@ -404,12 +429,12 @@ def timeline(
                         m.c.model,
                         m.c.finish_reason,
                         m.c.usage,
-                        m.c.created_at,
-                        m.c.tool_call_id,
-                        m.c.assistant_seq,
-                        m.c.call_position,
                     )
                 ),
+                raw(m.c.created_at),
+                cut(m.c.tool_call_id),
+                raw(m.c.assistant_seq),
+                raw(m.c.call_position),
             )
             .where(m.c.conversation_id == conversation_id, m.c.seq > low)
             .order_by(m.c.seq)
@@ -422,7 +447,7 @@ def timeline(
             sa.select(
                 t.c.assistant_seq,
                 t.c.position,
-                *(raw(col) for col in (t.c.call_id, t.c.name, t.c.arguments, t.c.raw_arguments)),
+                *(cut(col) for col in (t.c.call_id, t.c.name, t.c.arguments, t.c.raw_arguments)),
                 raw(t.c.repaired),
                 raw(t.c.state),
             )
@@ -430,9 +455,21 @@ def timeline(
                 t.c.conversation_id == conversation_id,
                 t.c.assistant_seq > low,
                 t.c.assistant_seq <= high,
+                t.c.position <= CALLS_PER_TURN,  # one more than shown: there are more
             )
             .order_by(t.c.assistant_seq, t.c.position)
         ).all()
+        # the messages up to the page's budget (at least one)
+        sizes: dict[int, int] = {}
+        for row in calls:
+            sizes[row[0]] = sizes.get(row[0], 0) + _size(row[2:6])
+        used = 0
+        for kept, row in enumerate(rows):
+            used += _size(row[1:10]) + _size(row[11:12]) + sizes.get(row[0], 0)
+            if used > PAGE_CHARS and kept > 0:
+                rows, more = rows[:kept], True
+                high = rows[-1][0]
+                break
         attempt_bounds = [a.c.conversation_id == conversation_id, a.c.at_seq > low]
         if more:
             attempt_bounds.append(a.c.at_seq <= high)
@@ -450,13 +487,13 @@ def timeline(
             sa.select(
                 a.c.id,
                 a.c.at_seq,
+                raw(a.c.created_at),
+                raw(a.c.complete),
                 *(
-                    raw(col)
+                    cut(col)
                     for col in (
-                        a.c.created_at,
                         a.c.model,
                         a.c.finish_reason,
-                        a.c.complete,
                         a.c.end_how,
                         a.c.end_reason,
                         a.c.error,
@@ -480,43 +517,58 @@ def timeline(
                     ac.c.attempt_id,
                     ac.c.position,
                     *(
-                        raw(col)
+                        cut(col)
                         for col in (
                             ac.c.call_id,
                             ac.c.name,
                             ac.c.arguments,
                             ac.c.raw_arguments,
-                            ac.c.repaired,
-                            ac.c.state,
-                            ac.c.reason,
-                            ac.c.result,
                         )
                     ),
+                    raw(ac.c.repaired),
+                    raw(ac.c.state),
+                    cut(ac.c.reason),
+                    cut(ac.c.result),
                 )
                 # the page's attempts as a subquery (a list of their ids as bound parameters
                 # would meet the drivers' limit of 65,535 of them)
                 .select_from(ac.join(page_ids, page_ids.c.id == ac.c.attempt_id))
+                .where(ac.c.position <= CALLS_PER_TURN)
                 .order_by(ac.c.attempt_id, ac.c.position)
             ).all()
+    # the attempts up to the page's budget (at least one)
+    attempt_sizes: dict[int, int] = {}
+    for row in attempt_calls:
+        attempt_sizes[row[0]] = attempt_sizes.get(row[0], 0) + _size(row[2:10])
+    used = 0
+    for kept, row in enumerate(attempts):
+        used += _size(row[4:]) + attempt_sizes.get(row[0], 0)
+        if used > PAGE_CHARS and kept > 0:
+            attempts, more_attempts = attempts[:kept], True
+            break
     results: dict[tuple[int, int], tuple[int, Any, str | None]] = {}
     messages: list[TimelineMessage] = []
+    more_calls = {row[0] for row in calls if row[1] >= CALLS_PER_TURN}
     for (seq, role, content, parts, reasoning, refusal, name, model, finish, usage, created,
          tool_call_id, assistant_seq, call_position) in map(tuple, rows):  # fmt: skip
-        value = _json_value(parts) if parts is not None else _opt_text(content)
+        cuts = _Cuts()
+        value = cuts.json("content", parts) if parts is not None else cuts.text("content", content)
         message = TimelineMessage(
             seq=seq,
             role=_text(role),
             content=value,
-            reasoning=_opt_text(reasoning),
-            refusal=_opt_text(refusal),
-            name=_opt_text(name),
-            model=_opt_text(model),
-            finish_reason=_opt_text(finish),
-            usage=_json_value(usage),
+            reasoning=cuts.text("reasoning", reasoning),
+            refusal=cuts.text("refusal", refusal),
+            name=cuts.text("name", name),
+            model=cuts.text("model", model),
+            finish_reason=cuts.text("finish_reason", finish),
+            usage=cuts.json("usage", usage),
             created_at=as_utc(created),
-            tool_call_id=_opt_text(tool_call_id),
+            tool_call_id=cuts.text("tool_call_id", tool_call_id),
             assistant_seq=_int(_number(assistant_seq)),
             call_position=_int(_number(call_position)),
+            cut=cuts.names,
+            more_calls=seq in more_calls,
         )
         messages.append(message)
         if message.assistant_seq is not None and message.call_position is not None:
@@ -526,68 +578,122 @@ def timeline(
     for seq, position, call_id, name, arguments, raw_arguments, repaired, state in map(
         tuple, calls
     ):
+        owner = by_seq.get(seq)
+        if owner is None:
+            continue
+        if position >= CALLS_PER_TURN:
+            continue
         found = results.get((seq, position))
+        cuts = _Cuts()
         call = TimelineCall(
             position=position,
-            call_id=_text(call_id),
-            name=_text(name),
-            arguments=_text(arguments),
-            raw_arguments=_opt_text(raw_arguments),
+            call_id=cuts.text("call_id", call_id) or "",
+            name=cuts.text("name", name) or "",
+            arguments=cuts.text("arguments", arguments) or "",
+            raw_arguments=cuts.text("raw_arguments", raw_arguments),
             repaired=_bool(repaired),
             state=_text(state),
             reason=None,
             result=None if found is None else found[1],
             result_seq=None if found is None else found[0],
             result_tool_call_id=None if found is None else found[2],
+            cut=cuts.names,
         )
-        owner = by_seq.get(seq)
-        if owner is not None:
-            owner.calls.append(call)
+        owner.calls.append(call)
     by_attempt: dict[int, list[TimelineCall]] = {}
+    attempt_more_calls: set[int] = set()
     for (attempt_id, position, call_id, name, arguments, raw_arguments, repaired, state,
          reason, result) in attempt_calls:  # fmt: skip
+        if position >= CALLS_PER_TURN:
+            attempt_more_calls.add(attempt_id)
+            continue
+        cuts = _Cuts()
         by_attempt.setdefault(attempt_id, []).append(
             TimelineCall(
                 position=position,
-                call_id=_text(call_id),
-                name=_text(name),
-                arguments=_text(arguments),
-                raw_arguments=_opt_text(raw_arguments),
+                call_id=cuts.text("call_id", call_id) or "",
+                name=cuts.text("name", name) or "",
+                arguments=cuts.text("arguments", arguments) or "",
+                raw_arguments=cuts.text("raw_arguments", raw_arguments),
                 repaired=_bool(repaired),
                 state=_text(state),
-                reason=_opt_text(reason),
-                result=_json_value(result),
+                reason=cuts.text("reason", reason),
+                result=cuts.json("result", result),
+                cut=cuts.names,
+            )
+        )
+    meta_cuts = _Cuts()
+    metadata = meta_cuts.json("metadata", head[1])
+    out_attempts = []
+    for row in attempts:
+        cuts = _Cuts()
+        out_attempts.append(
+            TimelineAttempt(
+                id=row[0],
+                at_seq=row[1],
+                created_at=as_utc(row[2]),
+                complete=_bool(row[3]),
+                model=cuts.text("model", row[4]),
+                finish_reason=cuts.text("finish_reason", row[5]),
+                end_how=cuts.text("end_how", row[6]),
+                end_reason=cuts.text("end_reason", row[7]),
+                error=cuts.text("error", row[8]),
+                content=cuts.text("content", row[9]),
+                reasoning=cuts.text("reasoning", row[10]),
+                refusal=cuts.text("refusal", row[11]),
+                anomalies=cuts.json("anomalies", row[12]),
+                calls=by_attempt.get(row[0], []),
+                more_calls=row[0] in attempt_more_calls,
+                cut=cuts.names,
             )
         )
     return Timeline(
         conversation_id=conversation_id,
         created_at=as_utc(head[0]),
-        metadata=_json_value(head[1]),
+        metadata=metadata,
+        metadata_cut=bool(meta_cuts.names),
         messages_total=0 if not isinstance(total, int) else total + 1,
         after=after,
         messages=messages,
-        attempts=[
-            TimelineAttempt(
-                id=row[0],
-                at_seq=row[1],
-                created_at=as_utc(row[2]),
-                model=_opt_text(row[3]),
-                finish_reason=_opt_text(row[4]),
-                complete=_bool(row[5]),
-                end_how=_opt_text(row[6]),
-                end_reason=_opt_text(row[7]),
-                error=_opt_text(row[8]),
-                content=_opt_text(row[9]),
-                reasoning=_opt_text(row[10]),
-                refusal=_opt_text(row[11]),
-                anomalies=_json_value(row[12]),
-                calls=by_attempt.get(row[0], []),
-            )
-            for row in attempts
-        ],
+        attempts=out_attempts,
         next_after=high if more else None,
         attempts_next=(attempts[-1][1], attempts[-1][0]) if more_attempts else None,
     )
+
+
+#: the characters of one value a timeline page holds (a longer value is cut there)
+VALUE_CHARS: Final = 32_768
+#: the characters of values after which a timeline page stops adding messages (then attempts)
+PAGE_CHARS: Final = 2_000_000
+#: the calls of one turn (a message or an attempt) a timeline page shows
+CALLS_PER_TURN: Final = 50
+
+
+def _size(values: Sequence[Any]) -> int:
+    """The characters (or bytes) of values read raw, as the page budget counts them."""
+    return sum(len(v) for v in values if isinstance(v, str | bytes))
+
+
+class _Cuts:
+    """The fields of one row whose value was longer than :data:`VALUE_CHARS` (then cut)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def text(self, name: str, value: Any) -> str | None:
+        """A text value read (cut to ``VALUE_CHARS + 1``): cut to ``VALUE_CHARS``, noted."""
+        text = _opt_text(value)
+        if text is not None and len(text) > VALUE_CHARS:
+            self.names.append(name)
+            return text[:VALUE_CHARS]
+        return text
+
+    def json(self, name: str, value: Any) -> Any:
+        """A JSON value read: parsed, or, when cut, the text of its start (not JSON), noted."""
+        if isinstance(value, str | bytes) and len(value) > VALUE_CHARS:
+            self.names.append(name)
+            return _text(value)[:VALUE_CHARS]
+        return _json_value(value)
 
 
 def _check_lookup_id(conversation_id: object) -> None:
