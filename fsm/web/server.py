@@ -300,7 +300,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self) -> None:
         headers = {k: v for k, v in self.headers.items()}
-        response = self.server.app.respond(self.command, self.path, headers)
+        try:
+            response = self.server.app.respond(self.command, self.path, headers)
+        except Exception as exc:  # a bug: one line to the client, the traceback to the log
+            self.server.handle_error(self.request, self.client_address)
+            response = _plain(
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+                f"internal error: {type(exc).__name__} (a bug in fsm's viewer: please report it)",
+            )
         self.send_response(response.status)
         for name, value in response.all_headers().items():
             if name == "X-Body-Length":

@@ -9,6 +9,7 @@ kilobytes, where the page used to hold them all (52 MB at 40,000) and, on Postgr
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import re
 import socket
@@ -249,3 +250,36 @@ def test_values_calls_and_the_page_are_bounded_in_size(app: App, db_url: sa.URL)
         page, _ = _get(app, f"/c/huge?format=json&after={page['next_after']}")
         seqs += [m["seq"] for m in page["messages"]]
     assert seqs == list(range(62 + 80))
+
+
+def test_a_bug_is_a_500_with_one_line(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """An exception no rule expects answers 500 with one line (the traceback goes to the
+    server's stderr), instead of a connection dropped without an answer."""
+    from fsm.store import upgrade
+    from fsm.web import serve
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    engine = audit.open_readonly(url)
+    serving = serve(engine, label=url, port=0)
+
+    def broken(query: Any) -> Any:
+        raise RuntimeError("planted")
+
+    serving.server.app.viewer.calls = broken  # type: ignore[method-assign]
+    thread = threading.Thread(target=serving.serve_forever, daemon=True)
+    thread.start()
+    port = urllib.parse.urlsplit(serving.url).port
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/calls", headers={"Host": f"127.0.0.1:{port}"})
+        answer = conn.getresponse()
+        assert answer.status == 500
+        body = answer.read()
+        conn.close()
+        assert body == b"internal error: RuntimeError (a bug in fsm's viewer: please report it)\n"
+    finally:
+        serving.shutdown()
+        thread.join(5)
+        engine.dispose()
+    assert "planted" in capsys.readouterr().err
