@@ -367,6 +367,25 @@ def _dicts(rows: Sequence[Any]) -> list[dict[str, Any]]:
     return [row.as_dict() for row in rows]
 
 
+def _cut_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A listing's row with each text value (or JSON value, as its text) longer than
+    :data:`browse.VALUE_CHARS` characters cut there, the fields named in ``cut``: a JSON twin's
+    size is bounded by its rows."""
+    cut: list[str] = []
+    for name, value in row.items():
+        if isinstance(value, str):
+            shown = value
+        elif isinstance(value, dict | list):
+            shown = json.dumps(value, ensure_ascii=False, default=str)
+        else:
+            continue
+        if len(shown) > browse.VALUE_CHARS:
+            row[name] = shown[: browse.VALUE_CHARS]
+            cut.append(name)
+    row["cut"] = cut
+    return row
+
+
 # -- the viewer --------------------------------------------------------------------------------
 class Viewer:
     """The pages over one read-only engine (see :func:`fsm.store.audit.open_readonly`)."""
@@ -695,7 +714,7 @@ class Viewer:
         next_cursor = cursor(rows[-1].key) if len(rows) == limit else None
         data = {
             "filters": {**filters, "args": [list(a) for a in args], "source": source},
-            "rows": _dicts(rows),
+            "rows": [_cut_row(row) for row in _dicts(rows)],
             "next": next_cursor,
         }
         form = (
@@ -782,7 +801,7 @@ class Viewer:
             "counts_computed_at": None if pending or refused else computed,
             "counts_computing": pending is not None,
             "counts_refused": None if refused is None else str(refused),
-            "rows": _dicts(rows),
+            "rows": [_cut_row(row) for row in _dicts(rows)],
             "next": next_cursor,
         }
         by_reason: dict[str, int] = {}

@@ -283,3 +283,32 @@ def test_a_bug_is_a_500_with_one_line(tmp_path: Any, capsys: pytest.CaptureFixtu
         thread.join(5)
         engine.dispose()
     assert "planted" in capsys.readouterr().err
+
+
+def test_listing_rows_cut_long_values(app: App, db_url: sa.URL) -> None:
+    """The JSON twins of /calls and /failures cut a value longer than 32,768 characters there
+    and name it in the row's ``cut``: a page's size is bounded by its rows."""
+    from fsm.store import ConversationStore
+    from fsm.store.audit import browse
+    from tests.helpers.store import make_turn
+
+    big = "z" * 100_000
+    with ConversationStore(db_url) as store:
+        store.create_conversation("long")
+        store.append("long", [{"role": "user", "content": "q"}])
+        store.commit_turn(
+            "long", make_turn([("c1", "echo", f'{{"pad": "{big}"}}')], response_id="r1"), [big]
+        )
+        store.record_attempt(
+            "long",
+            make_turn(
+                [("c2", "echo", f'{{"pad": "{big}')], response_id="r2", finish_reason="length"
+            ),
+        )
+    calls, size = _get(app, "/calls?format=json&conversation=long")
+    assert size < 10 * browse.VALUE_CHARS
+    by_id = {row["call_id"]: row for row in calls["rows"]}
+    assert sorted(by_id["c1"]["cut"]) == ["arguments", "result"]
+    assert len(by_id["c1"]["arguments"]) == browse.VALUE_CHARS
+    failures, size = _get(app, "/failures?format=json&conversation=long")
+    assert size < 10 * browse.VALUE_CHARS and failures["rows"][0]["cut"] == ["arguments"]

@@ -116,6 +116,7 @@ def test_calls_twin_is_the_audit_query(app: App) -> None:
     ]:
         page = get(app, f"/calls?format=json&limit=500{query}")
         expected = [r.as_dict() for r in audit.tool_calls(engine, limit=500, **filters)]
+        assert all(row.pop("cut") == [] for row in page["rows"])  # no value is that long
         assert page["rows"] == json.loads(as_json({"rows": expected}))["rows"], query
         assert page["rows"], query
     # keyset paging covers every call once
