@@ -45,6 +45,9 @@ LIMITS: Final = {
 MAX_LIMIT: Final = 500
 #: violations the check page keeps (the counts per kind cover every one).
 MAX_VIOLATIONS: Final = 1000
+#: groups a whole-store page lists (tools and failure counts the largest first, models); the
+#: JSON says how many there are in all (``tools_total``, ``models_total``, ``counts_groups``)
+MAX_GROUPS: Final = 500
 _STATES: Final = tuple(s.value for s in ToolCallState)
 
 
@@ -338,6 +341,16 @@ def _cut_note(fields: Sequence[str]) -> str:
     return (
         f'<p class="cut">{text(", ".join(fields))}: cut at {browse.VALUE_CHARS:,} characters '
         "here (the whole value: <code>fsm history</code>, or the store's Python API)</p>"
+    )
+
+
+def _more_groups(total: int) -> str:
+    """The note under a table of groups cut at :data:`MAX_GROUPS` (nothing when it is not)."""
+    if total <= MAX_GROUPS:
+        return ""
+    return (
+        f'<p class="cut">{MAX_GROUPS:,} of {total:,} shown (all of them: '
+        "<code>fsm audit stats</code>, <code>fsm audit failures --counts</code>)</p>"
     )
 
 
@@ -795,9 +808,11 @@ class Viewer:
         except Busy as busy:  # the rows still show; the counts on a later visit
             refused = busy
         next_cursor = cursor(rows[-1].key) if len(rows) == limit else None
+        shown_counts = sorted(counts, key=lambda c: -(c.calls or c.attempts))[:MAX_GROUPS]
         data = {
             "filters": filters,
-            "counts": _dicts(counts),
+            "counts": _dicts(shown_counts),
+            "counts_groups": len(counts),
             "counts_computed_at": None if pending or refused else computed,
             "counts_computing": pending is not None,
             "counts_refused": None if refused is None else str(refused),
@@ -838,13 +853,15 @@ class Viewer:
             '<table class="rows"><thead><tr><th>model</th><th>state</th><th>reason</th>'
             "<th>calls</th><th>attempts</th></tr></thead><tbody>",
         ]
-        for c in counts:
+        for c in shown_counts:
             body.append(
                 f"<tr><td>{text(c.model)}</td><td>{text(c.state) or '-'}</td>"
                 f'<td>{_short(c.reason)}</td><td class="n">{c.calls:,}</td>'
                 f'<td class="n">{c.attempts:,}</td></tr>'
             )
-        body.append("</tbody></table></details>")
+        body.append("</tbody></table>")
+        body.append(_more_groups(len(counts)))
+        body.append("</details>")
         body.append(
             '<table class="rows"><thead><tr><th>attempt</th><th>conversation</th><th>seq</th>'
             "<th>tool</th><th>state</th><th>reason</th><th>anomalies</th><th>arguments (cut)</th>"
@@ -905,11 +922,13 @@ class Viewer:
             "filters": filters,
             "computed_at": computed,
             "seconds": round(seconds, 3),
-            "tools": _dicts(result.tools),
-            "models": _dicts(result.models),
+            "tools": _dicts(result.tools[:MAX_GROUPS]),
+            "tools_total": len(result.tools),
+            "models": _dicts(result.models[:MAX_GROUPS]),
+            "models_total": len(result.models),
             "days": _dicts(result.days),
             "failed_calls_per_day": failed_days,
-            "rates": rates,
+            "rates": rates[:MAX_GROUPS],
             "totals": None if result.totals is None else result.totals.as_dict(),
             "unreadable_usage": result.unreadable_usage,
         }
@@ -971,7 +990,7 @@ class Viewer:
             "<th>calls</th><th>attempts</th><th>incomplete share</th><th>prompt tokens</th>"
             "<th>completion tokens</th></tr></thead><tbody>",
         ]
-        for s in result.models:
+        for s in result.models[:MAX_GROUPS]:
             body.append(
                 f'<tr><td>{text(s.model)}</td><td class="n">{s.turns:,}</td>'
                 f'<td class="n">{s.calls:,}</td><td class="n">{s.attempts:,}</td>'
@@ -979,17 +998,19 @@ class Viewer:
                 f'<td class="n">{s.completion_tokens:,}</td></tr>'
             )
         body.append("</tbody></table>")
+        body.append(_more_groups(len(result.models)))
         body.append(
             '<h2>Tools</h2><table class="rows"><thead><tr><th>tool</th><th>calls</th>'
             "<th>failed in attempts</th></tr></thead><tbody>"
         )
-        for t in result.tools:
+        for t in result.tools[:MAX_GROUPS]:
             link = href("/calls", {"tool": t.name})
             body.append(
                 f'<tr><td><a href="{link}">{text(t.name)}</a></td><td class="n">{t.calls:,}</td>'
                 f'<td class="n">{t.failed:,}</td></tr>'
             )
         body.append("</tbody></table>")
+        body.append(_more_groups(len(result.tools)))
         return View("Stats", "".join(body), data)
 
     # -- /check --------------------------------------------------------------------------------

@@ -312,3 +312,21 @@ def test_listing_rows_cut_long_values(app: App, db_url: sa.URL) -> None:
     assert len(by_id["c1"]["arguments"]) == browse.VALUE_CHARS
     failures, size = _get(app, "/failures?format=json&conversation=long")
     assert size < 10 * browse.VALUE_CHARS and failures["rows"][0]["cut"] == ["arguments"]
+
+
+def test_whole_store_pages_list_at_most_max_groups(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/stats and /failures list at most MAX_GROUPS tools, models and failure counts (the
+    largest first) and say how many there are in all."""
+    from fsm.web import pages
+
+    monkeypatch.setattr(pages, "MAX_GROUPS", 1)
+    stats, _ = _get(app, "/stats?format=json")
+    assert len(stats["tools"]) == 1 and stats["tools_total"] == 4
+    assert stats["tools"][0]["name"] == "lookup"  # the most calls
+    assert len(stats["models"]) == 1 and stats["models_total"] == 2
+    failures, _ = _get(app, "/failures?format=json")
+    assert len(failures["counts"]) == 1 and failures["counts_groups"] == 2
+    html, _ = _get(app, "/stats")
+    assert "1 of 4 shown" in html
