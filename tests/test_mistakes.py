@@ -85,7 +85,11 @@ def make_ctx(tmp: Path, engine: str, db: sa.URL, empty: sa.URL) -> Ctx:
     (tmp / "one.json").write_text('["5"]')
     (tmp / "two.json").write_text('["5", "6"]')
     (tmp / "folder").mkdir()
-    cursor = base64.urlsafe_b64encode(json.dumps([10**20, 1]).encode()).decode().rstrip("=")
+
+    def b64(key: Any) -> str:
+        return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+
+    cursor = b64([10**20, 1])
     ctx.values = {
         "tmp": str(tmp),
         "db": ctx.db,
@@ -100,6 +104,10 @@ def make_ctx(tmp: Path, engine: str, db: sa.URL, empty: sa.URL) -> Ctx:
         "truncated": str(CORPUS / TRUNCATED),
         "big": BIG,
         "cursor": cursor,
+        # forged cursors that decode and have the right length, but no row has such a key
+        "text_cursor": b64(["a", "b"]),
+        "calls_cursor": b64([1, "x", 0, 0, 0]),
+        "rank_cursor": b64(["c1", 0, 7, 0, 0]),
         "head": HEAD,
     }
     return ctx
@@ -545,8 +553,36 @@ CATALOG: list[Mistake] = [
         "`fsm audit failures --after` a cursor holding 10^20",
         ("audit", "failures", "--db", "{db}", "--after", "{cursor}"),
         2,
-        "error: Invalid value for --after: '{cursor}' is not a cursor of this command "
+        "error: Invalid value for --after: '{cursor}' is not a cursor of this command: not "
+        "one fsm printed (copy the --after that a full page printed on stderr) "
         "(see: fsm audit failures --help)",
+        engines=BOTH,
+    ),
+    Mistake(
+        "`fsm audit failures --after` a forged cursor of two strings",
+        ("audit", "failures", "--db", "{db}", "--after", "{text_cursor}"),
+        2,
+        "error: Invalid value for --after: '{text_cursor}' is not a cursor of this command: not "
+        "one fsm printed (copy the --after that a full page printed on stderr) "
+        "(see: fsm audit failures --help)",
+        engines=BOTH,
+    ),
+    Mistake(
+        "`fsm audit calls --after` a forged cursor (a number where the id goes)",
+        ("audit", "calls", "--db", "{db}", "--after", "{calls_cursor}"),
+        2,
+        "error: Invalid value for --after: '{calls_cursor}' is not a cursor of this command: not "
+        "one fsm printed (copy the --after that a full page printed on stderr) "
+        "(see: fsm audit calls --help)",
+        engines=BOTH,
+    ),
+    Mistake(
+        "`fsm audit calls --after` a forged cursor (a rank that is not 0 or 1)",
+        ("audit", "calls", "--db", "{db}", "--after", "{rank_cursor}"),
+        2,
+        "error: Invalid value for --after: '{rank_cursor}' is not a cursor of this command: not "
+        "one fsm printed (copy the --after that a full page printed on stderr) "
+        "(see: fsm audit calls --help)",
         engines=BOTH,
     ),
     Mistake(
@@ -713,6 +749,9 @@ def _generic(line: str, ctx: Ctx) -> str:
         ("missing_pg_shown", "postgresql+psycopg://postgres@127.0.0.1:5432/fsm_no_such_db_12"),
         ("down_pg_shown", "postgresql+psycopg://postgres@127.0.0.1:1/test"),
         ("cursor", "CURSOR"),
+        ("text_cursor", "CURSOR"),
+        ("calls_cursor", "CURSOR"),
+        ("rank_cursor", "CURSOR"),
         ("tmp", "."),
     ):
         line = line.replace(ctx.values[key], name)

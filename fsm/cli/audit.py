@@ -188,7 +188,8 @@ def calls(
 
     arg_filters = [_arg_filter(a) for a in args]
     page = page.for_output(output)
-    paging = page.query(key_size=5)  # a CallKey: conversation, seq, rank, attempt, position
+    # a CallKey: conversation, seq, rank, attempt, position
+    paging = page.query(key_size=5, check=audit_api.call_key)
     with _store(url) as engine:
         rows = audit_api.tool_calls(
             engine,
@@ -246,7 +247,8 @@ def failures(
             )
             return
         page = page.for_output(output)
-        paging = page.query(key_size=2)  # a failure's key: attempt, position
+        # a failure's key: attempt, position
+        paging = page.query(key_size=2, check=audit_api.failure_key)
         rows = audit_api.failures(engine, **filters, **paging)
         _show_page(rows, audit_api.FailureRow, output, page)
 

@@ -221,12 +221,18 @@ class Page:
             return self
         return Page(0, self.offset, self.after)
 
-    def query(self, key_size: int) -> dict[str, Any]:
+    def query(self, key_size: int, check: Callable[[Any], Any] | None = None) -> dict[str, Any]:
         """The paging keywords of the :mod:`fsm.store.audit` listings (``limit``, ``offset``,
-        ``after``), for a listing whose keys have ``key_size`` parts."""
-        return {"limit": self.limit or None, "offset": self.offset, "after": self._key(key_size)}
+        ``after``), for a listing whose keys have ``key_size`` parts; ``check`` (the listing's
+        key check, such as :func:`fsm.store.audit.call_key`) refuses a key none of its rows can
+        have with a ``ValueError``: a usage error, as a cursor that does not decode is."""
+        return {
+            "limit": self.limit or None,
+            "offset": self.offset,
+            "after": self._key(key_size, check),
+        }
 
-    def _key(self, size: int) -> tuple[Any, ...] | None:
+    def _key(self, size: int, check: Callable[[Any], Any] | None) -> tuple[Any, ...] | None:
         text = self.after
         if text is None:
             return None
@@ -234,9 +240,17 @@ class Page:
             key = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
         except (ValueError, binascii.Error):
             key = None
-        if not isinstance(key, list) or len(key) != size or not all(map(_key_part, key)):
+        fits = isinstance(key, list) and len(key) == size and all(map(_key_part, key))
+        if fits and check is not None:
+            try:
+                check(tuple(key))
+            except ValueError:
+                fits = False
+        if not fits:
             raise click.BadParameter(
-                f"{text!r} is not a cursor of this command", param_hint="--after"
+                f"{text!r} is not a cursor of this command: not one fsm printed (copy the "
+                "--after that a full page printed on stderr)",
+                param_hint="--after",
             )
         return tuple(key)
 

@@ -81,6 +81,7 @@ from fsm.store.store import (
     StoreCore,
     check_listing,
 )
+from fsm.store.transaction import check_schema
 from fsm.telemetry import store_write
 from fsm.types import Message
 
@@ -707,8 +708,10 @@ class AsyncBoundStore:
 
 
 def _configured(conn: Connection) -> Connection:
-    """``conn`` (the sync side of an async connection), checked to be set up for fsm."""
+    """``conn`` (the sync side of an async connection), checked to be set up for fsm and on a
+    schema at this fsm's revision."""
     require_configured(conn)
+    check_schema(conn)
     return conn
 
 

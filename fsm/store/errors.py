@@ -25,6 +25,7 @@ __all__ = [
     "DatabaseNotFoundError",
     "DatabaseUrlError",
     "DriverMissingError",
+    "HostTransactionError",
     "IdempotencyMismatchError",
     "InvalidConversationIdError",
     "InvalidFilterError",
@@ -340,6 +341,15 @@ class PendingTurnError(ConflictError):
         self.expected_seq = at_seq
         self.actual_seq = at_seq
         StoreError.__init__(self, f"conversation {conversation_id!r}: {why}")
+
+
+class HostTransactionError(StoreError):
+    """The caller's transaction given to ``bind()`` has already failed: on PostgreSQL, a
+    statement that raised aborts the whole transaction, and the server refuses every later one
+    (SQLSTATE 25P02, "current transaction is aborted"). Nothing was written; roll the
+    transaction back and run the unit of work again (or run the statement that may fail in a
+    savepoint, ``connection.begin_nested()``, so that its failure leaves the transaction
+    usable)."""
 
 
 class LedgerStateError(StoreError):

@@ -40,7 +40,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from fsm.parser import Anomaly, ParseResult, Turn
 from fsm.states import ToolCallState
-from fsm.store import plans, writes
+from fsm.store import plans, transaction, writes
 from fsm.store.codec import MARK, as_utc, decode_json, decode_text
 from fsm.store.deadline import DEFAULT_TIMEOUT, Deadline, check_timeout
 from fsm.store.engine import (
@@ -363,6 +363,7 @@ class ConversationStore(LedgerMethods):
                 f"{self._engine.dialect.name} store"
             )
         require_configured(connection)
+        transaction.check_schema(connection)
         return BoundStore(self._core, connection)
 
     def __enter__(self) -> ConversationStore:
@@ -766,9 +767,31 @@ class BoundStore:
         return f"BoundStore({self._core.url!r})"
 
     @contextmanager
-    def _savepoint(self) -> Iterator[Connection]:
-        with self._core.translate(), self._conn.begin_nested():
-            yield self._conn
+    def _savepoint(self, *, race: bool = False) -> Iterator[Connection]:
+        """A write in a savepoint of the caller's transaction, its driver errors typed (see
+        :mod:`fsm.store.transaction`); ``race``: a broken unique key at REPEATABLE READ or
+        SERIALIZABLE is a lost race (retryable), not a rejected value."""
+        with self._guard():
+            try:
+                with self._core.translate(), self._conn.begin_nested():
+                    yield self._conn
+            except ValueRejectedError as exc:
+                lost = transaction.lost_snapshot_race(exc, self._conn) if race else None
+                if lost is None:
+                    raise
+                raise lost from exc.__cause__
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """The driver errors of the caller's transaction as typed errors: already failed,
+        a serialization failure or deadlock, a schema older than this fsm."""
+        try:
+            yield
+        except sa_exc.DBAPIError as exc:
+            typed = transaction.host_error(exc, self._conn)
+            if typed is None:
+                raise
+            raise typed from exc
 
     # -- conversations -----------------------------------------------------------------------
     def create_conversation(
@@ -800,7 +823,8 @@ class BoundStore:
     def next_seq(self, conversation_id: str) -> int:
         """:meth:`ConversationStore.next_seq`, in the caller's transaction."""
         self._core.check_conversation_id(conversation_id)
-        return self._core.next_seq(self._conn, conversation_id)
+        with self._guard():
+            return self._core.next_seq(self._conn, conversation_id)
 
     # -- writes ------------------------------------------------------------------------------
     @store_write("append")
@@ -813,7 +837,7 @@ class BoundStore:
     ) -> int:
         """:meth:`ConversationStore.append`, in the caller's transaction."""
         rows = self._core.plan_append(conversation_id, messages)
-        with self._savepoint() as conn:
+        with self._savepoint(race=True) as conn:
             return self._core.append(conn, conversation_id, rows, expected_seq)
 
     @store_write("commit_turn")
@@ -829,7 +853,7 @@ class BoundStore:
         """:meth:`ConversationStore.commit_turn`, in the caller's transaction (written, not
         committed: the caller's commit makes it part of history)."""
         plan = self._core.plan_commit(conversation_id, turn, results, idempotency_key)
-        with self._savepoint() as conn:
+        with self._savepoint(race=True) as conn:
             return self._core.commit_turn(
                 conn, conversation_id, plan, expected_seq, idempotency_key
             )
@@ -860,7 +884,7 @@ class BoundStore:
     ) -> list[int]:
         """:meth:`ConversationStore.record_attempt`, in the caller's transaction."""
         plan = self._core.plan_record(conversation_id, attempt, anomalies, results, error)
-        with self._savepoint() as conn:
+        with self._savepoint(race=True) as conn:
             return self._core.record_attempt(conn, conversation_id, plan)
 
     # -- reads -------------------------------------------------------------------------------
@@ -876,12 +900,14 @@ class BoundStore:
         self._core.check_conversation_id(conversation_id)
         self._core.check_last(last)
         fmt = check_format(format)
-        return self._core.history(self._conn, conversation_id, last, include_reasoning, fmt)
+        with self._guard():
+            return self._core.history(self._conn, conversation_id, last, include_reasoning, fmt)
 
     def attempts(self, conversation_id: str) -> list[dict[str, Any]]:
         """:meth:`ConversationStore.attempts`, in the caller's transaction."""
         self._core.check_conversation_id(conversation_id)
-        return self._core.attempts(self._conn, conversation_id)
+        with self._guard():
+            return self._core.attempts(self._conn, conversation_id)
 
 
 class StoreCore:

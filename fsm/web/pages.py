@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import queue
 import threading
 import time
 from collections import OrderedDict
@@ -34,10 +35,19 @@ from fsm.web.html import attr, href, json_block, path_of, text, when
 __all__ = ["Query", "View", "Viewer"]
 
 #: rows per page of each listing (``limit=`` may ask for fewer or more, up to MAX_LIMIT).
-LIMITS: Final = {"conversations": 50, "calls": 100, "failures": 100, "timeline": 200}
+LIMITS: Final = {
+    "conversations": 50,
+    "calls": 100,
+    "failures": 100,
+    "timeline": 200,
+    "attempts": 50,
+}
 MAX_LIMIT: Final = 500
 #: violations the check page keeps (the counts per kind cover every one).
 MAX_VIOLATIONS: Final = 1000
+#: groups a whole-store page lists (tools and failure counts the largest first, models); the
+#: JSON says how many there are in all (``tools_total``, ``models_total``, ``counts_groups``)
+MAX_GROUPS: Final = 500
 _STATES: Final = tuple(s.value for s in ToolCallState)
 
 
@@ -58,13 +68,14 @@ class Query:
         """Every non-empty value of ``name``, in order."""
         return [v for k, v in self.pairs if k == name and v.strip()]
 
-    def limit(self, default: int) -> int:
-        """``limit=``: a whole number from 1 to :data:`MAX_LIMIT` (the page's default if absent)."""
-        given = self.get("limit")
+    def limit(self, default: int, name: str = "limit") -> int:
+        """``limit=`` (or ``name=``): a whole number from 1 to :data:`MAX_LIMIT` (the page's
+        default if absent)."""
+        given = self.get(name)
         if given is None:
             return default
-        if not given.isdigit() or not 1 <= int(given) <= MAX_LIMIT:
-            raise InvalidFilterError(f"limit must be a whole number from 1 to {MAX_LIMIT}")
+        if not (given.isascii() and given.isdigit()) or not 1 <= int(given) <= MAX_LIMIT:
+            raise InvalidFilterError(f"{name} must be a whole number from 1 to {MAX_LIMIT}")
         return int(given)
 
 
@@ -105,15 +116,28 @@ class View:
 
 
 class Pending(Exception):
-    """A whole-store computation still running after the wait budget (since ``started``)."""
+    """A whole-store computation still running (or waiting for a worker) after the wait budget
+    (since ``started``)."""
 
     def __init__(self, started: datetime) -> None:
         super().__init__(f"computing since {started.isoformat()}")
         self.started = started
 
 
+class Busy(Exception):
+    """Every worker of the whole-store computations is busy and their queue is full: a new
+    computation is refused (the page answers 503 with ``Retry-After``)."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(
+            "the viewer is busy with other whole-store computations (statistics, counts, the "
+            f"integrity check): retry in {retry_after} seconds"
+        )
+        self.retry_after = retry_after
+
+
 class _Job:
-    """One computation on a thread of its own."""
+    """One computation, run by a worker of :class:`Scans`."""
 
     def __init__(self, compute: Callable[[], Any]) -> None:
         self.started = datetime.now(UTC)
@@ -122,9 +146,10 @@ class _Job:
         self.error: BaseException | None = None
         self.seconds = 0.0
         self._compute = compute
-        threading.Thread(target=self._run, name="fsm-web-compute", daemon=True).start()
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """Compute (on a worker's thread); the result or the error is kept for the requests."""
+        self.started = datetime.now(UTC)
         clock = time.perf_counter()
         try:
             self.value = self._compute()
@@ -135,32 +160,66 @@ class _Job:
             self.done.set()
 
 
+class Scans:
+    """The whole-store computations of one viewer (``/stats``, the counts of ``/failures``,
+    ``/check``): at most ``workers`` run at once, on threads of their own, and at most
+    ``queued`` wait for one; beyond that a new computation is refused with :class:`Busy`, so
+    that no number of distinct requests can start more scans than the store can serve."""
+
+    def __init__(self, workers: int = 2, queued: int = 8, retry_after: int = 5) -> None:
+        self.workers = workers
+        self.retry_after = retry_after
+        self._queue: queue.Queue[_Job] = queue.Queue(maxsize=queued)
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, compute: Callable[[], Any]) -> _Job:
+        """Queue ``compute``; :class:`Busy` when the queue is full."""
+        job = _Job(compute)
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise Busy(self.retry_after) from None
+        with self._lock:
+            if len(self._threads) < self.workers:
+                thread = threading.Thread(target=self._work, name="fsm-web-scan", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        return job
+
+    def _work(self) -> None:
+        while True:
+            self._queue.get().run()
+
+
 class _Cache:
     """The last few results of a slow whole-store computation (stats, the check), by their
     filters, so that a reload renders at once; ``refresh=1`` recomputes. A computation runs on
-    a thread of its own: a request waits for it at most ``budget`` seconds, then gets
-    :class:`Pending` (the page says so and reloads itself) while it goes on; one computation
-    per key at a time, however many requests ask."""
+    a worker of ``scans`` (shared by every page): a request waits for it at most ``budget``
+    seconds, then gets :class:`Pending` (the page says so and reloads itself) while it goes on;
+    one computation per key at a time, however many requests ask, and :class:`Busy` when the
+    workers and their queue are full."""
 
-    def __init__(self, size: int = 8, budget: float = 2.0) -> None:
+    def __init__(self, scans: Scans, size: int = 8, budget: float = 2.0) -> None:
         self._items: OrderedDict[Any, tuple[Any, datetime, float]] = OrderedDict()
         self._running: dict[Any, _Job] = {}
         self._lock = threading.Lock()
         self._size = size
+        self._scans = scans
         self.budget = budget
 
     def get(
         self, key: Any, compute: Callable[[], Any], refresh: bool
     ) -> tuple[Any, datetime, float]:
         """The result for ``key``: kept, or computed now (within the budget), else
-        :class:`Pending`."""
+        :class:`Pending` (or :class:`Busy`)."""
         with self._lock:
             job = self._running.get(key)
             if job is None:
                 if not refresh and key in self._items:
                     self._items.move_to_end(key)
                     return self._items[key]
-                job = self._running[key] = _Job(compute)
+                job = self._running[key] = self._scans.submit(compute)
         if not job.done.wait(self.budget):
             raise Pending(job.started)
         with self._lock:
@@ -185,11 +244,16 @@ def _pending(title: str, pending: Pending, what: str) -> View:
 
 
 # -- shared bits -------------------------------------------------------------------------------
-def _conversation_link(conversation_id: str, seq: int | None = None, *, anchor: str = "") -> str:
-    """The link to a conversation's timeline, at the page holding ``seq``."""
+def _conversation_link(
+    conversation_id: str, seq: int | None = None, *, anchor: str = "", attempt: int | None = None
+) -> str:
+    """The link to a conversation's timeline, at the page holding ``seq`` (and, for the
+    attempt ``attempt`` at ``seq``, at the page of attempts that starts with it)."""
     query: dict[str, Any] = {}
     if seq is not None and seq >= LIMITS["timeline"]:
         query["after"] = (seq // LIMITS["timeline"]) * LIMITS["timeline"] - 1
+    if seq is not None and attempt is not None:
+        query["attempts_after"] = cursor((seq, attempt - 1))
     return href(path_of("c", conversation_id), query, anchor=anchor)
 
 
@@ -270,6 +334,34 @@ def _path_of_states(call: browse.TimelineCall) -> str:
     return f'<p class="path" title="the call\'s path through the state machine">{shown}</p>'
 
 
+def _cut_note(fields: Sequence[str]) -> str:
+    """The note of a row whose values were cut at :data:`browse.VALUE_CHARS` characters."""
+    if not fields:
+        return ""
+    return (
+        f'<p class="cut">{text(", ".join(fields))}: cut at {browse.VALUE_CHARS:,} characters '
+        "here (the whole value: <code>fsm history</code>, or the store's Python API)</p>"
+    )
+
+
+def _more_groups(total: int) -> str:
+    """The note under a table of groups cut at :data:`MAX_GROUPS` (nothing when it is not)."""
+    if total <= MAX_GROUPS:
+        return ""
+    return (
+        f'<p class="cut">{MAX_GROUPS:,} of {total:,} shown (all of them: '
+        "<code>fsm audit stats</code>, <code>fsm audit failures --counts</code>)</p>"
+    )
+
+
+def _more_calls_note() -> str:
+    return (
+        f'<p class="cut">more than {browse.CALLS_PER_TURN} calls: the first '
+        f"{browse.CALLS_PER_TURN} are shown (all of them: <code>fsm audit calls "
+        "--conversation</code>)</p>"
+    )
+
+
 def _state_badge(state: str) -> str:
     css = state if state in _STATES else "unknown"
     return f'<span class="state state-{css}">{text(state)}</span>'
@@ -288,14 +380,34 @@ def _dicts(rows: Sequence[Any]) -> list[dict[str, Any]]:
     return [row.as_dict() for row in rows]
 
 
+def _cut_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A listing's row with each text value (or JSON value, as its text) longer than
+    :data:`browse.VALUE_CHARS` characters cut there, the fields named in ``cut``: a JSON twin's
+    size is bounded by its rows."""
+    cut: list[str] = []
+    for name, value in row.items():
+        if isinstance(value, str):
+            shown = value
+        elif isinstance(value, dict | list):
+            shown = json.dumps(value, ensure_ascii=False, default=str)
+        else:
+            continue
+        if len(shown) > browse.VALUE_CHARS:
+            row[name] = shown[: browse.VALUE_CHARS]
+            cut.append(name)
+    row["cut"] = cut
+    return row
+
+
 # -- the viewer --------------------------------------------------------------------------------
 class Viewer:
     """The pages over one read-only engine (see :func:`fsm.store.audit.open_readonly`)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._stats = _Cache()
-        self._check = _Cache(size=2)
+        self.scans = Scans()
+        self._stats = _Cache(self.scans)
+        self._check = _Cache(self.scans, size=2)
 
     # routes: path -> (current nav entry, function)
     def route(self, path: str) -> tuple[str, Callable[[Query], View]] | tuple[str, None]:
@@ -347,14 +459,15 @@ class Viewer:
         for row in rows:
             failed = (
                 f'<a class="bad" href="{_conversation_link(row.id, anchor="attempts")}">'
-                f"{row.attempts}</a>"
+                f"{row.attempts:,}{'+' if row.attempts_capped else ''}</a>"
                 if row.attempts
                 else "0"
             )
             body.append(
                 f'<tr><td><a class="id" href="{_conversation_link(row.id)}">{text(row.id)}</a></td>'
                 f"<td>{when(row.created_at)}</td><td>{when(row.last_activity)}</td>"
-                f'<td class="n">{row.messages}</td><td class="n">{row.calls}</td>'
+                f'<td class="n">{row.messages}</td>'
+                f'<td class="n">{row.calls:,}{"+" if row.calls_capped else ""}</td>'
                 f'<td class="n">{failed}</td></tr>'
             )
         body.append("</tbody></table>")
@@ -365,11 +478,24 @@ class Viewer:
     def timeline(self, conversation_id: str, query: Query) -> View:
         """One conversation in seq order, with its attempts at their place in time."""
         limit = query.limit(LIMITS["timeline"])
+        attempts_limit = query.limit(LIMITS["attempts"], "attempts_limit")
         after_text = query.get("after")
-        if after_text is not None and not after_text.lstrip("-").isdigit():
+        if after_text is not None and not (
+            after_text.isascii() and after_text.lstrip("-").isdigit() and len(after_text) <= 20
+        ):
             raise InvalidFilterError("after must be a seq (a whole number)")
         after = None if after_text is None else int(after_text)
-        found = browse.timeline(self.engine, conversation_id, after=after, limit=limit)
+        attempts_after = uncursor(query.get("attempts_after"), 2)
+        found = browse.timeline(
+            self.engine,
+            conversation_id,
+            after=after,
+            limit=limit,
+            attempts_after=None
+            if attempts_after is None
+            else (attempts_after[0], attempts_after[1]),
+            attempts_limit=attempts_limit,
+        )
         title = f"Conversation {conversation_id}"
         if found is None:
             missing = (
@@ -380,6 +506,8 @@ class Viewer:
                 title, missing, {"error": "not found", "conversation_id": conversation_id}, 404
             )
         data = found.as_dict()
+        more_attempts = None if found.attempts_next is None else cursor(found.attempts_next)
+        data["attempts_next_cursor"] = more_attempts
         base = path_of("c", conversation_id)
         body = [
             '<dl class="meta">'
@@ -390,7 +518,8 @@ class Viewer:
         ]
         if found.metadata is not None:
             body.append(
-                f"<details><summary>metadata</summary>{json_block(found.metadata)}</details>"
+                f"<details><summary>metadata</summary>{json_block(found.metadata)}"
+                f"{_cut_note(['metadata'] if found.metadata_cut else [])}</details>"
             )
         links = [
             f'<a href="{href("/calls", {"conversation": conversation_id})}">its calls</a>',
@@ -414,9 +543,16 @@ class Viewer:
                 f'<a rel="next" class="next" href="{href(base, {"after": found.next_after})}">'
                 "next page</a>"
             )
+        if more_attempts is not None:
+            kept = [(k, v) for k, v in query.pairs if k not in ("attempts_after", "format")]
+            pager.append(
+                f'<a class="next-attempts" href="{href(base, [*kept, ("attempts_after", more_attempts)])}">'
+                "more attempts of these messages</a>"
+            )
         shown = len(found.messages)
         body.append(
             f'<nav class="pager"><span class="count">{shown} message{"s" if shown != 1 else ""}'
+            f", {len(found.attempts)} attempt{'s' if len(found.attempts) != 1 else ''}"
             f"</span> {' '.join(pager)}</nav>"
         )
         return View(title, "".join(body), data)
@@ -456,8 +592,11 @@ class Viewer:
             for call in m.calls:
                 parts.append(self._call(f"call-{m.seq}-{call.position}", call, history=True))
             parts.append("</div>")
+        if m.more_calls:
+            parts.append(_more_calls_note())
         if m.usage is not None:
             parts.append(f"<details><summary>usage</summary>{json_block(m.usage)}</details>")
+        parts.append(_cut_note(m.cut))
         parts.append("</li>")
         return "".join(parts)
 
@@ -499,7 +638,9 @@ class Viewer:
             parts.append(_content(call.result))
         else:
             parts.append('<p class="none">never executed</p>')
-        parts.append("</div></div></article>")
+        parts.append("</div></div>")
+        parts.append(_cut_note(call.cut))
+        parts.append("</article>")
         return "".join(parts)
 
     def _attempt(self, a: browse.TimelineAttempt) -> str:
@@ -548,6 +689,9 @@ class Viewer:
             for call in a.calls:
                 parts.append(self._call(f"attempt-{a.id}-{call.position}", call, history=False))
             parts.append("</div>")
+        if a.more_calls:
+            parts.append(_more_calls_note())
+        parts.append(_cut_note(a.cut))
         parts.append("</li>")
         return "".join(parts)
 
@@ -583,7 +727,7 @@ class Viewer:
         next_cursor = cursor(rows[-1].key) if len(rows) == limit else None
         data = {
             "filters": {**filters, "args": [list(a) for a in args], "source": source},
-            "rows": _dicts(rows),
+            "rows": [_cut_row(row) for row in _dicts(rows)],
             "next": next_cursor,
         }
         form = (
@@ -616,7 +760,9 @@ class Viewer:
                 anchor = f"attempt-{row.attempt_id}-{row.position}"
                 outcome = f'<span class="reason">{_short(row.reason)}</span>'
             state = row.state if row.state in _STATES else "unknown"
-            link = _conversation_link(row.conversation_id, row.seq, anchor=anchor)
+            link = _conversation_link(
+                row.conversation_id, row.seq, anchor=anchor, attempt=row.attempt_id
+            )
             body.append(
                 f'<tr><td><a class="id" href="{_conversation_link(row.conversation_id)}">'
                 f"{text(row.conversation_id)}</a></td>"
@@ -648,6 +794,7 @@ class Viewer:
         rows = list(audit.failures(self.engine, **filters, limit=limit, after=after))
         # the counts group every failed call (a scan): kept for reloads, as /stats is
         pending: Pending | None = None
+        refused: Busy | None = None
         counts: list[audit.FailureCount] = []
         computed, seconds = datetime.now(UTC), 0.0
         try:
@@ -658,13 +805,18 @@ class Viewer:
             )
         except Pending as still:
             pending = still
+        except Busy as busy:  # the rows still show; the counts on a later visit
+            refused = busy
         next_cursor = cursor(rows[-1].key) if len(rows) == limit else None
+        shown_counts = sorted(counts, key=lambda c: -(c.calls or c.attempts))[:MAX_GROUPS]
         data = {
             "filters": filters,
-            "counts": _dicts(counts),
-            "counts_computed_at": None if pending else computed,
+            "counts": _dicts(shown_counts),
+            "counts_groups": len(counts),
+            "counts_computed_at": None if pending or refused else computed,
             "counts_computing": pending is not None,
-            "rows": _dicts(rows),
+            "counts_refused": None if refused is None else str(refused),
+            "rows": [_cut_row(row) for row in _dicts(rows)],
             "next": next_cursor,
         }
         by_reason: dict[str, int] = {}
@@ -686,6 +838,8 @@ class Viewer:
                 f'<p class="computing">The counts are being computed (started '
                 f"{when(pending.started)}); this page reloads itself.</p>"
                 if pending
+                else f'<p class="computing">Counts not computed: {text(str(refused))}.</p>'
+                if refused
                 else f'<p class="computed">counts computed {when(computed)} in {seconds:.2f} s '
                 f'<a href="{href("/failures", [*((k, v) for k, v in filters.items() if v), ("refresh", "1")])}">'
                 "recompute</a></p>"
@@ -699,13 +853,15 @@ class Viewer:
             '<table class="rows"><thead><tr><th>model</th><th>state</th><th>reason</th>'
             "<th>calls</th><th>attempts</th></tr></thead><tbody>",
         ]
-        for c in counts:
+        for c in shown_counts:
             body.append(
                 f"<tr><td>{text(c.model)}</td><td>{text(c.state) or '-'}</td>"
                 f'<td>{_short(c.reason)}</td><td class="n">{c.calls:,}</td>'
                 f'<td class="n">{c.attempts:,}</td></tr>'
             )
-        body.append("</tbody></table></details>")
+        body.append("</tbody></table>")
+        body.append(_more_groups(len(counts)))
+        body.append("</details>")
         body.append(
             '<table class="rows"><thead><tr><th>attempt</th><th>conversation</th><th>seq</th>'
             "<th>tool</th><th>state</th><th>reason</th><th>anomalies</th><th>arguments (cut)</th>"
@@ -717,7 +873,9 @@ class Viewer:
                 if row.position is not None
                 else f"attempt-{row.attempt_id}"
             )
-            link = _conversation_link(row.conversation_id, row.seq, anchor=anchor)
+            link = _conversation_link(
+                row.conversation_id, row.seq, anchor=anchor, attempt=row.attempt_id
+            )
             body.append(
                 f'<tr><td class="n"><a class="place" href="{link}">#{row.attempt_id}</a></td>'
                 f'<td><a class="id" href="{_conversation_link(row.conversation_id)}">'
@@ -764,11 +922,13 @@ class Viewer:
             "filters": filters,
             "computed_at": computed,
             "seconds": round(seconds, 3),
-            "tools": _dicts(result.tools),
-            "models": _dicts(result.models),
+            "tools": _dicts(result.tools[:MAX_GROUPS]),
+            "tools_total": len(result.tools),
+            "models": _dicts(result.models[:MAX_GROUPS]),
+            "models_total": len(result.models),
             "days": _dicts(result.days),
             "failed_calls_per_day": failed_days,
-            "rates": rates,
+            "rates": rates[:MAX_GROUPS],
             "totals": None if result.totals is None else result.totals.as_dict(),
             "unreadable_usage": result.unreadable_usage,
         }
@@ -830,7 +990,7 @@ class Viewer:
             "<th>calls</th><th>attempts</th><th>incomplete share</th><th>prompt tokens</th>"
             "<th>completion tokens</th></tr></thead><tbody>",
         ]
-        for s in result.models:
+        for s in result.models[:MAX_GROUPS]:
             body.append(
                 f'<tr><td>{text(s.model)}</td><td class="n">{s.turns:,}</td>'
                 f'<td class="n">{s.calls:,}</td><td class="n">{s.attempts:,}</td>'
@@ -838,17 +998,19 @@ class Viewer:
                 f'<td class="n">{s.completion_tokens:,}</td></tr>'
             )
         body.append("</tbody></table>")
+        body.append(_more_groups(len(result.models)))
         body.append(
             '<h2>Tools</h2><table class="rows"><thead><tr><th>tool</th><th>calls</th>'
             "<th>failed in attempts</th></tr></thead><tbody>"
         )
-        for t in result.tools:
+        for t in result.tools[:MAX_GROUPS]:
             link = href("/calls", {"tool": t.name})
             body.append(
                 f'<tr><td><a href="{link}">{text(t.name)}</a></td><td class="n">{t.calls:,}</td>'
                 f'<td class="n">{t.failed:,}</td></tr>'
             )
         body.append("</tbody></table>")
+        body.append(_more_groups(len(result.tools)))
         return View("Stats", "".join(body), data)
 
     # -- /check --------------------------------------------------------------------------------

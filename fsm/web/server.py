@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 import secrets
 import socket
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -39,7 +41,7 @@ from sqlalchemy.engine import Engine
 from fsm.errors import FsmError
 from fsm.store.errors import InvalidFilterError
 from fsm.web.html import href, page, text
-from fsm.web.pages import Query, View, Viewer, _json_twin, as_json
+from fsm.web.pages import Busy, Query, View, Viewer, _json_twin, as_json
 
 __all__ = ["CSP", "App", "Response", "Serving", "is_loopback", "serve"]
 
@@ -58,6 +60,8 @@ _SECURITY_HEADERS: Final = {
     "Cache-Control": "no-store",
 }
 _COOKIE: Final = "fsm_audit_token"
+#: what ``surrogateescape`` makes of bytes that are not UTF-8 (no UTF-8 text decodes to these)
+_NOT_UTF8: Final = re.compile("[\udc80-\udcff]")
 _STATIC: Final = {
     "/static/style.css": ("style.css", "text/css; charset=utf-8"),
     "/static/favicon.svg": ("favicon.svg", "image/svg+xml"),
@@ -123,7 +127,16 @@ class App:
                 "This viewer is read-only: only GET and HEAD.",
                 {"Allow": "GET, HEAD"},
             )
-        response = self._get(parts.path, Query([(k, v) for k, v in pairs if k != "token"]))
+        query = Query([(k, v) for k, v in pairs if k != "token"])
+        if any(_NOT_UTF8.search(k) or _NOT_UTF8.search(v) for k, v in query.pairs):
+            response = self._error(
+                HTTPStatus.BAD_REQUEST,
+                "The query string must be UTF-8 (percent-encoded): a value is not.",
+                parts.path,
+                Query([(k, v) for k, v in query.pairs if k == "format"]),
+            )
+        else:
+            response = self._get(parts.path, query)
         if method == "HEAD":
             return Response(
                 response.status, b"", {**response.headers, "X-Body-Length": str(len(response.body))}
@@ -181,7 +194,7 @@ class App:
             if path.startswith("/c/") and len(path) > 3:
                 raw = unquote_to_bytes(path[3:])
                 try:
-                    conversation_id = raw.decode("utf-8", "surrogatepass")
+                    conversation_id = raw.decode("utf-8")
                 except UnicodeDecodeError:
                     return self._error(
                         HTTPStatus.BAD_REQUEST, "A conversation id must be UTF-8.", path, query
@@ -194,7 +207,15 @@ class App:
                     return self._error(HTTPStatus.NOT_FOUND, f"No page {path}.", path, query)
                 view = function(query)
         except InvalidFilterError as exc:
-            return self._error(HTTPStatus.BAD_REQUEST, str(exc), path, query)
+            return self._error(HTTPStatus.BAD_REQUEST, " ".join(str(exc).split()), path, query)
+        except Busy as exc:
+            return self._error(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                str(exc),
+                path,
+                query,
+                {"Retry-After": str(exc.retry_after)},
+            )
         except sa.exc.DBAPIError as exc:
             reason = " ".join(str(exc.orig).split())
             return self._error(
@@ -203,6 +224,14 @@ class App:
         except FsmError as exc:
             return self._error(
                 HTTPStatus.SERVICE_UNAVAILABLE, " ".join(str(exc).split()), path, query
+            )
+        except sa.exc.TimeoutError:
+            return self._error(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                "every connection to the store is in use: retry shortly",
+                path,
+                query,
+                {"Retry-After": "2"},
             )
         return self._render(view, path, query, current)
 
@@ -226,19 +255,26 @@ class App:
             {"Content-Type": "text/html; charset=utf-8"},
         )
 
-    def _error(self, status: HTTPStatus, message: str, path: str, query: Query) -> Response:
+    def _error(
+        self,
+        status: HTTPStatus,
+        message: str,
+        path: str,
+        query: Query,
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
         if query.get("format") == "json":
             return Response(
                 status,
                 as_json({"error": message, "status": int(status)}),
-                {"Content-Type": "application/json; charset=utf-8"},
+                {"Content-Type": "application/json; charset=utf-8", **(headers or {})},
             )
         body = f'<p class="error">{text(message)}</p><p><a href="/">Conversations</a></p>'
         document = page(status.phrase, body, current="", json_link=None, store=self.label)
         return Response(
             status,
             document.encode("utf-8", "surrogateescape"),
-            {"Content-Type": "text/html; charset=utf-8"},
+            {"Content-Type": "text/html; charset=utf-8", **(headers or {})},
         )
 
 
@@ -257,9 +293,21 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "fsm-audit"
     sys_version = ""
 
+    def setup(self) -> None:
+        super().setup()
+        # a read that waits longer fails with a timeout (an OSError): the connection is closed
+        self.connection.settimeout(self.server.read_timeout)
+
     def _answer(self) -> None:
         headers = {k: v for k, v in self.headers.items()}
-        response = self.server.app.respond(self.command, self.path, headers)
+        try:
+            response = self.server.app.respond(self.command, self.path, headers)
+        except Exception as exc:  # a bug: one line to the client, the traceback to the log
+            self.server.handle_error(self.request, self.client_address)
+            response = _plain(
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+                f"internal error: {type(exc).__name__} (a bug in fsm's viewer: please report it)",
+            )
         self.send_response(response.status)
         for name, value in response.all_headers().items():
             if name == "X-Body-Length":
@@ -282,14 +330,52 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.log(f"{self.address_string()} {format % args}")
 
 
+#: seconds a connection may take to send a request (or stay idle between two): then it is closed
+READ_TIMEOUT: Final = 10.0
+#: connections served at once (a thread each); one more is answered 503 and closed
+MAX_CONNECTIONS: Final = 32
+_BUSY: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Retry-After: 2\r\nConnection: close\r\nContent-Length: 68\r\n\r\n"
+    b"The viewer is serving as many connections as it can: retry shortly.\n"
+)
+
+
 class _Server(ThreadingHTTPServer):
+    """The threading server with bounds: each connection's socket has a read timeout (a
+    half-open or idle connection is closed after it), and at most ``max_connections`` are
+    served at once (one thread each); one more is answered 503 at once and closed."""
+
     daemon_threads = True
     app: App
     log: Callable[[str], None] | None
+    read_timeout: float = READ_TIMEOUT
+    slots: threading.BoundedSemaphore
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            try:
+                request.settimeout(1.0)
+                request.sendall(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if isinstance(sys.exc_info()[1], OSError):
-            return  # a client that went away
+            return  # a client that went away (or let its connection time out)
         super().handle_error(request, client_address)
 
 
@@ -333,10 +419,18 @@ def serve(
     port: int = 8765,
     token: str | None = None,
     log: Callable[[str], None] | None = None,
+    read_timeout: float = READ_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> Serving:
     """Bind the viewer of ``engine`` to ``host:port`` (``port`` 0: any free port) and return it
     ready to :meth:`~Serving.serve_forever`. A host that is not loopback needs a token: one is
-    generated when none is given (the URL carries it)."""
+    generated when none is given (the URL carries it).
+
+    ``read_timeout``: seconds a connection may take to send its request or stay idle between
+    two (then it is closed); ``max_connections``: connections served at once (one more gets a
+    503 with ``Retry-After`` and is closed)."""
+    if not read_timeout > 0 or max_connections < 1:
+        raise ValueError("read_timeout must be positive and max_connections at least 1")
     if not is_loopback(host) and token is None:
         token = secrets.token_urlsafe(24)
     family = _family(host)
@@ -350,5 +444,7 @@ def serve(
         hosts = frozenset({*(f"{n}:{bound_port}" for n in names), *names})
     server.app = App(engine, label=label, token=token, hosts=hosts)
     server.log = log
+    server.read_timeout = read_timeout
+    server.slots = threading.BoundedSemaphore(max_connections)
     url = f"http://{shown_host}:{bound_port}/" + (f"?token={token}" if token else "")
     return Serving(url, server)

@@ -81,3 +81,47 @@ def build(url: sa.URL | str) -> dict[str, str]:
                 [f"result {i}.{k}" for k in range(4)],
             )
     return {"plain": "plain", "odd": ODD_ID, "hostile": HOSTILE_ID}
+
+
+def clone_attempts(url: sa.URL | str, conversation_id: str, count: int) -> None:
+    """Add ``count`` copies of the conversation's first attempt (with its calls), in one
+    statement per table: a conversation with tens of thousands of attempts in a second or two
+    (``record_attempt`` would take minutes)."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    numbers = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :count) "
+    columns = (
+        "conversation_id, created_at, at_seq, model, finish_reason, complete, end_how, "
+        "end_reason, content, reasoning, refusal, usage, anomalies, error, format"
+    )
+    call_columns = (
+        "position, provider_index, call_id, type, name, arguments, raw_arguments, repaired, "
+        "state, reason, result, conversation_id"
+    )
+    try:
+        with engine.begin() as conn:
+            first, top = conn.execute(
+                sa.text(
+                    "SELECT min(id), (SELECT max(id) FROM attempts) FROM attempts "
+                    "WHERE conversation_id = :c"
+                ),
+                {"c": conversation_id},
+            ).one()
+            params = {"count": count, "first": first, "top": top}
+            conn.execute(
+                sa.text(
+                    f"{numbers}INSERT INTO attempts (id, response_id, {columns}) "
+                    f"SELECT :top + n.i, 'clone-' || n.i, {columns} FROM attempts, n "
+                    "WHERE attempts.id = :first"
+                ),
+                params,
+            )
+            conn.execute(
+                sa.text(
+                    f"{numbers}INSERT INTO attempt_calls (attempt_id, {call_columns}) "
+                    f"SELECT :top + n.i, {call_columns} FROM attempt_calls, n "
+                    "WHERE attempt_calls.attempt_id = :first"
+                ),
+                params,
+            )
+    finally:
+        engine.dispose()

@@ -52,12 +52,13 @@ The audit's errors (:class:`AuditError`, :class:`DatabaseNotFoundError`,
 
 from __future__ import annotations
 
-from fsm.store.audit.calls import CallKey, CallRow, tool_calls
+from fsm.store.audit.calls import CallKey, CallRow, call_key, tool_calls
 from fsm.store.audit.failed import (
     FailureCount,
     FailureRow,
     attempt_reason,
     failure_counts,
+    failure_key,
     failures,
 )
 from fsm.store.audit.filters import ArgFilter, parse_json_path
@@ -87,8 +88,10 @@ __all__ = [
     "ToolStat",
     "Violation",
     "attempt_reason",
+    "call_key",
     "check",
     "failure_counts",
+    "failure_key",
     "failures",
     "open_readonly",
     "parse_json_path",

@@ -28,6 +28,7 @@ from fsm.store.audit.filters import (
     _pg_function,
     _time_filters,
     parse_json_path,
+    row_key,
 )
 from fsm.store.audit.read import (
     _ATTEMPT_CALLS,
@@ -149,6 +150,7 @@ def tool_calls(
         raise InvalidFilterError(f"source must be all, history or attempts, not {source!r}")
     if (limit is not None and limit < 0) or offset < 0:
         raise InvalidFilterError("limit and offset must not be negative")
+    after = call_key(after)
     for path, value in filters.args:  # validate before touching the database
         parse_json_path(path)
         if value is not None and not isinstance(value, str | int | float | bool):
@@ -168,6 +170,16 @@ def tool_calls(
             if len(page) < _PAGE:
                 return
             after, skip = page[-1].key, 0
+
+
+def call_key(after: Any) -> CallKey | None:
+    """``after`` checked as the :attr:`~CallRow.key` of a row of :func:`tool_calls` (text, then
+    four whole numbers, the third 0 or 1; ``None`` passes): :class:`InvalidFilterError` for
+    anything else (a forged or garbled cursor), before any I/O."""
+    key = row_key(after, "sibii", "fsm audit calls")
+    if key is None:
+        return None
+    return (key[0], key[1], key[2], key[3], key[4])
 
 
 _KEY_COLUMNS: Final = ("conversation_id", "seq", "rnk", "attempt_id", "position")

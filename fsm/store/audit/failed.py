@@ -25,6 +25,7 @@ from fsm.states import ToolCallState
 from fsm.store.audit.filters import (
     Filters,
     _time_filters,
+    row_key,
 )
 from fsm.store.audit.read import (
     _ATTEMPT_CALLS,
@@ -242,6 +243,7 @@ def failures(
     """
     if (limit is not None and limit < 0) or offset < 0:
         raise InvalidFilterError("limit and offset must not be negative")
+    after = failure_key(after)
     filters = _failed_filters(
         conversation=conversation,
         model=model,
@@ -260,6 +262,14 @@ def failures(
         rows = (row for row in merged if isinstance(row, FailureRow))
         stop = None if limit is None else offset + limit
         yield from itertools.islice(rows, offset, stop)
+
+
+def failure_key(after: Any) -> tuple[int, int] | None:
+    """``after`` checked as the :attr:`~FailureRow.key` of a row of :func:`failures` (two whole
+    numbers; ``None`` passes): :class:`InvalidFilterError` for anything else (a forged or
+    garbled cursor), before any I/O."""
+    key = row_key(after, "ii", "fsm audit failures")
+    return None if key is None else (key[0], key[1])
 
 
 def _failed_calls(

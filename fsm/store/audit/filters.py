@@ -31,6 +31,40 @@ from fsm.store.errors import InvalidFilterError
 ArgFilter: TypeAlias = tuple[str, "str | int | float | bool | None"]
 
 
+#: what no conversation id holds (and no driver can send as one)
+_NOT_AN_ID: Final = re.compile("[\x00\ud800-\udfff]")
+
+#: the whole numbers both engines hold (BIGINT): a key part outside them is no row's.
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+
+
+def row_key(value: Any, shape: str, listing: str) -> tuple[Any, ...] | None:
+    """``value`` (``None``, or a listing's ``after=``) checked against the shape of that
+    listing's row keys, one letter a part: ``s`` text, ``i`` a whole number both engines hold
+    (not a bool), ``b`` 0 or 1; :class:`InvalidFilterError` when it cannot be the key of any of its rows (a
+    forged or garbled cursor), before any I/O."""
+    if value is None:
+        return None
+    parts = tuple(value) if isinstance(value, list | tuple) else None
+    if parts is not None and len(parts) == len(shape):
+        fits = all(
+            isinstance(p, str)
+            if kind == "s"
+            else type(p) is int and (p in (0, 1) if kind == "b" else INT64_MIN <= p <= INT64_MAX)
+            for kind, p in zip(shape, parts, strict=True)
+        )
+        if fits:
+            return parts
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:79] + "\u2026"
+    raise InvalidFilterError(
+        f"after={shown} is not the key of a row of {listing}: pass a row's .key (the CLI and the "
+        "viewer print it as a cursor)"
+    )
+
+
 def _utc(value: datetime | date | str | None, what: str) -> datetime | None:
     """A time bound as an aware UTC datetime (naive means UTC; a date means its midnight)."""
     if value is None:
@@ -316,6 +350,13 @@ class Filters:
         ``responses`` or ``anthropic``."""
         if format not in (None, "chat", "responses", "anthropic"):
             raise InvalidFilterError(f"format must be chat, responses or anthropic, not {format!r}")
+        if conversation is not None and (
+            not isinstance(conversation, str) or _NOT_AN_ID.search(conversation)
+        ):
+            raise InvalidFilterError(
+                f"conversation {conversation!r} is not a conversation id (ids are text without "
+                "U+0000 or surrogates)"
+            )
         return cls(
             name=name,
             state=_state(state),
