@@ -16,8 +16,8 @@ from typing import Any, ClassVar, Final
 import orjson
 
 from fsm.formats.base import FormatHandler, utf8_len
-from fsm.formats.turn import ANTHROPIC_STOPS, AnthropicTurn, Item, ItemTurn
-from fsm.jsonutil import loads_strict
+from fsm.formats.turn import ANTHROPIC_STOPS, AnthropicTurn, Item, ItemToolCall, ItemTurn
+from fsm.jsonutil import json_depth, loads_strict
 from fsm.states import CallEnding, StreamState
 from fsm.turn import CONTENT, REASONING
 
@@ -188,9 +188,16 @@ class AnthropicHandler(FormatHandler):
                 f"({'still open' if index in self.open else 'stopped'}); a new block",
             )
             self.open.pop(index, None)
-        if not self.keep(block, "a content block"):
+        value: Any = None
+        if kind == "tool_use" and block.get("input"):
+            # the whole input of a programmatic call is its arguments (checked as arguments,
+            # against max_json_depth), not part of the block kept verbatim
+            value = block["input"]
+            block = {key: inner for key, inner in block.items() if key != "input"}
+        raw = self.keep(block, "a content block")
+        if raw is None:
             return
-        item = Item(kind, block, index, turn.messages)
+        item = Item(kind, block, index, turn.messages, raw)
         if kind == "tool_use":
             cid = self.string(block, "id", path)
             name = self.string(block, "name", path) or ""
@@ -203,10 +210,9 @@ class AnthropicHandler(FormatHandler):
             if call is None:
                 return
             item.call = call
-            value = block.get("input")
-            if value:  # programmatic tool calling: the input is already whole
+            if value is not None:  # programmatic tool calling: the input is already whole
                 item.whole = True
-                self.arguments(call, compact_json(value))
+                self.whole_input(call, value)
         elif kind == "text":
             text = self.string(block, "text", path)
             if text:
@@ -223,6 +229,22 @@ class AnthropicHandler(FormatHandler):
         turn.items.append(item)
         self.blocks[index] = item
         self.open[index] = item
+
+    def whole_input(self, call: ItemToolCall, value: Any) -> None:
+        """The input of a call that came whole: its compact JSON is the arguments; nested
+        deeper than ``max_json_depth`` the call ends ``aborted`` (``limit:max_json_depth``)."""
+        parser = self.parser
+        limit = parser.limits.max_json_depth
+        if json_depth(value, limit) > limit:
+            call.exceed("max_json_depth", drop=True)
+            parser._anomaly(
+                "limit_exceeded",
+                f"choice {call.choice} call {call.ordinal}: its input nests deeper than {limit} "
+                "levels (Limits.max_json_depth); the call will end aborted",
+                call.choice,
+            )
+            return
+        self.arguments(call, compact_json(value))
 
     def block_delta(self, event: dict[str, Any]) -> None:
         """``content_block_delta``: ``input_json_delta``, ``text_delta``, ``thinking_delta``,
@@ -315,11 +337,12 @@ class AnthropicHandler(FormatHandler):
             return
         elif kind == "citations_delta":
             citation = delta.get("citation")
-            if citation is not None and self.keep(citation, "a citation"):
-                citations = item.data.get("citations")
-                if type(citations) is not list:
-                    citations = item.data["citations"] = []
-                citations.append(citation)
+            if citation is not None:
+                raw = self.keep(citation, "a citation")
+                if raw is not None:
+                    if item.citations is None:
+                        item.citations = []
+                    item.citations.append(raw)
             return
         elif kind not in _DELTA_TYPES:
             self.anomaly(
@@ -353,17 +376,25 @@ class AnthropicHandler(FormatHandler):
         item.done = True
         call = item.call
         if call is not None and call.argument_bytes == 0 and call.over_limit is None:
-            value = item.data.get("input")
+            data = item.data
+            value = data.get("input")
             self.arguments(call, compact_json(value if value is not None else {}))
         elif item.raw_input is not None:
+            limit = self.parser.limits.max_json_depth
             try:
-                item.data["input"] = loads_strict(item.raw_input.value())
+                value = loads_strict(item.raw_input.value())
+                if json_depth(value, limit) >= limit:  # the block holds it one level deeper
+                    raise ValueError("nested too deep")
             except (ValueError, RecursionError):
                 self.anomaly(
                     "invalid_server_input",
-                    f"content block {index}: the {item.kind[:40]} input is not valid JSON; "
-                    "kept as text",
+                    f"content block {index}: the {item.kind[:40]} input is not valid JSON "
+                    f"nested at most {limit - 1} deep; kept as text",
                 )
+            else:
+                data = item.data
+                data["input"] = value
+                item.replace(data)
 
     def unknown(self, event: dict[str, Any], kind: str) -> None:
         """An unknown event type is an anomaly; a Responses event type is a change of format

@@ -18,6 +18,7 @@ import orjson
 
 from fsm.errors import ToolResultError
 from fsm.formats.turn import PAUSE_TURN, Item, ItemTurn
+from fsm.jsonutil import copy_json
 
 if TYPE_CHECKING:
     from fsm.toolcall import ToolCall
@@ -34,10 +35,8 @@ Results = Mapping[str, Any] | Sequence[Any] | None
 def _copy(value: Any) -> Any:
     try:
         return orjson.loads(orjson.dumps(value))
-    except (TypeError, orjson.JSONEncodeError):
-        import copy
-
-        return copy.deepcopy(value)
+    except (TypeError, orjson.JSONEncodeError):  # past 254 levels, integers beyond 64 bits
+        return copy_json(value)
 
 
 def _texts(item: Item, prefix: str) -> list[tuple[int, str]]:
@@ -49,7 +48,7 @@ def _texts(item: Item, prefix: str) -> list[tuple[int, str]]:
 
 
 def _responses_item(item: Item) -> dict[str, Any]:
-    data: dict[str, Any] = _copy(item.data)
+    data: dict[str, Any] = item.data  # a fresh copy
     data.update(item.first_ids)
     call = item.call
     if call is not None:
@@ -76,7 +75,7 @@ def _responses_item(item: Item) -> dict[str, Any]:
 
 
 def _anthropic_block(item: Item) -> dict[str, Any]:
-    data: dict[str, Any] = _copy(item.data)
+    data: dict[str, Any] = item.data  # a fresh copy
     call = item.call
     if call is not None:
         with contextlib.suppress(ValueError):  # not JSON (incomplete): the block's input stays

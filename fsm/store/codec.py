@@ -128,34 +128,69 @@ class StoredText(sa.types.TypeDecorator[str]):
         return "StoredText()" if self._length is None else f"StoredText({self._length})"
 
 
+def _any_string(value: Any, test: Any) -> bool:
+    """Whether some string in ``value`` (keys included) passes ``test``. Iterative."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            if test(item):
+                return True
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                if isinstance(key, str) and test(key):
+                    return True
+                todo.append(inner)
+        elif isinstance(item, list | tuple):
+            todo.extend(item)
+    return False
+
+
+def _map_strings(value: Any, convert: Any) -> Any:
+    """A copy of ``value`` with every string (keys included) passed through ``convert``
+    (tuples become lists). Iterative, so any nesting is copied."""
+    if isinstance(value, str):
+        return convert(value)
+    if not isinstance(value, dict | list | tuple):
+        return value
+    root: Any = {} if isinstance(value, dict) else []
+    todo: list[tuple[Any, Any]] = [(value, root)]
+    while todo:
+        source, target = todo.pop()
+        pairs = source.items() if isinstance(source, dict) else enumerate(source)
+        is_dict = isinstance(source, dict)
+        for key, inner in pairs:
+            if isinstance(inner, str):
+                inner = convert(inner)
+            elif isinstance(inner, dict | list | tuple):
+                new: Any = {} if isinstance(inner, dict) else []
+                todo.append((inner, new))
+                inner = new
+            if is_dict:
+                target[convert(key) if isinstance(key, str) else key] = inner
+            else:
+                target.append(inner)
+    return root
+
+
+def _marked(value: str) -> bool:
+    return value.startswith(MARK)
+
+
 def encode_json(value: Any) -> Any:
     """``value`` (a JSON value: dicts, lists, strings, numbers, bools, ``None``) with every
     string that :func:`needs_marking` encoded by :func:`encode_text`, keys included; the same
-    object when nothing needs it."""
-    if isinstance(value, str):
-        return encode_text(value)
-    if isinstance(value, dict):
-        items = [(encode_json(k), encode_json(v)) for k, v in value.items()]
-        if all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(items, value.items(), strict=True)):
-            return value
-        return dict(items)
-    if isinstance(value, list | tuple):
-        out = [encode_json(v) for v in value]
-        if all(a is b for a, b in zip(out, value, strict=True)):
-            return value
-        return out
-    return value
+    object when nothing needs it. Iterative: any nesting."""
+    if not _any_string(value, needs_marking):
+        return value
+    return _map_strings(value, encode_text)
 
 
 def decode_json(value: Any) -> Any:
-    """The inverse of :func:`encode_json`."""
-    if isinstance(value, str):
-        return decode_text(value)
-    if isinstance(value, dict):
-        return {decode_json(k): decode_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [decode_json(v) for v in value]
-    return value
+    """The inverse of :func:`encode_json` (the same object when nothing is marked)."""
+    if not _any_string(value, _marked):
+        return value
+    return _map_strings(value, decode_text)
 
 
 class StoredJSON(sa.types.TypeDecorator[Any]):

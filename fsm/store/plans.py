@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Final, cast
 
 from fsm.errors import IncompleteTurnError
+from fsm.jsonutil import MAX_JSON_DEPTH as JSONUTIL_MAX_JSON_DEPTH
 from fsm.parser import Anomaly, ParseResult, Turn
 from fsm.states import ToolCallState
 from fsm.store.codec import MARK
@@ -86,9 +87,10 @@ _RESULT_KEYS = {"role", "content", "tool_call_id"}
 #: within PostgreSQL's b-tree limit (about 2.7 KB).
 MAX_KEY_BYTES = 512
 
-#: JSON nesting the store keeps in content parts and metadata (deeper is refused), and in the
-#: JSON of attempts (deeper is kept as a string rendering).
-MAX_JSON_DEPTH = 512
+#: JSON nesting the store keeps in content parts, metadata and each provider item (deeper is
+#: refused before any write): the parser's one limit, :data:`fsm.jsonutil.MAX_JSON_DEPTH`. The
+#: JSON of attempts keeps ``ATTEMPT_JSON_DEPTH`` (deeper is kept as a string rendering).
+MAX_JSON_DEPTH = JSONUTIL_MAX_JSON_DEPTH
 ATTEMPT_JSON_DEPTH = 32
 _INT64 = 2**63
 _UNCLEAN = re.compile("[\x00\ud800-\udfff]")
@@ -185,10 +187,11 @@ def plan_turn(turn: Turn | ParseResult, results: Results | None) -> TurnPlan:
     assistant: dict[str, Any] = dict(single.to_message())  # the parser's one definition
     _check_key_lengths(single, calls)
     fmt, items = stored_items(single)
-    if items is not None:
-        problem = _json_problem(items)
+    for i, item in enumerate(items or ()):
+        # each item as the parser limits it (the stored list is one level more)
+        problem = _json_problem(item)
         if problem is not None:
-            raise UnsupportedValueError(f"the turn's provider items {problem}")
+            raise UnsupportedValueError(f"the turn's provider item {i} {problem}")
     return TurnPlan(single, calls, contents, assistant, fmt, items)
 
 
