@@ -28,6 +28,8 @@ _OPEN: Final = StreamState.OPEN
 #: the reason of the calls of a message that a second ``message_start`` cut off
 SECOND_MESSAGE_START: Final = "second_message_start"
 _CUT_OFF: Final = CallEnding("abort", SECOND_MESSAGE_START)
+#: the ending of a call whose block index a new block took while it was open
+_INDEX_REUSED: Final = CallEnding("abort", "block_index_reused")
 
 #: blocks whose input streams as ``input_json_delta`` but which the provider runs itself
 _SERVER_TOOLS: Final = frozenset({"server_tool_use", "mcp_tool_use"})
@@ -182,12 +184,18 @@ class AnthropicHandler(FormatHandler):
         if type(kind) is not str or not kind:
             self.fail("must be a non-empty string", f"{path}.type")
         if index in self.blocks:
+            still_open = self.open.pop(index, None)
             self.anomaly(
                 "block_index_reused",
                 f"content_block_start at index {index}, which this message already had "
-                f"({'still open' if index in self.open else 'stopped'}); a new block",
-            )
-            self.open.pop(index, None)
+                f"({'still open' if still_open is not None else 'stopped'}); a new block"
+                + ("; the call of the open one ends aborted" if still_open is not None
+                   and still_open.call is not None else ""),
+            )  # fmt: skip
+            call = still_open.call if still_open is not None else None
+            if call is not None and call.forced is None:
+                # its deltas now go to the new block: it can never be whole
+                call.forced = _INDEX_REUSED
         value: Any = None
         if kind == "tool_use" and block.get("input"):
             # the whole input of a programmatic call is its arguments (checked as arguments,

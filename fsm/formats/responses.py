@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Final
 
 from fsm.formats.base import FormatHandler
 from fsm.formats.turn import Item, ItemTurn, ResponsesTurn
-from fsm.states import StreamState
+from fsm.states import CallEnding, StreamState
 from fsm.turn import CONTENT, REASONING, REFUSAL
 
 __all__ = ["HOSTED_FAMILIES", "ResponsesHandler"]
@@ -50,6 +50,8 @@ _IGNORED: Final = frozenset(
     }
 )
 
+#: the ending of a call whose output_index a new item took while it was open
+_INDEX_REUSED: Final = CallEnding("abort", "duplicate_output_index")
 #: the kinds of item that are client calls, and their call type
 _CALL_TYPES: Final = {"function_call": "function", "custom_tool_call": "custom"}
 #: the text field of each call kind
@@ -288,8 +290,12 @@ class ResponsesHandler(FormatHandler):
             self.anomaly(
                 "duplicate_output_index",
                 f"output_index {index} was added again while its item is open; the new item "
-                "gets its events",
+                "gets its events"
+                + ("; the call of the open one ends aborted" if old.call is not None else ""),
             )
+            if old.call is not None and old.call.forced is None:
+                # events routed by output_index now reach the new item: it can never be whole
+                old.call.forced = _INDEX_REUSED
         item = Item(kind, data, index, raw=raw)
         item_id = self.string(data, "id", "item")
         call_type = _CALL_TYPES.get(kind)
@@ -448,7 +454,9 @@ class ResponsesHandler(FormatHandler):
             reason = "unknown"
         elif len(reason) > 128:
             reason = reason[:128]
-        self.the_turn().finish(reason)
+        turn = self.the_turn()
+        turn.finish(reason)
+        turn.incomplete_event = True
         self.parser._end("done", None)
 
     def failed(self, event: dict[str, Any]) -> None:

@@ -278,9 +278,15 @@ class ResponsesTurn(ItemTurn):
     ``incomplete_details.reason`` of ``response.incomplete`` (``"max_output_tokens"``,
     ``"content_filter"``, ...), ``"failed"`` for ``response.failed``, else ``None``."""
 
-    __slots__ = ()
+    __slots__ = ("incomplete_event",)
 
     format: ClassVar[str] = "responses"
+
+    def __init__(self, index: int, meta: _Meta) -> None:
+        super().__init__(index, meta)
+        #: whether ``response.incomplete`` ended the stream (whatever its reason says: a reason
+        #: of ``"completed"`` there is still an incomplete response)
+        self.incomplete_event = False
 
     def ordered_items(self) -> list[Item]:
         """The items by ``output_index`` (then arrival)."""
@@ -296,7 +302,7 @@ class ResponsesTurn(ItemTurn):
             return _EOF
         if how != "done":
             return ending(how, None)
-        if finish == "completed":
+        if finish == "completed" and not self.incomplete_event:
             return ending("done", None)
         if finish == "max_output_tokens":
             return ending("done", "length")
