@@ -456,7 +456,8 @@ class ResponsesHandler(FormatHandler):
             reason = reason[:128]
         turn = self.the_turn()
         turn.finish(reason)
-        turn.incomplete_event = True
+        if isinstance(turn, ResponsesTurn):
+            turn.incomplete_event = True
         self.parser._end("done", None)
 
     def failed(self, event: dict[str, Any]) -> None:
