@@ -49,6 +49,7 @@ __all__ = [
     "ATTEMPT_JSON_DEPTH",
     "MAX_JSON_DEPTH",
     "MAX_KEY_BYTES",
+    "MAX_SEQ",
     "AttemptPlan",
     "Results",
     "TurnPlan",
@@ -152,9 +153,16 @@ def check_idempotency_key(key: object) -> None:
 
 
 # -- plans -----------------------------------------------------------------------------------------
+#: more messages than a conversation can hold (seqs are 32-bit): ``history(last=N)`` with ``N``
+#: at least this gives the whole history, whatever the size of ``N``
+MAX_SEQ: Final = 2**31 - 1
+
+
 def check_last(last: int | None) -> None:
-    """``history(last=...)`` takes ``None`` or a non-negative int."""
-    if last is not None and (not isinstance(last, int) or last < 0):
+    """``history(last=...)`` takes ``None`` or a non-negative int (a ``bool`` is not one); any
+    size: ``last`` of :data:`MAX_SEQ` or more is the whole history. Anything else raises
+    ``ValueError``."""
+    if last is not None and (type(last) is bool or not isinstance(last, int) or last < 0):
         raise ValueError(f"last must be a non-negative integer, not {last!r}")
 
 
