@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from fsm.errors import ToolResultError
+from fsm.formats.ids import anthropic_safe
 from fsm.formats.turn import PAUSE_TURN, Item, ItemTurn
 from fsm.jsonutil import copy_json
 
@@ -251,7 +252,9 @@ def to_anthropic(turn: Turn, results: Results = None) -> list[dict[str, Any]]:
     """See :meth:`fsm.turn.Turn.to_anthropic`."""
     _check(turn, pause_ok=True)
     pairs = call_results(turn, results)
-    return anthropic_messages(
-        turn.format, output_items(turn), turn.content, _calls(turn),
-        [out for _, out in pairs] if results is not None else None,
+    return anthropic_safe(
+        anthropic_messages(
+            turn.format, output_items(turn), turn.content, _calls(turn),
+            [out for _, out in pairs] if results is not None else None,
+        )
     )  # fmt: skip

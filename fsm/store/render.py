@@ -45,6 +45,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
+from fsm.formats.ids import anthropic_safe
 from fsm.formats.render import anthropic_messages, responses_input
 from fsm.store.errors import InvalidTurnError
 
@@ -168,6 +169,9 @@ def render(
             out.append({"role": "user", "content": _anthropic_content(message.get("content"))})
         # anthropic: system / developer messages go in the request's ``system`` parameter
         i += 1
+    if fmt == "anthropic":
+        # ids and inputs as the API takes them (fsm.formats.ids: reversible, pairs kept)
+        return RenderedHistory(anthropic_safe(out), out.message_count)
     return out
 
 
