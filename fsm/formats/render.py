@@ -14,12 +14,9 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from fsm.errors import ToolResultError
 from fsm.formats.ids import anthropic_safe
 from fsm.formats.turn import PAUSE_TURN, Item, ItemTurn
-from fsm.jsonutil import copy_json
 
 if TYPE_CHECKING:
     from fsm.toolcall import ToolCall
@@ -31,13 +28,6 @@ __all__ = [
 ]  # fmt: skip
 
 Results = Mapping[str, Any] | Sequence[Any] | None
-
-
-def _copy(value: Any) -> Any:
-    try:
-        return orjson.loads(orjson.dumps(value))
-    except (TypeError, orjson.JSONEncodeError):  # past 254 levels, integers beyond 64 bits
-        return copy_json(value)
 
 
 def _texts(item: Item, prefix: str) -> list[tuple[int, str]]:
@@ -164,7 +154,9 @@ def responses_input(
     ``function_call`` / ``custom_tool_call`` per call (its provider-bound items dropped)."""
     out: list[dict[str, Any]]
     if fmt == "responses":
-        out = [_copy(dict(item)) for item in items]
+        # one level copied (``status`` is dropped below); nested values are shared with
+        # ``items``: a deep copy would double the memory of a history of large items
+        out = [dict(item) for item in items]
         for item in out:
             if item.get("type") == "custom_tool_call":
                 item.pop("status", None)
@@ -212,7 +204,7 @@ def anthropic_messages(
     call's text as ``{"input": text}``), then, for ``outputs``, ONE user message of
     ``tool_result`` blocks in call order."""
     if fmt == "anthropic":
-        blocks = [_copy(dict(item)) for item in items]
+        blocks = [dict(item) for item in items]  # nested values shared with ``items``
     else:
         blocks = []
         if content:

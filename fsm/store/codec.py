@@ -30,6 +30,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any, Final
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
@@ -177,10 +178,28 @@ def _marked(value: str) -> bool:
     return value.startswith(MARK)
 
 
+_MARK_UTF8: Final = MARK.encode("utf-8")
+
+
+def _compact(value: Any) -> bytes | None:
+    """``value`` as orjson writes it, or ``None`` where orjson cannot (lone surrogates, integers
+    beyond 64 bits, more than 254 levels, keys that are not strings)."""
+    try:
+        return orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+
+
 def encode_json(value: Any) -> Any:
     """``value`` (a JSON value: dicts, lists, strings, numbers, bools, ``None``) with every
     string that :func:`needs_marking` encoded by :func:`encode_text`, keys included; the same
-    object when nothing needs it. Iterative: any nesting."""
+    object when nothing needs it. Iterative: any nesting. Most values are told clean in one
+    pass of C (orjson: no lone surrogate, no U+0000 escape, no U+FDD0); the others are
+    walked."""
+    if isinstance(value, dict | list | tuple):
+        text = _compact(value)
+        if text is not None and b"\\u0000" not in text and _MARK_UTF8 not in text:
+            return value
     if not _any_string(value, needs_marking):
         return value
     return _map_strings(value, encode_text)
@@ -188,6 +207,10 @@ def encode_json(value: Any) -> Any:
 
 def decode_json(value: Any) -> Any:
     """The inverse of :func:`encode_json` (the same object when nothing is marked)."""
+    if isinstance(value, dict | list | tuple):
+        text = _compact(value)
+        if text is not None and _MARK_UTF8 not in text:
+            return value
     if not _any_string(value, _marked):
         return value
     return _map_strings(value, decode_text)

@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
+import orjson
+
 from fsm.errors import IncompleteTurnError
 from fsm.jsonutil import MAX_JSON_DEPTH as JSONUTIL_MAX_JSON_DEPTH
 from fsm.parser import Anomaly, ParseResult, Turn
@@ -548,6 +550,18 @@ def _check_key_lengths(turn: Turn, calls: Sequence[ToolCall]) -> None:
             )
 
 
+def _plain_json(value: Any) -> bool:
+    """Whether ``value`` is plain JSON, told in two passes of C: orjson takes it (keys are
+    strings, integers fit 64 bits, at most 254 levels) and the standard library too (only JSON
+    types, every float finite). ``False`` means "walk it" (it may still be fine)."""
+    try:
+        orjson.dumps(value)
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError, orjson.JSONEncodeError):
+        return False
+    return True
+
+
 def _json_problem(value: Any) -> str | None:
     """Why ``value`` cannot be stored as JSON that reads back equal, or ``None``.
 
@@ -555,6 +569,8 @@ def _json_problem(value: Any) -> str | None:
     booleans, ``None``, finite floats and integers of at most 4,300 digits, nested at most
     ``MAX_JSON_DEPTH`` deep.
     """
+    if isinstance(value, dict | list | tuple) and _plain_json(value):
+        return None
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
