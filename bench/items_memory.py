@@ -9,7 +9,7 @@ Run from the repository root::
 
 Each case runs in a fresh subprocess that reads the stream from a file in 64 KiB reads (the
 input is never held whole): the peak RSS growth (Linux ``VmHWM`` after ``/proc/self/clear_refs``
-reset it, minus ``VmRSS`` before) and the CPU time of parsing it, then of ``commit_turn`` + ``history(format=...)`` with ``--commit``. Cases:
+reset it, minus ``VmRSS`` before) and the CPU time of parsing it, then of ``commit_turn`` and of ``history(format=...)`` with ``--commit``. Cases:
 
 * ``responses``: Responses ``output_item.done`` events of about 1 MiB, each a hosted-tool item
   (``web_search_call``) holding small JSON objects (``{"u": 1234, "t": "ab"}``), until the size.
@@ -25,6 +25,7 @@ reset it, minus ``VmRSS`` before) and the CPU time of parsing it, then of ``comm
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -108,7 +109,14 @@ def _status_kib(field: str) -> int:
 
 
 def _reset_peak() -> int:
-    """Reset the peak RSS (Linux: ``/proc/self/clear_refs``) and return the RSS now (KiB)."""
+    """Give freed memory back (``malloc_trim``), reset the peak RSS (Linux:
+    ``/proc/self/clear_refs``) and return the RSS now (KiB)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")
     return _status_kib("VmRSS")
@@ -141,6 +149,7 @@ def child(case: str, path: str, commit: bool) -> dict[str, Any]:
     result = parser.result()
     turn = result.turns[0]
     parse_peak, parse_cpu = _peak_kib() - before, _cpu() - cpu
+    _reset_peak()
     held = _status_kib("VmRSS") - before
     before, cpu = _reset_peak(), _cpu()
     items = len(turn.output_items()) if hasattr(turn, "items") else 0
@@ -166,14 +175,17 @@ def child(case: str, path: str, commit: bool) -> dict[str, Any]:
             upgrade(url)
             with ConversationStore(url) as store:
                 store.create_conversation("c")
-                before, cpu, wall = _reset_peak(), _cpu(), time.perf_counter()
                 store.append("c", [{"role": "user", "content": "q"}])
+                before, cpu, wall = _reset_peak(), _cpu(), time.perf_counter()
                 store.commit_turn("c", result)
+                out["commit_peak_mib"] = round((_peak_kib() - before) / 1024, 1)
+                out["commit_cpu_s"] = round(_cpu() - cpu, 2)
+                out["commit_wall_s"] = round(time.perf_counter() - wall, 2)
                 fmt = result.format if result.format in ("responses", "anthropic") else "chat"
+                before, cpu = _reset_peak(), _cpu()
                 history = store.history("c", format=fmt)
-                out["commit_read_peak_mib"] = round((_peak_kib() - before) / 1024, 1)
-                out["commit_read_cpu_s"] = round(_cpu() - cpu, 2)
-                out["commit_read_wall_s"] = round(time.perf_counter() - wall, 2)
+                out["read_peak_mib"] = round((_peak_kib() - before) / 1024, 1)
+                out["read_cpu_s"] = round(_cpu() - cpu, 2)
                 out["read_messages"] = len(history)
     return out
 

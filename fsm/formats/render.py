@@ -11,7 +11,7 @@ the assistant's text and the client calls; every other item is provider-bound an
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fsm.errors import ToolResultError
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from fsm.turn import Turn
 
 __all__ = [
-    "anthropic_messages", "call_results", "output_items", "responses_input", "to_anthropic",
-    "to_items",
+    "anthropic_messages", "call_results", "iter_output_items", "output_items", "responses_input",
+    "to_anthropic", "to_items",
 ]  # fmt: skip
 
 Results = Mapping[str, Any] | Sequence[Any] | None
@@ -92,9 +92,17 @@ def output_items(turn: Turn) -> list[dict[str, Any]]:
     """The turn's items verbatim, in output order (see :meth:`fsm.turn.Turn.output_items`)."""
     if not isinstance(turn, ItemTurn):
         return []
-    if turn.format == "responses":
-        return [_responses_item(item) for item in turn.ordered_items()]
-    return [_anthropic_block(item) for item in turn.ordered_items()]
+    return list(iter_output_items(turn))
+
+
+def iter_output_items(turn: Turn) -> Iterator[dict[str, Any]]:
+    """The items of :func:`output_items`, decoded one at a time (a writer that serializes each
+    before the next holds one decoded item at a time, not the whole turn's)."""
+    if not isinstance(turn, ItemTurn):
+        return
+    make = _responses_item if turn.format == "responses" else _anthropic_block
+    for item in turn.ordered_items():
+        yield make(item)
 
 
 def call_results(turn: Turn, results: Results) -> list[tuple[ToolCall, Any]]:

@@ -26,6 +26,7 @@ without the mark such a value would come back changed.
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -36,6 +37,7 @@ from sqlalchemy.engine import Dialect
 
 __all__ = [
     "MARK",
+    "JSONText",
     "StoredJSON",
     "StoredText",
     "as_utc",
@@ -43,6 +45,7 @@ __all__ = [
     "decode_text",
     "encode_json",
     "encode_text",
+    "json_text",
     "needs_marking",
 ]
 
@@ -216,15 +219,55 @@ def decode_json(value: Any) -> Any:
     return _map_strings(value, decode_text)
 
 
+class JSONText(str):
+    """JSON text for a :class:`StoredJSON` column, already encoded (strings marked by
+    :func:`encode_json`) and serialized: bound as it is. A writer builds it piece by piece
+    (:func:`json_text`) so a large value is never held decoded whole."""
+
+    __slots__ = ()
+
+
+def json_text(value: Any) -> str:
+    """``value`` (a JSON value, checked) as the JSON text a :class:`StoredJSON` column holds:
+    strings marked (:func:`encode_json`), ASCII escapes, as fsm's engines serialize it."""
+    return json.dumps(encode_json(value), ensure_ascii=True, allow_nan=False)
+
+
+def _same(text: Any) -> Any:
+    return text
+
+
+def _text_binder(dialect: Dialect) -> Any:
+    """How JSON text already serialized is bound on ``dialect``: psycopg takes JSON through its
+    ``Json`` wrapper (given the text as its own serialization), SQLite as text."""
+    if dialect.name == "postgresql" and dialect.driver.startswith("psycopg"):
+        from psycopg.types.json import Json
+
+        return lambda text: Json(text, dumps=_same)
+    return str
+
+
 class StoredJSON(sa.types.TypeDecorator[Any]):
     """``JSON`` whose strings go through :func:`encode_json` on the way in and
-    :func:`decode_json` on the way out (``None`` is SQL ``NULL``)."""
+    :func:`decode_json` on the way out (``None`` is SQL ``NULL``). A :class:`JSONText` value
+    is bound as the text it is."""
 
     impl = sa.JSON
     cache_ok = True
 
     def __init__(self) -> None:
         super().__init__(none_as_null=True)
+
+    def bind_processor(self, dialect: Dialect) -> Any:
+        inner = super().bind_processor(dialect)
+        bind_text = _text_binder(dialect)
+
+        def process(value: Any) -> Any:
+            if type(value) is JSONText:
+                return bind_text(str(value))
+            return inner(value) if inner is not None else value
+
+        return process
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
         return encode_json(value)

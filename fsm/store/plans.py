@@ -34,7 +34,7 @@ from fsm.errors import IncompleteTurnError
 from fsm.jsonutil import MAX_JSON_DEPTH as JSONUTIL_MAX_JSON_DEPTH
 from fsm.parser import Anomaly, ParseResult, Turn
 from fsm.states import ToolCallState
-from fsm.store.codec import MARK
+from fsm.store.codec import MARK, JSONText, json_text
 from fsm.store.errors import (
     InvalidConversationIdError,
     InvalidIdempotencyKeyError,
@@ -44,7 +44,7 @@ from fsm.store.errors import (
     UnsupportedValueError,
 )
 from fsm.store.models import TOKEN_COLUMNS, TOKEN_MAX
-from fsm.store.render import stored_items
+from fsm.store.render import iter_stored_items
 from fsm.toolcall import ToolCall, result_message
 
 __all__ = [
@@ -108,9 +108,10 @@ class TurnPlan:
     calls: list[ToolCall]
     contents: list[tuple[str | None, list[Any] | None]]
     assistant: dict[str, Any]
-    #: the ``format`` and ``provider_items`` of the assistant row (:func:`render.stored_items`)
+    #: the ``format`` and ``provider_items`` of the assistant row (:func:`render.stored_items`,
+    #: as the JSON text the column holds)
     format: str = "chat"
-    provider_items: list[Any] | None = None
+    provider_items: list[Any] | JSONText | None = None
 
 
 #: The attempts of one :meth:`ConversationStore.record_attempt` call: one ``attempts`` row per
@@ -196,13 +197,20 @@ def plan_turn(turn: Turn | ParseResult, results: Results | None) -> TurnPlan:
     contents = _normalize_results(calls, results)
     assistant: dict[str, Any] = dict(single.to_message())  # the parser's one definition
     _check_key_lengths(single, calls)
-    fmt, items = stored_items(single)
-    for i, item in enumerate(items or ()):
-        # each item as the parser limits it (the stored list is one level more)
-        problem = _json_problem(item)
-        if problem is not None:
-            raise UnsupportedValueError(f"the turn's provider item {i} {problem}")
-    return TurnPlan(single, calls, contents, assistant, fmt, items)
+    fmt, items = iter_stored_items(single)
+    stored: JSONText | None = None
+    if items is not None:
+        # serialized one item at a time: a turn of large items is never held decoded whole
+        parts: list[str] = []
+        for i, item in enumerate(items):
+            # each item as the parser limits it (the stored list is one level more)
+            problem = _json_problem(item)
+            if problem is not None:
+                raise UnsupportedValueError(f"the turn's provider item {i} {problem}")
+            parts.append(json_text(item))
+        stored = JSONText("[" + ", ".join(parts) + "]")
+        del parts
+    return TurnPlan(single, calls, contents, assistant, fmt, stored)
 
 
 def plan_attempt(
