@@ -327,6 +327,8 @@ class FormatHandler:
                         "text cannot keep",
                         None,
                     )
+        # orjson's bytes keep the capacity it grew (up to 8x the text): keep an exact copy
+        raw = memoryview(raw).tobytes()
         size = self.size if self.size >= 0 else len(raw)
         if not parser.count_header_bytes(size):
             return None

@@ -92,7 +92,7 @@ class Item:
     ) -> None:
         self.kind = kind
         #: the item as compact JSON (:func:`fsm.jsonutil.dumps_kept` of ``data``)
-        self.raw = raw or dumps_kept(data)
+        self.raw = raw or memoryview(dumps_kept(data)).tobytes()
         self.index = index
         #: which message of the stream it belongs to (an Anthropic stream with a second
         #: ``message_start`` has two)
@@ -126,7 +126,7 @@ class Item:
 
     def replace(self, data: dict[str, Any], raw: bytes = b"") -> None:
         """Make ``data`` the item as the provider sent it (``raw``: its compact JSON, if known)."""
-        self.raw = raw or dumps_kept(data)
+        self.raw = raw or memoryview(dumps_kept(data)).tobytes()
 
     def text(self, key: Any, field: int | None) -> Text:
         """The text of ``key``, created empty if new."""
