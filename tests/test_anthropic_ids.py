@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from fsm.api import parse_file
+from fsm.errors import RemoteProtocolError
 from fsm.formats.ids import anthropic_id, anthropic_safe, original_id
 from fsm.replay import EXAMPLES_DIR, ReplayServer, ReplayTurn
 from fsm.replay_formats import check_anthropic_blocks, check_anthropic_tools
@@ -197,3 +198,31 @@ def test_the_replay_server_refuses_what_the_api_refuses(history: list[Any], mess
             server.url + "/v1/messages", json=_request(*anthropic_safe(history)), timeout=10
         )
         assert taken.is_success, taken.text
+
+
+def test_every_corpus_turn_renders_for_anthropic() -> None:
+    """Every complete turn with calls of the three corpora, whatever its ids (the streams of
+    the finding and any other), renders as the API takes it, and its ids round-trip."""
+    require_corpus()
+    shared = CORPUS.parent
+    breaking = []
+    for path in sorted(
+        p
+        for d in ("corpus", "corpus-responses", "corpus-anthropic")
+        for p in (shared / d).rglob("*.sse")
+    ):
+        try:
+            result = parse_file(path)
+        except RemoteProtocolError:  # a stream the parser refuses has nothing to render
+            continue
+        for turn in result.turns:
+            if not (turn.complete and turn.tool_calls):
+                continue
+            ids = [c.id for c in turn.tool_calls]
+            if any(not PATTERN.match(i) for i in ids) or len(set(ids)) < len(ids):
+                breaking.append(path.name)
+            messages = [Q, *turn.to_anthropic([f"r{p}" for p in range(len(ids))])]
+            assert_api_accepts(messages)
+            uses = [b["id"] for b in messages[1]["content"] if b["type"] == "tool_use"]
+            assert [original_id(u) for u in uses] == ids, path
+    assert len(breaking) >= 5, breaking  # the Kimi K2 streams of the finding, at least
