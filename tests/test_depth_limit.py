@@ -11,6 +11,7 @@ ended ``limit:max_json_depth``, or :class:`UnsupportedValueError` before any wri
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -223,3 +224,71 @@ def test_metadata_505_deep_with_strings_to_mark_commits(store: ConversationStore
     store.create_conversation("c", metadata={"m": value})
     (info,) = store.list_conversations()
     assert info.metadata == {"m": value}
+
+
+# -- through the agent loop: a turn past the limit never runs its tools -------------------------
+def _deep_demo(tmp_path: Path, depth: int) -> Path:
+    """The Responses demo stream with its reasoning item given a field ``depth - 1`` deep (the
+    item is then ``depth`` deep)."""
+    from fsm.replay import EXAMPLES_DIR
+
+    data = (EXAMPLES_DIR / "responses_add_multiply.sse").read_text()
+    head, sep, rest = data.partition('"type":"response.output_item.done","output_index":0,')
+    assert sep
+    rest = rest.replace(
+        '"type":"reasoning",', f'"type":"reasoning","extra":{deep_text(depth - 1)},', 1
+    )
+    path = tmp_path / f"deep{depth}.sse"
+    path.write_text(head + sep + rest)
+    return path
+
+
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH, MAX_JSON_DEPTH + 1])
+def test_the_agent_loop_commits_at_the_limit_and_runs_nothing_past_it(
+    store: ConversationStore, tmp_path: Path, depth: int
+) -> None:
+    import openai
+
+    from fsm.agent import run_agent_loop
+    from fsm.agent.errors import AgentError
+    from fsm.replay import EXAMPLES_DIR, ReplayServer, ReplayTurn
+
+    ran: list[str] = []
+
+    def add(a: int, b: int) -> int:
+        """Add."""
+        ran.append("add")
+        return a + b
+
+    def multiply(a: int, b: int) -> int:
+        """Multiply."""
+        ran.append("multiply")
+        return a * b
+
+    turns = [
+        ReplayTurn(_deep_demo(tmp_path, depth)),
+        ReplayTurn(EXAMPLES_DIR / "responses_final_answer.sse"),
+    ]
+    user = {"role": "user", "content": "What are 1234 + 5678 and 12 x 34?"}
+    with ReplayServer(turns) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+
+        def run() -> Any:
+            return run_agent_loop(
+                client, store, "c", {"add": add, "multiply": multiply}, model="m",
+                messages=[user], format="responses",
+            )  # fmt: skip
+
+        if depth <= MAX_JSON_DEPTH:
+            result = run()
+            assert result.status == "completed"
+            assert ran == ["add", "multiply"]
+            (reasoning,) = [
+                i for i in store.history("c", format="responses") if i.get("type") == "reasoning"
+            ]
+            assert json_depth(reasoning, 1000) == MAX_JSON_DEPTH
+        else:
+            with pytest.raises(AgentError) as caught:
+                run()
+            assert ran == []  # the tools never ran: the turn ended at the parser's limit
+            assert "max_json_depth" in str(caught.value)
