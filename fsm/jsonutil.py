@@ -11,10 +11,28 @@ import orjson
 
 from fsm.jsonsyntax import JsonSyntax, check_syntax
 
-__all__ = ["DEFAULT_MAX_JSON_DEPTH", "JsonSyntax", "is_json", "loads_strict", "repair_json"]
+__all__ = [
+    "DEFAULT_MAX_JSON_DEPTH",
+    "MAX_JSON_DEPTH",
+    "JsonSyntax",
+    "copy_json",
+    "dumps_kept",
+    "is_json",
+    "json_depth",
+    "loads_strict",
+    "repair_json",
+]
 
+#: The one nesting limit of every JSON value fsm keeps: a call's arguments (the most
+#: ``Limits.max_json_depth`` may be), a provider item kept verbatim (a Responses output item, an
+#: Anthropic content block or citation, counted from the item itself), and what the store keeps as
+#: JSON (metadata, content parts). Depth counts the containers on the deepest path, the value
+#: itself included: ``{"a": []}`` is 2 deep. Every value at most this deep is parsed, kept,
+#: committed and read back on both engines; deeper ones are refused with a typed error where they
+#: enter (the parser, or the store's API before any write).
+MAX_JSON_DEPTH: Final = 512
 #: the nesting limit of :func:`is_json` by default (``Limits.max_json_depth``)
-DEFAULT_MAX_JSON_DEPTH: Final = 512
+DEFAULT_MAX_JSON_DEPTH: Final = MAX_JSON_DEPTH
 #: texts longer than this skip orjson in :func:`is_json` (it would build the whole value, up to
 #: ~10 times the text in memory; the syntax check builds nothing)
 _ORJSON_MAX_CHARS: Final = 1 << 20
@@ -49,6 +67,77 @@ def loads_strict(data: str | bytes) -> Any:
     except orjson.JSONDecodeError:
         text = data.decode("utf-8") if isinstance(data, bytes) else data  # strict: no surrogates
         return json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
+
+
+def json_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
+    """How deep ``value`` (decoded JSON) nests: containers on its deepest path, the value itself
+    included (a scalar is 0). Iterative; stops at ``limit + 1`` once the value is deeper than
+    ``limit``, so the cost is bounded by the value's size, whatever its depth."""
+    deepest = 0
+    todo: list[tuple[Any, int]] = [(value, 1)]
+    pop, push = todo.pop, todo.append
+    while todo:
+        item, depth = pop()
+        kind = type(item)
+        if kind is dict:
+            children = item.values()
+        elif kind is list or kind is tuple:
+            children = item
+        else:
+            continue
+        if depth > deepest:
+            deepest = depth
+            if depth > limit:
+                return limit + 1
+        for child in children:
+            if type(child) in _CONTAINERS:
+                push((child, depth + 1))
+    return deepest
+
+
+_CONTAINERS: Final = frozenset({dict, list, tuple})
+
+
+def dumps_kept(value: Any) -> bytes:
+    """``value`` (decoded JSON at most :data:`MAX_JSON_DEPTH` deep) as compact JSON bytes, keys
+    in their order: how the parser keeps a provider item (a fraction of the memory of the
+    decoded tree). orjson when it can (up to 255 levels, integers of 64 bits); else the standard
+    library, with ASCII escapes (so a lone surrogate survives). ``ValueError`` for a float that
+    is not finite (``1e400`` decodes as infinity, which JSON text cannot hold)."""
+    try:
+        return orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError):
+        text = json.dumps(value, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+        return text.encode("ascii")
+
+
+def copy_json(value: Any) -> Any:
+    """A deep copy of ``value`` (decoded JSON: dicts, lists, tuples as lists, scalars), made
+    without recursion, so any depth is copied."""
+    kind = type(value)
+    if kind is not dict and kind is not list and kind is not tuple:
+        return value
+    root: Any = {} if kind is dict else []
+    todo: list[tuple[Any, Any]] = [(value, root)]
+    while todo:
+        source, target = todo.pop()
+        if type(source) is dict:
+            for key, child in source.items():
+                ckind = type(child)
+                if ckind is dict or ckind is list or ckind is tuple:
+                    new: Any = {} if ckind is dict else []
+                    todo.append((child, new))
+                    child = new
+                target[key] = child
+        else:
+            for child in source:
+                ckind = type(child)
+                if ckind is dict or ckind is list or ckind is tuple:
+                    new = {} if ckind is dict else []
+                    todo.append((child, new))
+                    child = new
+                target.append(child)
+    return root
 
 
 def is_json(text: str, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> JsonSyntax:

@@ -42,6 +42,7 @@ from fsm.events import (
     _refusal_delta,
 )
 from fsm.jsonsyntax import render_json
+from fsm.jsonutil import MAX_JSON_DEPTH as JSONUTIL_MAX_JSON_DEPTH
 from fsm.sse import EventTooLargeError, SSEFramer
 from fsm.states import KNOWN_FINISH_REASONS, NO_TOOL_CALLS, StreamState, ToolCallState
 from fsm.toolcall import ToolCall, loads_strict
@@ -64,9 +65,9 @@ MAX_ANOMALIES_PER_KIND: Final = 100
 #: the most ``max_name_bytes`` / ``max_id_bytes`` may be: the longest value the store can index
 #: on PostgreSQL (a b-tree entry holds about 2.7 KB; 512 bytes leaves room for the rest of a key)
 MAX_INDEXED_BYTES: Final = 512
-#: the most ``max_json_depth`` may be: SQLite's ``json_valid`` refuses deeper documents (its
-#: JSON_MAX_DEPTH is 1000 in current builds), so nothing deeper can pass for finished
-MAX_JSON_DEPTH: Final = 1000
+#: the most ``max_json_depth`` may be: :data:`fsm.jsonutil.MAX_JSON_DEPTH`, the one nesting
+#: limit of every JSON value fsm keeps (arguments, provider items, what the store keeps as JSON)
+MAX_JSON_DEPTH: Final = JSONUTIL_MAX_JSON_DEPTH
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +82,9 @@ class Limits:
     ends: every live call becomes ``aborted`` with the limit's name as reason.
 
     Every limit may be lowered; ``max_name_bytes`` and ``max_id_bytes`` may not be raised above
-    512 (the store indexes those values), nor ``max_json_depth`` above 1000.
+    512 (the store indexes those values), nor ``max_json_depth`` above 512 (the one nesting
+    limit of every JSON value fsm keeps, :data:`fsm.jsonutil.MAX_JSON_DEPTH`: a provider item
+    kept verbatim nested deeper ends the stream, ``limit:max_json_depth``).
     """
 
     #: UTF-8 bytes of arguments kept per tool call.
@@ -101,8 +104,12 @@ class Limits:
     max_id_bytes: int = MAX_INDEXED_BYTES
     #: UTF-8 bytes of text, arguments, names and ids accepted over the whole stream (all choices).
     max_stream_bytes: int = 64 * 1024 * 1024
-    #: nesting of the arguments of a finished call (arrays and objects in one another).
+    #: nesting of the arguments of a finished call (arrays and objects in one another), and of
+    #: each provider item kept verbatim (Responses output item, Anthropic content block).
     max_json_depth: int = 512
+    #: provider items kept verbatim per stream (Responses output items, Anthropic content blocks
+    #: and citations): each costs about 0.5 KB besides its JSON, so this bounds that overhead.
+    max_items: int = 16384
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
@@ -118,8 +125,8 @@ class Limits:
                 )
         if self.max_json_depth > MAX_JSON_DEPTH:
             raise ValueError(
-                f"Limits.max_json_depth must be at most {MAX_JSON_DEPTH} (SQLite's json_valid "
-                f"refuses deeper JSON), got {self.max_json_depth!r}"
+                f"Limits.max_json_depth must be at most {MAX_JSON_DEPTH} (the nesting every "
+                f"JSON value fsm keeps is limited to), got {self.max_json_depth!r}"
             )
 
 

@@ -52,6 +52,7 @@ from types import TracebackType
 from typing import Any, Final, Literal
 
 from fsm.errors import RemoteProtocolError
+from fsm.formats.ids import anthropic_input, original_id
 from fsm.parser import ParseResult, StreamParser
 from fsm.replay_formats import (
     ANTHROPIC_PATH,
@@ -60,6 +61,7 @@ from fsm.replay_formats import (
     StreamFormat,
     anthropic_error_body,
     anthropic_messages,
+    check_anthropic_blocks,
     check_anthropic_tools,
     check_responses_tools,
     detect_format,
@@ -668,7 +670,7 @@ class ReplayServer:
         messages = anthropic_messages(body)
         if isinstance(messages, str):
             return messages
-        problem = check_anthropic_tools(messages)
+        problem = check_anthropic_blocks(messages) or check_anthropic_tools(messages)
         if problem is not None or previous is None or previous.format != "anthropic":
             return problem
         return _check_anthropic_round(messages, previous, results)
@@ -1027,6 +1029,16 @@ def _result_text(block: Mapping[str, Any]) -> Any:
     return content
 
 
+def _sent_id(value: Any) -> Any:
+    """The call id an id sent to Anthropic stands for (fsm.formats.ids), else the value."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return original_id(value)
+    except ValueError:
+        return value
+
+
 def _check_anthropic_round(
     messages: list[dict[str, Any]], previous: _Sent, results: Sequence[str] | None
 ) -> str | None:
@@ -1035,7 +1047,7 @@ def _check_anthropic_round(
         for at, message in enumerate(messages):
             content = message.get("content")
             for block in content if isinstance(content, list) else []:
-                if block.get("type") == "tool_use" and block.get("id") in ids:
+                if block.get("type") == "tool_use" and _sent_id(block.get("id")) in ids:
                     return f"messages[{at}] carries tool_use {block.get('id')!r}: " + _incomplete(
                         previous
                     )
@@ -1060,7 +1072,9 @@ def _check_anthropic_round(
         )
     at = found
     uses = [b for b in messages[at]["content"] if b.get("type") == "tool_use"]
-    if [b.get("id") for b in uses] != expected_ids:
+    # ids and inputs as fsm renders them for Anthropic (fsm.formats.ids): compared by what
+    # they stand for
+    if [_sent_id(b.get("id")) for b in uses] != expected_ids:
         return (
             f"messages[{at}] has tool_use ids {[b.get('id') for b in uses]}; the previous turn "
             f"streamed {expected_ids}"
@@ -1068,8 +1082,9 @@ def _check_anthropic_round(
     for block, (cid, _kind, name, arguments) in zip(uses, previous.calls, strict=True):
         if block.get("name") != name:
             return f"tool_use {cid!r}: name is {block.get('name')!r}; the stream sent {name!r}"
+        wanted: Any
         try:
-            wanted = json.loads(arguments) if arguments.strip() else {}
+            wanted = anthropic_input(json.loads(arguments) if arguments.strip() else {})
         except ValueError:
             wanted = arguments
         if block.get("input") != wanted:
@@ -1096,7 +1111,7 @@ def _check_anthropic_round(
         for position, (cid, _kind, name, _args) in enumerate(previous.calls):
             if position >= len(results):
                 return f"the script expects {len(results)} tool results, the stream had more calls"
-            if position >= len(answers) or answers[position].get("tool_use_id") != cid:
+            if position >= len(answers) or _sent_id(answers[position].get("tool_use_id")) != cid:
                 return (
                     f"messages[{at + 1}]: the tool_result blocks must answer the calls in call "
                     f"order; result {position} is not for {cid!r}"

@@ -10,7 +10,10 @@ error shape) a follow-up request whose tool results do not match its tool calls:
   output; a call gets at most one output per time it was made.
 * **Anthropic** (:func:`check_anthropic_tools`): an assistant message with ``tool_use`` blocks is
   followed by ONE user message whose ``tool_result`` blocks answer every ``tool_use`` id, and
-  only those; a ``tool_result`` anywhere else answers nothing and is refused.
+  only those; a ``tool_result`` anywhere else answers nothing and is refused. Before that
+  (:func:`check_anthropic_blocks`), what the API's schema refuses: a ``tool_use.id`` or
+  ``tool_result.tool_use_id`` that does not match ``^[a-zA-Z0-9_-]+$``, a ``tool_use`` id used
+  twice in one request, a ``tool_use.input`` that is not an object.
 
 The messages follow the wording of the real APIs' errors, so a test that passes here meets the
 same refusal there. Stdlib only.
@@ -19,6 +22,7 @@ same refusal there. Stdlib only.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
@@ -30,6 +34,7 @@ __all__ = [
     "RESPONSES_PATH",
     "StreamFormat",
     "anthropic_error_body",
+    "check_anthropic_blocks",
     "check_anthropic_tools",
     "check_responses_tools",
     "detect_format",
@@ -54,6 +59,9 @@ _CALL_OF_OUTPUT: Final = {
     "custom_tool_call_output": "custom_tool_call",
 }
 _ANTHROPIC_ROLES: Final = ("user", "assistant")
+#: what the Anthropic API requires of ``tool_use.id`` and ``tool_result.tool_use_id``
+_ANTHROPIC_ID: Final = re.compile(r"[a-zA-Z0-9_-]+")
+_ID_PATTERN_TEXT: Final = "^[a-zA-Z0-9_-]+$"
 
 
 def openai_error_body(message: str, error_type: str, param: str | None = None) -> bytes:
@@ -163,6 +171,38 @@ def anthropic_messages(body: Mapping[str, Any]) -> list[dict[str, Any]] | str:
         ):
             return f"messages.{at}.content: Input should be a string or a list of content blocks"
     return messages
+
+
+def check_anthropic_blocks(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the ``tool_use`` / ``tool_result`` blocks of a Messages request break the API's
+    schema, or ``None`` (the wording of the API's own errors): ids must match
+    ``^[a-zA-Z0-9_-]+$``, ``tool_use`` ids be unique in the request, ``tool_use.input`` be an
+    object."""
+    seen: set[Any] = set()
+    for at, message in enumerate(messages):
+        content = message.get("content")
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            kind = block.get("type")
+            if kind == "tool_use":
+                where = f"messages.{at}.content.{j}.tool_use"
+                cid = block.get("id")
+                if not isinstance(cid, str):
+                    return f"{where}.id: Input should be a valid string"
+                if _ANTHROPIC_ID.fullmatch(cid) is None:
+                    return f"{where}.id: String should match pattern '{_ID_PATTERN_TEXT}'"
+                if cid in seen:
+                    return f"messages.{at}.content.{j}: `tool_use` ids must be unique"
+                seen.add(cid)
+                if not isinstance(block.get("input"), dict):
+                    return f"{where}.input: Input should be a valid dictionary"
+            elif kind == "tool_result":
+                where = f"messages.{at}.content.{j}.tool_result"
+                cid = block.get("tool_use_id")
+                if not isinstance(cid, str):
+                    return f"{where}.tool_use_id: Input should be a valid string"
+                if _ANTHROPIC_ID.fullmatch(cid) is None:
+                    return f"{where}.tool_use_id: String should match pattern '{_ID_PATTERN_TEXT}'"
+    return None
 
 
 def _blocks(message: Mapping[str, Any], kind: str) -> list[tuple[int, dict[str, Any]]]:

@@ -57,7 +57,7 @@ def test_defaults() -> None:
     assert (limits.max_name_bytes, limits.max_id_bytes) == (512, 512)
     assert limits.max_stream_bytes == 64 * 1024 * 1024
     assert limits.max_json_depth == 512
-    assert MAX_INDEXED_BYTES == 512 and MAX_JSON_DEPTH == 1000
+    assert MAX_INDEXED_BYTES == 512 and MAX_JSON_DEPTH == 512
 
 
 @pytest.mark.parametrize("name", ["max_name_bytes", "max_id_bytes"])
@@ -68,10 +68,11 @@ def test_name_and_id_limits_may_be_lowered_not_raised(name: str) -> None:
         Limits(**{name: 513})
 
 
-def test_json_depth_at_most_1000() -> None:
-    assert Limits(max_json_depth=1000).max_json_depth == 1000
-    with pytest.raises(ValueError, match="json_valid"):
-        Limits(max_json_depth=1001)
+def test_json_depth_at_most_512() -> None:
+    # one nesting limit for every JSON value fsm keeps (fsm.jsonutil.MAX_JSON_DEPTH)
+    assert Limits(max_json_depth=512).max_json_depth == 512
+    with pytest.raises(ValueError, match="at most 512"):
+        Limits(max_json_depth=513)
 
 
 @pytest.mark.parametrize(

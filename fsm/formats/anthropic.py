@@ -16,8 +16,8 @@ from typing import Any, ClassVar, Final
 import orjson
 
 from fsm.formats.base import FormatHandler, utf8_len
-from fsm.formats.turn import ANTHROPIC_STOPS, AnthropicTurn, Item, ItemTurn
-from fsm.jsonutil import loads_strict
+from fsm.formats.turn import ANTHROPIC_STOPS, AnthropicTurn, Item, ItemToolCall, ItemTurn
+from fsm.jsonutil import json_depth, loads_strict
 from fsm.states import CallEnding, StreamState
 from fsm.turn import CONTENT, REASONING
 
@@ -28,6 +28,8 @@ _OPEN: Final = StreamState.OPEN
 #: the reason of the calls of a message that a second ``message_start`` cut off
 SECOND_MESSAGE_START: Final = "second_message_start"
 _CUT_OFF: Final = CallEnding("abort", SECOND_MESSAGE_START)
+#: the ending of a call whose block index a new block took while it was open
+_INDEX_REUSED: Final = CallEnding("abort", "block_index_reused")
 
 #: blocks whose input streams as ``input_json_delta`` but which the provider runs itself
 _SERVER_TOOLS: Final = frozenset({"server_tool_use", "mcp_tool_use"})
@@ -182,15 +184,28 @@ class AnthropicHandler(FormatHandler):
         if type(kind) is not str or not kind:
             self.fail("must be a non-empty string", f"{path}.type")
         if index in self.blocks:
+            still_open = self.open.pop(index, None)
             self.anomaly(
                 "block_index_reused",
                 f"content_block_start at index {index}, which this message already had "
-                f"({'still open' if index in self.open else 'stopped'}); a new block",
-            )
-            self.open.pop(index, None)
-        if not self.keep(block, "a content block"):
+                f"({'still open' if still_open is not None else 'stopped'}); a new block"
+                + ("; the call of the open one ends aborted" if still_open is not None
+                   and still_open.call is not None else ""),
+            )  # fmt: skip
+            call = still_open.call if still_open is not None else None
+            if call is not None and call.forced is None:
+                # its deltas now go to the new block: it can never be whole
+                call.forced = _INDEX_REUSED
+        value: Any = None
+        if kind == "tool_use" and block.get("input"):
+            # the whole input of a programmatic call is its arguments (checked as arguments,
+            # against max_json_depth), not part of the block kept verbatim
+            value = block["input"]
+            block = {key: inner for key, inner in block.items() if key != "input"}
+        raw = self.keep(block, "a content block")
+        if raw is None:
             return
-        item = Item(kind, block, index, turn.messages)
+        item = Item(kind, block, index, turn.messages, raw)
         if kind == "tool_use":
             cid = self.string(block, "id", path)
             name = self.string(block, "name", path) or ""
@@ -203,10 +218,9 @@ class AnthropicHandler(FormatHandler):
             if call is None:
                 return
             item.call = call
-            value = block.get("input")
-            if value:  # programmatic tool calling: the input is already whole
+            if value is not None:  # programmatic tool calling: the input is already whole
                 item.whole = True
-                self.arguments(call, compact_json(value))
+                self.whole_input(call, value)
         elif kind == "text":
             text = self.string(block, "text", path)
             if text:
@@ -223,6 +237,22 @@ class AnthropicHandler(FormatHandler):
         turn.items.append(item)
         self.blocks[index] = item
         self.open[index] = item
+
+    def whole_input(self, call: ItemToolCall, value: Any) -> None:
+        """The input of a call that came whole: its compact JSON is the arguments; nested
+        deeper than ``max_json_depth`` the call ends ``aborted`` (``limit:max_json_depth``)."""
+        parser = self.parser
+        limit = parser.limits.max_json_depth
+        if json_depth(value, limit) > limit:
+            call.exceed("max_json_depth", drop=True)
+            parser._anomaly(
+                "limit_exceeded",
+                f"choice {call.choice} call {call.ordinal}: its input nests deeper than {limit} "
+                "levels (Limits.max_json_depth); the call will end aborted",
+                call.choice,
+            )
+            return
+        self.arguments(call, compact_json(value))
 
     def block_delta(self, event: dict[str, Any]) -> None:
         """``content_block_delta``: ``input_json_delta``, ``text_delta``, ``thinking_delta``,
@@ -315,11 +345,12 @@ class AnthropicHandler(FormatHandler):
             return
         elif kind == "citations_delta":
             citation = delta.get("citation")
-            if citation is not None and self.keep(citation, "a citation"):
-                citations = item.data.get("citations")
-                if type(citations) is not list:
-                    citations = item.data["citations"] = []
-                citations.append(citation)
+            if citation is not None:
+                raw = self.keep(citation, "a citation")
+                if raw is not None:
+                    if item.citations is None:
+                        item.citations = []
+                    item.citations.append(raw)
             return
         elif kind not in _DELTA_TYPES:
             self.anomaly(
@@ -353,17 +384,25 @@ class AnthropicHandler(FormatHandler):
         item.done = True
         call = item.call
         if call is not None and call.argument_bytes == 0 and call.over_limit is None:
-            value = item.data.get("input")
+            data = item.data
+            value = data.get("input")
             self.arguments(call, compact_json(value if value is not None else {}))
         elif item.raw_input is not None:
+            limit = self.parser.limits.max_json_depth
             try:
-                item.data["input"] = loads_strict(item.raw_input.value())
+                value = loads_strict(item.raw_input.value())
+                if json_depth(value, limit) >= limit:  # the block holds it one level deeper
+                    raise ValueError("nested too deep")
             except (ValueError, RecursionError):
                 self.anomaly(
                     "invalid_server_input",
-                    f"content block {index}: the {item.kind[:40]} input is not valid JSON; "
-                    "kept as text",
+                    f"content block {index}: the {item.kind[:40]} input is not valid JSON "
+                    f"nested at most {limit - 1} deep; kept as text",
                 )
+            else:
+                data = item.data
+                data["input"] = value
+                item.replace(data)
 
     def unknown(self, event: dict[str, Any], kind: str) -> None:
         """An unknown event type is an anomaly; a Responses event type is a change of format

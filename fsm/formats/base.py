@@ -27,7 +27,7 @@ from fsm.events import (
 )
 from fsm.formats import detect
 from fsm.formats.turn import Item, ItemToolCall, ItemTurn, Text
-from fsm.jsonutil import loads_strict
+from fsm.jsonutil import dumps_kept, json_depth, loads_strict
 from fsm.states import StreamState
 from fsm.toolcall import FLUSH_EVERY
 
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 __all__ = ["Detector", "FormatHandler"]
 
 _OPEN: Final = StreamState.OPEN
+#: the deepest value orjson serializes (deeper raises)
+_ORJSON_DEPTH: Final = 254
 _HOOKS: Final = ("_frames", "_process", "_after_end", "_done_sentinel")
 
 Frames = list[tuple[str, bytes, int]]
@@ -293,17 +295,53 @@ class FormatHandler:
             parser._error_code = code
         parser._end("error", message)
 
-    def keep(self, value: Any, what: str) -> bool:
-        """Count a verbatim item's size against ``max_stream_bytes`` (the size of the SSE event
-        that carried it, at most; its JSON size for a chunk fed as an object); ``False`` when
-        that ended the stream."""
-        size = self.size
-        if size < 0:
-            try:
-                size = len(orjson.dumps(value))
-            except (TypeError, orjson.JSONEncodeError):
-                size = len(repr(value))
-        return self.parser.count_header_bytes(size)
+    def keep(self, value: Any, what: str) -> bytes | None:
+        """Check a verbatim item (an output item, a content block, a citation) and return it as
+        compact JSON bytes, the form the parser keeps it in; ``None`` when a limit ended the
+        stream.
+
+        It must nest at most ``max_json_depth`` deep (else the stream ends,
+        ``limit:max_json_depth``: the store could not keep it); its size counts against
+        ``max_stream_bytes`` (the size of the SSE event that carried it, at most; its JSON size
+        for a chunk fed as an object), and each item counts against ``max_items``."""
+        parser = self.parser
+        limit = parser.limits.max_json_depth
+        try:
+            raw: bytes | None = orjson.dumps(value)  # fails past 254 levels
+        except (TypeError, orjson.JSONEncodeError):
+            raw = None
+        if raw is None or (limit < _ORJSON_DEPTH and raw.count(b"[") + raw.count(b"{") > limit):
+            if json_depth(value, limit) > limit:
+                parser._limit(
+                    "max_json_depth",
+                    f"{what} nests deeper than {limit} levels (Limits.max_json_depth): it "
+                    "could not be kept",
+                )
+                return None
+            if raw is None:
+                try:
+                    raw = dumps_kept(value)
+                except ValueError:
+                    self.fail(
+                        f"{what} holds a number beyond a double (such as 1e400), which JSON "
+                        "text cannot keep",
+                        None,
+                    )
+        # orjson's bytes keep the capacity it grew (up to 8x the text): keep an exact copy
+        raw = memoryview(raw).tobytes()
+        size = self.size if self.size >= 0 else len(raw)
+        if not parser.count_header_bytes(size):
+            return None
+        turn = self.turn or self.the_turn()
+        turn.kept += 1
+        if turn.kept > parser.limits.max_items:
+            parser._limit(
+                "max_items",
+                f"the stream carried more than {parser.limits.max_items} items (output items, "
+                "content blocks, citations)",
+            )
+            return None
+        return raw
 
     def text(self, item: Item, key: Any, field: int | None, value: str) -> bool:
         """Append a text fragment (a non-empty ``str``) to ``item``'s text ``key``, within the

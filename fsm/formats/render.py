@@ -11,12 +11,11 @@ the assistant's text and the client calls; every other item is provider-bound an
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from fsm.errors import ToolResultError
+from fsm.formats.ids import anthropic_safe
 from fsm.formats.turn import PAUSE_TURN, Item, ItemTurn
 
 if TYPE_CHECKING:
@@ -24,20 +23,11 @@ if TYPE_CHECKING:
     from fsm.turn import Turn
 
 __all__ = [
-    "anthropic_messages", "call_results", "output_items", "responses_input", "to_anthropic",
-    "to_items",
+    "anthropic_messages", "call_results", "iter_output_items", "output_items", "responses_input",
+    "to_anthropic", "to_items",
 ]  # fmt: skip
 
 Results = Mapping[str, Any] | Sequence[Any] | None
-
-
-def _copy(value: Any) -> Any:
-    try:
-        return orjson.loads(orjson.dumps(value))
-    except (TypeError, orjson.JSONEncodeError):
-        import copy
-
-        return copy.deepcopy(value)
 
 
 def _texts(item: Item, prefix: str) -> list[tuple[int, str]]:
@@ -49,7 +39,7 @@ def _texts(item: Item, prefix: str) -> list[tuple[int, str]]:
 
 
 def _responses_item(item: Item) -> dict[str, Any]:
-    data: dict[str, Any] = _copy(item.data)
+    data: dict[str, Any] = item.data  # a fresh copy
     data.update(item.first_ids)
     call = item.call
     if call is not None:
@@ -76,7 +66,7 @@ def _responses_item(item: Item) -> dict[str, Any]:
 
 
 def _anthropic_block(item: Item) -> dict[str, Any]:
-    data: dict[str, Any] = _copy(item.data)
+    data: dict[str, Any] = item.data  # a fresh copy
     call = item.call
     if call is not None:
         with contextlib.suppress(ValueError):  # not JSON (incomplete): the block's input stays
@@ -102,9 +92,17 @@ def output_items(turn: Turn) -> list[dict[str, Any]]:
     """The turn's items verbatim, in output order (see :meth:`fsm.turn.Turn.output_items`)."""
     if not isinstance(turn, ItemTurn):
         return []
-    if turn.format == "responses":
-        return [_responses_item(item) for item in turn.ordered_items()]
-    return [_anthropic_block(item) for item in turn.ordered_items()]
+    return list(iter_output_items(turn))
+
+
+def iter_output_items(turn: Turn) -> Iterator[dict[str, Any]]:
+    """The items of :func:`output_items`, decoded one at a time (a writer that serializes each
+    before the next holds one decoded item at a time, not the whole turn's)."""
+    if not isinstance(turn, ItemTurn):
+        return
+    make = _responses_item if turn.format == "responses" else _anthropic_block
+    for item in turn.ordered_items():
+        yield make(item)
 
 
 def call_results(turn: Turn, results: Results) -> list[tuple[ToolCall, Any]]:
@@ -164,7 +162,9 @@ def responses_input(
     ``function_call`` / ``custom_tool_call`` per call (its provider-bound items dropped)."""
     out: list[dict[str, Any]]
     if fmt == "responses":
-        out = [_copy(dict(item)) for item in items]
+        # one level copied (``status`` is dropped below); nested values are shared with
+        # ``items``: a deep copy would double the memory of a history of large items
+        out = [dict(item) for item in items]
         for item in out:
             if item.get("type") == "custom_tool_call":
                 item.pop("status", None)
@@ -212,7 +212,7 @@ def anthropic_messages(
     call's text as ``{"input": text}``), then, for ``outputs``, ONE user message of
     ``tool_result`` blocks in call order."""
     if fmt == "anthropic":
-        blocks = [_copy(dict(item)) for item in items]
+        blocks = [dict(item) for item in items]  # nested values shared with ``items``
     else:
         blocks = []
         if content:
@@ -252,7 +252,9 @@ def to_anthropic(turn: Turn, results: Results = None) -> list[dict[str, Any]]:
     """See :meth:`fsm.turn.Turn.to_anthropic`."""
     _check(turn, pause_ok=True)
     pairs = call_results(turn, results)
-    return anthropic_messages(
-        turn.format, output_items(turn), turn.content, _calls(turn),
-        [out for _, out in pairs] if results is not None else None,
+    return anthropic_safe(
+        anthropic_messages(
+            turn.format, output_items(turn), turn.content, _calls(turn),
+            [out for _, out in pairs] if results is not None else None,
+        )
     )  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Final
 
 from fsm.formats.base import FormatHandler
 from fsm.formats.turn import Item, ItemTurn, ResponsesTurn
-from fsm.states import StreamState
+from fsm.states import CallEnding, StreamState
 from fsm.turn import CONTENT, REASONING, REFUSAL
 
 __all__ = ["HOSTED_FAMILIES", "ResponsesHandler"]
@@ -50,6 +50,8 @@ _IGNORED: Final = frozenset(
     }
 )
 
+#: the ending of a call whose output_index a new item took while it was open
+_INDEX_REUSED: Final = CallEnding("abort", "duplicate_output_index")
 #: the kinds of item that are client calls, and their call type
 _CALL_TYPES: Final = {"function_call": "function", "custom_tool_call": "custom"}
 #: the text field of each call kind
@@ -280,16 +282,21 @@ class ResponsesHandler(FormatHandler):
         """``response.output_item.added``: a new output item (a call opens here)."""
         data, kind, index = self._item(event)
         turn = self.the_turn()
-        if not self.keep(data, "an output item"):
+        raw = self.keep(data, "an output item")
+        if raw is None:
             return
         old = self.by_output.get(index)
         if old is not None:
             self.anomaly(
                 "duplicate_output_index",
                 f"output_index {index} was added again while its item is open; the new item "
-                "gets its events",
+                "gets its events"
+                + ("; the call of the open one ends aborted" if old.call is not None else ""),
             )
-        item = Item(kind, data, index)
+            if old.call is not None and old.call.forced is None:
+                # events routed by output_index now reach the new item: it can never be whole
+                old.call.forced = _INDEX_REUSED
+        item = Item(kind, data, index, raw=raw)
         item_id = self.string(data, "id", "item")
         call_type = _CALL_TYPES.get(kind)
         if call_type is not None:
@@ -333,9 +340,10 @@ class ResponsesHandler(FormatHandler):
             item = self.by_output.get(index)
             if item is None:
                 return
-        if not self.keep(data, "an output item"):
+        raw = self.keep(data, "an output item")
+        if raw is None:
             return
-        first = item.data.get("id")
+        first = item.first_ids.get("id")
         if item_id is not None and first is not None and item_id != first:
             self.anomaly(
                 "id_changed",
@@ -343,15 +351,17 @@ class ResponsesHandler(FormatHandler):
                 f"{item_id[:80]!r} at output_item.done; the first is kept",
             )
             data["id"] = first
+            raw = b""
+        changed = True  # whether the done item replaces the one kept
         if kind != item.kind:
             self.anomaly(
                 "item_type_changed",
                 f"output item {index}: type {item.kind[:40]!r} at output_item.added is "
                 f"{kind[:40]!r} at output_item.done; the first is kept",
             )
-            data = item.data
+            changed = False
         call = item.call
-        if call is not None and data is not item.data:
+        if call is not None and changed:
             cid = self.string(data, "call_id", "item")
             if cid is not None and call.id and cid != call.id:
                 self.anomaly(
@@ -360,6 +370,7 @@ class ResponsesHandler(FormatHandler):
                     f"{cid[:80]!r} at output_item.done; the first is kept",
                 )
                 data["call_id"] = call.id
+                raw = b""
             elif cid and not call.id:
                 call.merge(cid, None, None, self.parser)
             name = self.string(data, "name", "item")
@@ -368,13 +379,13 @@ class ResponsesHandler(FormatHandler):
             text = self.string(data, _CALL_TEXT[item.kind], "item")
             if text is not None:
                 self.done_arguments(call, text, "output_item.done")
-        elif kind == "message" and data is not item.data:
+        elif kind == "message" and changed:
             content = data.get("content")
             if type(content) is list:
                 for ci, part in enumerate(content):
                     if type(part) is dict:
                         self._part(item, part, ci, "output_item.done")
-        elif kind == "reasoning" and data is not item.data:
+        elif kind == "reasoning" and changed:
             summary = data.get("summary")
             if type(summary) is list:
                 for si, part in enumerate(summary):
@@ -391,7 +402,8 @@ class ResponsesHandler(FormatHandler):
                             self.done_text(item, ("r", ci), REASONING, text, "output_item.done")
         if self.parser._status is not _OPEN:
             return
-        item.data = data
+        if changed:
+            item.replace(data, raw)
         item.done = True
         if self.by_output.get(index) is item:
             del self.by_output[index]
@@ -442,7 +454,10 @@ class ResponsesHandler(FormatHandler):
             reason = "unknown"
         elif len(reason) > 128:
             reason = reason[:128]
-        self.the_turn().finish(reason)
+        turn = self.the_turn()
+        turn.finish(reason)
+        if isinstance(turn, ResponsesTurn):
+            turn.incomplete_event = True
         self.parser._end("done", None)
 
     def failed(self, event: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, ClassVar, Final
 
+from fsm.jsonutil import dumps_kept, loads_strict
 from fsm.states import (
     CallEnding,
     Ending,
@@ -74,19 +75,24 @@ class Text:
 class Item:
     """One output item / content block, in output order.
 
-    ``data`` is the item as the provider sent it (``output_item.added`` or
-    ``content_block_start``, replaced by ``output_item.done`` when that arrives); ``texts`` the
-    texts streamed into it, by a key of the format (content index, summary index, ``"text"``);
-    ``call`` the client call it is, if any."""
+    The item as the provider sent it (``output_item.added`` or ``content_block_start``,
+    replaced by ``output_item.done`` when that arrives) is kept as compact JSON bytes
+    (:attr:`raw`, a fraction of the memory of the decoded tree); :attr:`data` decodes a fresh
+    copy. ``texts`` holds the texts streamed into it, by a key of the format (content index,
+    summary index, ``"text"``); ``call`` the client call it is, if any; ``citations`` the
+    citations streamed into an Anthropic block (compact JSON bytes each)."""
 
     __slots__ = (
-        "call", "data", "done", "first_ids", "index", "kind", "message", "raw_input", "texts",
-        "whole",
+        "call", "citations", "done", "first_ids", "index", "kind", "message", "raw", "raw_input",
+        "texts", "whole",
     )  # fmt: skip
 
-    def __init__(self, kind: str, data: dict[str, Any], index: int, message: int = 0) -> None:
+    def __init__(
+        self, kind: str, data: dict[str, Any], index: int, message: int = 0, raw: bytes = b""
+    ) -> None:
         self.kind = kind
-        self.data = data
+        #: the item as compact JSON (:func:`fsm.jsonutil.dumps_kept` of ``data``)
+        self.raw = raw or memoryview(dumps_kept(data)).tobytes()
         self.index = index
         #: which message of the stream it belongs to (an Anthropic stream with a second
         #: ``message_start`` has two)
@@ -99,10 +105,28 @@ class Item:
         self.raw_input: Text | None = None
         #: whether a call's input came whole at its start (no delta expected)
         self.whole = False
+        #: citations streamed into the block (``citations_delta``), as compact JSON
+        self.citations: list[bytes] | None = None
         #: the ids first seen (``id``, ``call_id``): kept when a later event changes them
         self.first_ids: dict[str, Any] = {
             key: data[key] for key in ("id", "call_id") if type(data.get(key)) is str
         }
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """A fresh decoded copy of the item as the provider sent it (citations streamed into
+        it included)."""
+        data: dict[str, Any] = loads_strict(self.raw)
+        if self.citations is not None:
+            citations = data.get("citations")
+            if type(citations) is not list:
+                citations = data["citations"] = []
+            citations.extend(loads_strict(c) for c in self.citations)
+        return data
+
+    def replace(self, data: dict[str, Any], raw: bytes = b"") -> None:
+        """Make ``data`` the item as the provider sent it (``raw``: its compact JSON, if known)."""
+        self.raw = raw or memoryview(dumps_kept(data)).tobytes()
 
     def text(self, key: Any, field: int | None) -> Text:
         """The text of ``key``, created empty if new."""
@@ -164,7 +188,7 @@ class ItemTurn(Turn):
     :class:`~fsm.turn.Turn` whose text comes from its items, which it keeps verbatim in output
     order (:meth:`output_items`)."""
 
-    __slots__ = ("items", "messages")
+    __slots__ = ("items", "kept", "messages")
 
     format: ClassVar[str] = "?"
 
@@ -174,6 +198,8 @@ class ItemTurn(Turn):
         self.items: list[Item] = []
         #: how many messages the stream started (Anthropic ``message_start``)
         self.messages = 0
+        #: how many verbatim items the stream carried (``Limits.max_items``)
+        self.kept = 0
 
     # -- text, read from the items --------------------------------------------------------------
     def _field(self, field: int) -> str | None:
@@ -252,9 +278,15 @@ class ResponsesTurn(ItemTurn):
     ``incomplete_details.reason`` of ``response.incomplete`` (``"max_output_tokens"``,
     ``"content_filter"``, ...), ``"failed"`` for ``response.failed``, else ``None``."""
 
-    __slots__ = ()
+    __slots__ = ("incomplete_event",)
 
     format: ClassVar[str] = "responses"
+
+    def __init__(self, index: int, meta: _Meta) -> None:
+        super().__init__(index, meta)
+        #: whether ``response.incomplete`` ended the stream (whatever its reason says: a reason
+        #: of ``"completed"`` there is still an incomplete response)
+        self.incomplete_event = False
 
     def ordered_items(self) -> list[Item]:
         """The items by ``output_index`` (then arrival)."""
@@ -270,7 +302,7 @@ class ResponsesTurn(ItemTurn):
             return _EOF
         if how != "done":
             return ending(how, None)
-        if finish == "completed":
+        if finish == "completed" and not self.incomplete_event:
             return ending("done", None)
         if finish == "max_output_tokens":
             return ending("done", "length")

@@ -26,15 +26,18 @@ without the mark such a value would come back changed.
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from typing import Any, Final
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
 __all__ = [
     "MARK",
+    "JSONText",
     "StoredJSON",
     "StoredText",
     "as_utc",
@@ -42,6 +45,7 @@ __all__ = [
     "decode_text",
     "encode_json",
     "encode_text",
+    "json_text",
     "needs_marking",
 ]
 
@@ -128,45 +132,142 @@ class StoredText(sa.types.TypeDecorator[str]):
         return "StoredText()" if self._length is None else f"StoredText({self._length})"
 
 
+def _any_string(value: Any, test: Any) -> bool:
+    """Whether some string in ``value`` (keys included) passes ``test``. Iterative."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            if test(item):
+                return True
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                if isinstance(key, str) and test(key):
+                    return True
+                todo.append(inner)
+        elif isinstance(item, list | tuple):
+            todo.extend(item)
+    return False
+
+
+def _map_strings(value: Any, convert: Any) -> Any:
+    """A copy of ``value`` with every string (keys included) passed through ``convert``
+    (tuples become lists). Iterative, so any nesting is copied."""
+    if isinstance(value, str):
+        return convert(value)
+    if not isinstance(value, dict | list | tuple):
+        return value
+    root: Any = {} if isinstance(value, dict) else []
+    todo: list[tuple[Any, Any]] = [(value, root)]
+    while todo:
+        source, target = todo.pop()
+        pairs = source.items() if isinstance(source, dict) else enumerate(source)
+        is_dict = isinstance(source, dict)
+        for key, inner in pairs:
+            if isinstance(inner, str):
+                inner = convert(inner)
+            elif isinstance(inner, dict | list | tuple):
+                new: Any = {} if isinstance(inner, dict) else []
+                todo.append((inner, new))
+                inner = new
+            if is_dict:
+                target[convert(key) if isinstance(key, str) else key] = inner
+            else:
+                target.append(inner)
+    return root
+
+
+def _marked(value: str) -> bool:
+    return value.startswith(MARK)
+
+
+_MARK_UTF8: Final = MARK.encode("utf-8")
+
+
+def _compact(value: Any) -> bytes | None:
+    """``value`` as orjson writes it, or ``None`` where orjson cannot (lone surrogates, integers
+    beyond 64 bits, more than 254 levels, keys that are not strings)."""
+    try:
+        return orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+
+
 def encode_json(value: Any) -> Any:
     """``value`` (a JSON value: dicts, lists, strings, numbers, bools, ``None``) with every
     string that :func:`needs_marking` encoded by :func:`encode_text`, keys included; the same
-    object when nothing needs it."""
-    if isinstance(value, str):
-        return encode_text(value)
-    if isinstance(value, dict):
-        items = [(encode_json(k), encode_json(v)) for k, v in value.items()]
-        if all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(items, value.items(), strict=True)):
+    object when nothing needs it. Iterative: any nesting. Most values are told clean in one
+    pass of C (orjson: no lone surrogate, no U+0000 escape, no U+FDD0); the others are
+    walked."""
+    if isinstance(value, dict | list | tuple):
+        text = _compact(value)
+        if text is not None and b"\\u0000" not in text and _MARK_UTF8 not in text:
             return value
-        return dict(items)
-    if isinstance(value, list | tuple):
-        out = [encode_json(v) for v in value]
-        if all(a is b for a, b in zip(out, value, strict=True)):
-            return value
-        return out
-    return value
+    if not _any_string(value, needs_marking):
+        return value
+    return _map_strings(value, encode_text)
 
 
 def decode_json(value: Any) -> Any:
-    """The inverse of :func:`encode_json`."""
-    if isinstance(value, str):
-        return decode_text(value)
-    if isinstance(value, dict):
-        return {decode_json(k): decode_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [decode_json(v) for v in value]
-    return value
+    """The inverse of :func:`encode_json` (the same object when nothing is marked)."""
+    if isinstance(value, dict | list | tuple):
+        text = _compact(value)
+        if text is not None and _MARK_UTF8 not in text:
+            return value
+    if not _any_string(value, _marked):
+        return value
+    return _map_strings(value, decode_text)
+
+
+class JSONText(str):
+    """JSON text for a :class:`StoredJSON` column, already encoded (strings marked by
+    :func:`encode_json`) and serialized: bound as it is. A writer builds it piece by piece
+    (:func:`json_text`) so a large value is never held decoded whole."""
+
+    __slots__ = ()
+
+
+def json_text(value: Any) -> str:
+    """``value`` (a JSON value, checked) as the JSON text a :class:`StoredJSON` column holds:
+    strings marked (:func:`encode_json`), ASCII escapes, as fsm's engines serialize it."""
+    return json.dumps(encode_json(value), ensure_ascii=True, allow_nan=False)
+
+
+def _same(text: Any) -> Any:
+    return text
+
+
+def _text_binder(dialect: Dialect) -> Any:
+    """How JSON text already serialized is bound on ``dialect``: psycopg takes JSON through its
+    ``Json`` wrapper (given the text as its own serialization), SQLite as text."""
+    if dialect.name == "postgresql" and dialect.driver.startswith("psycopg"):
+        from psycopg.types.json import Json
+
+        return lambda text: Json(text, dumps=_same)
+    return str
 
 
 class StoredJSON(sa.types.TypeDecorator[Any]):
     """``JSON`` whose strings go through :func:`encode_json` on the way in and
-    :func:`decode_json` on the way out (``None`` is SQL ``NULL``)."""
+    :func:`decode_json` on the way out (``None`` is SQL ``NULL``). A :class:`JSONText` value
+    is bound as the text it is."""
 
     impl = sa.JSON
     cache_ok = True
 
     def __init__(self) -> None:
         super().__init__(none_as_null=True)
+
+    def bind_processor(self, dialect: Dialect) -> Any:
+        inner = super().bind_processor(dialect)
+        bind_text = _text_binder(dialect)
+
+        def process(value: Any) -> Any:
+            if type(value) is JSONText:
+                return bind_text(str(value))
+            return inner(value) if inner is not None else value
+
+        return process
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
         return encode_json(value)

@@ -28,10 +28,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
+import orjson
+
 from fsm.errors import IncompleteTurnError
+from fsm.jsonutil import MAX_JSON_DEPTH as JSONUTIL_MAX_JSON_DEPTH
 from fsm.parser import Anomaly, ParseResult, Turn
 from fsm.states import ToolCallState
-from fsm.store.codec import MARK
+from fsm.store.codec import MARK, JSONText, json_text
 from fsm.store.errors import (
     InvalidConversationIdError,
     InvalidIdempotencyKeyError,
@@ -41,13 +44,14 @@ from fsm.store.errors import (
     UnsupportedValueError,
 )
 from fsm.store.models import TOKEN_COLUMNS, TOKEN_MAX
-from fsm.store.render import stored_items
+from fsm.store.render import iter_stored_items
 from fsm.toolcall import ToolCall, result_message
 
 __all__ = [
     "ATTEMPT_JSON_DEPTH",
     "MAX_JSON_DEPTH",
     "MAX_KEY_BYTES",
+    "MAX_SEQ",
     "AttemptPlan",
     "Results",
     "TurnPlan",
@@ -86,9 +90,10 @@ _RESULT_KEYS = {"role", "content", "tool_call_id"}
 #: within PostgreSQL's b-tree limit (about 2.7 KB).
 MAX_KEY_BYTES = 512
 
-#: JSON nesting the store keeps in content parts and metadata (deeper is refused), and in the
-#: JSON of attempts (deeper is kept as a string rendering).
-MAX_JSON_DEPTH = 512
+#: JSON nesting the store keeps in content parts, metadata and each provider item (deeper is
+#: refused before any write): the parser's one limit, :data:`fsm.jsonutil.MAX_JSON_DEPTH`. The
+#: JSON of attempts keeps ``ATTEMPT_JSON_DEPTH`` (deeper is kept as a string rendering).
+MAX_JSON_DEPTH = JSONUTIL_MAX_JSON_DEPTH
 ATTEMPT_JSON_DEPTH = 32
 _INT64 = 2**63
 _UNCLEAN = re.compile("[\x00\ud800-\udfff]")
@@ -103,9 +108,10 @@ class TurnPlan:
     calls: list[ToolCall]
     contents: list[tuple[str | None, list[Any] | None]]
     assistant: dict[str, Any]
-    #: the ``format`` and ``provider_items`` of the assistant row (:func:`render.stored_items`)
+    #: the ``format`` and ``provider_items`` of the assistant row (:func:`render.stored_items`,
+    #: as the JSON text the column holds)
     format: str = "chat"
-    provider_items: list[Any] | None = None
+    provider_items: list[Any] | JSONText | None = None
 
 
 #: The attempts of one :meth:`ConversationStore.record_attempt` call: one ``attempts`` row per
@@ -150,9 +156,16 @@ def check_idempotency_key(key: object) -> None:
 
 
 # -- plans -----------------------------------------------------------------------------------------
+#: more messages than a conversation can hold (seqs are 32-bit): ``history(last=N)`` with ``N``
+#: at least this gives the whole history, whatever the size of ``N``
+MAX_SEQ: Final = 2**31 - 1
+
+
 def check_last(last: int | None) -> None:
-    """``history(last=...)`` takes ``None`` or a non-negative int."""
-    if last is not None and (not isinstance(last, int) or last < 0):
+    """``history(last=...)`` takes ``None`` or a non-negative int (a ``bool`` is not one); any
+    size: ``last`` of :data:`MAX_SEQ` or more is the whole history. Anything else raises
+    ``ValueError``."""
+    if last is not None and (type(last) is bool or not isinstance(last, int) or last < 0):
         raise ValueError(f"last must be a non-negative integer, not {last!r}")
 
 
@@ -185,12 +198,20 @@ def plan_turn(turn: Turn | ParseResult, results: Results | None) -> TurnPlan:
     contents = _normalize_results(calls, results)
     assistant: dict[str, Any] = dict(single.to_message())  # the parser's one definition
     _check_key_lengths(single, calls)
-    fmt, items = stored_items(single)
+    fmt, items = iter_stored_items(single)
+    stored: JSONText | None = None
     if items is not None:
-        problem = _json_problem(items)
-        if problem is not None:
-            raise UnsupportedValueError(f"the turn's provider items {problem}")
-    return TurnPlan(single, calls, contents, assistant, fmt, items)
+        # serialized one item at a time: a turn of large items is never held decoded whole
+        parts: list[str] = []
+        for i, item in enumerate(items):
+            # each item as the parser limits it (the stored list is one level more)
+            problem = _json_problem(item)
+            if problem is not None:
+                raise UnsupportedValueError(f"the turn's provider item {i} {problem}")
+            parts.append(json_text(item))
+        stored = JSONText("[" + ", ".join(parts) + "]")
+        del parts
+    return TurnPlan(single, calls, contents, assistant, fmt, stored)
 
 
 def plan_attempt(
@@ -538,6 +559,18 @@ def _check_key_lengths(turn: Turn, calls: Sequence[ToolCall]) -> None:
             )
 
 
+def _plain_json(value: Any) -> bool:
+    """Whether ``value`` is plain JSON, told in two passes of C: orjson takes it (keys are
+    strings, integers fit 64 bits, at most 254 levels) and the standard library too (only JSON
+    types, every float finite). ``False`` means "walk it" (it may still be fine)."""
+    try:
+        orjson.dumps(value)
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError, orjson.JSONEncodeError):
+        return False
+    return True
+
+
 def _json_problem(value: Any) -> str | None:
     """Why ``value`` cannot be stored as JSON that reads back equal, or ``None``.
 
@@ -545,6 +578,8 @@ def _json_problem(value: Any) -> str | None:
     booleans, ``None``, finite floats and integers of at most 4,300 digits, nested at most
     ``MAX_JSON_DEPTH`` deep.
     """
+    if isinstance(value, dict | list | tuple) and _plain_json(value):
+        return None
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()

@@ -42,10 +42,11 @@ Pure functions, no I/O: the sync and the async store share them.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final, Literal
 
-from fsm.formats.render import anthropic_messages, responses_input
+from fsm.formats.ids import anthropic_safe
+from fsm.formats.render import anthropic_messages, iter_output_items, responses_input
 from fsm.store.errors import InvalidTurnError
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "HistoryFormat",
     "RenderedHistory",
     "check_format",
+    "iter_stored_items",
     "render",
     "stored_items",
 ]
@@ -81,17 +83,28 @@ def stored_items(turn: Any) -> tuple[str, list[dict[str, Any]] | None]:
     with: ``("chat", None)`` for a Chat Completions turn; else the turn's output items with each
     call item replaced by a reference to its call (``{"fsm:call": position}`` plus the item's
     other provider-only fields)."""
+    fmt, items = iter_stored_items(turn)
+    return fmt, None if items is None else list(items)
+
+
+def iter_stored_items(turn: Any) -> tuple[str, Iterator[dict[str, Any]] | None]:
+    """:func:`stored_items`, the items decoded one at a time (for a writer that serializes each
+    before the next: a turn of large items is never held decoded whole). Iterating raises
+    :class:`~fsm.store.errors.InvalidTurnError` where the items and the calls disagree."""
     fmt = getattr(turn, "format", "chat")
     if fmt not in ("responses", "anthropic"):
         return "chat", None
+    return fmt, _stored(turn, fmt)
+
+
+def _stored(turn: Any, fmt: str) -> Iterator[dict[str, Any]]:
     calls = list(turn.tool_calls)
-    items: list[dict[str, Any]] = []
     position = 0
-    for item in turn.output_items():
+    for item in iter_output_items(turn):
         kind = item.get("type")
         is_call = kind in _RESPONSES_CALLS if fmt == "responses" else kind == "tool_use"
         if not is_call:
-            items.append(item)
+            yield item
             continue
         key = "call_id" if fmt == "responses" else "id"
         if position >= len(calls) or calls[position].id != item.get(key):
@@ -103,13 +116,12 @@ def stored_items(turn: Any) -> tuple[str, list[dict[str, Any]] | None]:
         fields = _RESPONSES_CALL_FIELDS if fmt == "responses" else _ANTHROPIC_CALL_FIELDS
         ref = {k: v for k, v in item.items() if k not in fields}
         ref[CALL_REF] = position
-        items.append(ref)
+        yield ref
         position += 1
     if position != len(calls):
         raise InvalidTurnError(
             f"the turn has {len(calls)} calls but {position} call items in its output"
         )
-    return fmt, items
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -168,6 +180,9 @@ def render(
             out.append({"role": "user", "content": _anthropic_content(message.get("content"))})
         # anthropic: system / developer messages go in the request's ``system`` parameter
         i += 1
+    if fmt == "anthropic":
+        # ids and inputs as the API takes them (fsm.formats.ids: reversible, pairs kept)
+        return RenderedHistory(anthropic_safe(out), out.message_count)
     return out
 
 

@@ -73,6 +73,7 @@ from fsm.store.migrate import ensure_at_head
 from fsm.store.models import Attempt, AttemptCall, Conversation, Message, ToolCallRow
 from fsm.store.plans import (
     MAX_KEY_BYTES,
+    MAX_SEQ,
     AttemptPlan,
     Results,
     TurnPlan,
@@ -1553,6 +1554,8 @@ def _read(
             .scalar_subquery()
         )
         query = query.where(m.seq >= turn_at, m.seq <= turn_at + turn_calls)
+    if last is not None and last >= MAX_SEQ:
+        last = None  # at least every message there can be: the whole history
     if last is not None:
         if last == 0:
             return []

@@ -4,6 +4,7 @@ read in a bounded number of queries."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -194,6 +195,40 @@ def test_last_must_be_a_non_negative_int(store: ConversationStore) -> None:
     conv = store.create_conversation()
     with pytest.raises(ValueError):
         store.history(conv, last=-1)
+    with pytest.raises(ValueError):
+        store.history(conv, last=True)
+
+
+@pytest.mark.parametrize("last", [2**31 - 2, 2**31 - 1, 2**31, 2**63, 10**30])
+def test_a_huge_last_is_the_whole_history(db_url: Any, last: int) -> None:
+    """Issue 26 (10): ``last=10**30`` raised the driver's overflow; any size is the whole
+    history, in the sync, bound and async stores and the CLI."""
+    import asyncio
+
+    from click.testing import CliRunner
+
+    from fsm.cli.main import cli
+    from fsm.store.aio import AsyncConversationStore
+
+    with ConversationStore(db_url) as store:
+        conv = _build(store, [0, 2, 0])
+        full = store.history(conv)
+        assert store.history(conv, last=last) == full
+        with store.engine.begin() as conn:
+            assert store.bind(conn).history(conv, last=last) == full
+
+    async def read() -> list[Any]:
+        async with AsyncConversationStore(db_url) as astore:
+            return await astore.history(conv, last=last)
+
+    assert asyncio.run(read()) == full
+    db = db_url.render_as_string(hide_password=False)
+    out = CliRunner().invoke(cli, ["history", "--db", db, conv, "--json", "--last", str(last)])
+    if last < 2**63:
+        assert out.exit_code == 0, out.output
+        assert len(json.loads(out.output)) == len(full)
+    else:  # the CLI's own range: a usage error, status 2, one line
+        assert out.exit_code == 2 and "--last" in out.output
 
 
 # -- bounded queries ------------------------------------------------------------------------------
