@@ -132,6 +132,25 @@ def _adopt_legacy_version_table(connection: Connection, schema: str | None) -> N
         sa.Table(LEGACY_VERSION_TABLE, sa.MetaData(), schema=schema).drop(connection)
 
 
+def _refuse_clashes(connection: Connection, schema: str | None) -> None:
+    """A database with no fsm revision whose tables already use fsm's names (a host's own
+    ``messages``, ``conversations``, ...): a typed error naming them, nothing changed (creating
+    fsm's tables there would fail half-way, or worse, adopt the host's)."""
+    inspector = sa.inspect(connection)
+    if inspector.has_table(VERSION_TABLE, schema=schema):
+        return
+    clash = sorted(set(inspector.get_table_names(schema=schema)) & set(target_metadata.tables))
+    if clash:
+        where = f"schema {schema!r}" if schema else "the database"
+        names = ", ".join(clash)
+        raise StoreLayoutError(
+            f"{where} already has table(s) named {names}, which fsm did not create (no fsm "
+            "revision is recorded there): fsm's tables would collide with them; nothing was "
+            "changed. Give fsm a database of its own, or on PostgreSQL a schema of its own "
+            "(fsm db upgrade --schema fsm)"
+        )
+
+
 def _run(connection: Connection) -> None:
     sqlite = connection.dialect.name == "sqlite"
     schema = _schema(connection.engine.url)
@@ -156,6 +175,7 @@ def _run(connection: Connection) -> None:
             if schema is not None:
                 old_path = _enter_schema(connection, schema)
         _adopt_legacy_version_table(connection, schema)
+        _refuse_clashes(connection, schema)
         if partitions is not None and fsm_partitions.prepare(connection, schema, partitions):
             target = context.get_revision_argument()
             if target not in ("head", context.script.get_current_head()):

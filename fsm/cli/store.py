@@ -57,7 +57,16 @@ def db() -> None:
     help="PostgreSQL: create the database with every table hash-partitioned by conversation "
     "into N partitions (2-1024; a new database only).",
 )
-def db_upgrade(url: str | None, revision: str, schema: str | None, partitions: int | None) -> None:
+@click.option(
+    "--sql",
+    "show_sql",
+    is_flag=True,
+    help="Print the SQL the upgrade would run on this database (from its revision), for a DBA "
+    "to review, and change nothing (it runs in a transaction that is rolled back).",
+)
+def db_upgrade(
+    url: str | None, revision: str, schema: str | None, partitions: int | None, show_sql: bool
+) -> None:
     """Upgrade the database schema (creating it if needed) to REVISION.
 
     The same as `alembic -x db=URL upgrade head` from a checkout. fsm keeps its revision in
@@ -70,13 +79,35 @@ def db_upgrade(url: str | None, revision: str, schema: str | None, partitions: i
       FSM_DB_URL=postgresql+psycopg://app@localhost/app fsm db upgrade
       fsm db upgrade --db postgresql+psycopg://app@localhost/app --schema fsm
       fsm db upgrade --db postgresql+psycopg://app@localhost/new --partitions 16
+      fsm db upgrade --db postgresql+psycopg://app@localhost/app --sql > review.sql
+
+    A database whose tables already use fsm's names (a host's own messages table) is refused
+    (exit 2), nothing changed.
     """
-    from fsm.store.engine import normalize_url, removed_if_failed
-    from fsm.store.migrate import check_partitions, check_revision
+    from fsm.store.engine import display_url, new_sqlite_file, normalize_url, removed_if_failed
+    from fsm.store.migrate import (
+        check_partitions,
+        check_revision,
+        current_revision,
+        upgrade_statements,
+    )
 
     target = normalize_url(url)
     check_revision(revision)
     check_partitions(partitions, target)
+    if show_sql:
+        if partitions is not None:
+            raise click.UsageError("--sql shows an upgrade; it does not go with --partitions")
+        new = new_sqlite_file(target) is not None
+        statements = upgrade_statements(target, revision, schema=schema)
+        before = None if new else current_revision(target, schema=schema)
+        click.echo(
+            f"-- fsm db upgrade --sql: {display_url(target)} from "
+            f"{before or 'an empty database'} to {revision}; rolled back, nothing changed"
+        )
+        for statement in statements:
+            click.echo(statement)
+        return
     with removed_if_failed(target):
         _upgrade(target, revision, schema, partitions)
 

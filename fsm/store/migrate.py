@@ -36,8 +36,11 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL, Connection, Engine
 
 from fsm.store.engine import (
+    WRITE,
+    create_engine,
     create_probe_engine,
     display_url,
+    new_sqlite_file,
     normalize_url,
     schema_of,
     store_schema,
@@ -68,6 +71,7 @@ __all__ = [
     "migrations_dir",
     "revision_of",
     "upgrade",
+    "upgrade_statements",
 ]
 
 #: the table holding fsm's revision (a host application's Alembic keeps ``alembic_version``).
@@ -236,6 +240,65 @@ def upgrade(
     _log.info("migrating %s to %s", display_url(normalize_url(url)), revision)
     config = alembic_config(url, connection=connection, schema=schema, partitions=partitions)
     command.upgrade(config, check_revision(revision))
+
+
+#: the first words of the statements that change a database (what ``--sql`` prints)
+_CHANGES = frozenset(
+    {"CREATE", "ALTER", "DROP", "INSERT", "UPDATE", "DELETE", "COMMENT", "GRANT", "TRUNCATE"}
+)
+
+
+def upgrade_statements(
+    url: str | URL | None = None, revision: str = "head", *, schema: str | None = None
+) -> list[str]:
+    """The SQL an :func:`upgrade` of the database at ``url`` to ``revision`` would run, from
+    its current revision, for a DBA to review (``fsm db upgrade --sql``).
+
+    The upgrade runs for real, in one transaction that is rolled back: nothing is changed, and
+    the statements are exactly those the database would get (the migrations read what is there,
+    which a script written offline cannot). Only the statements that change the database are
+    listed (``CREATE``, ``ALTER``, ``DROP``, ``INSERT``, ``UPDATE``, ``DELETE``, ...; not what the
+    migrations read). A SQLite file that does not exist yet is not created: the statements of a
+    new database are read from an in-memory one. Each statement ends with ``;``; its
+    parameters, if any, follow it as a comment.
+    """
+    import sqlalchemy.pool
+
+    target = normalize_url(url)
+    if new_sqlite_file(target) is not None:
+        target = URL.create(target.drivername)  # sqlite:// (in memory): a new database's DDL
+    engine = create_engine(
+        target,
+        foreign_keys=False,
+        poolclass=sqlalchemy.pool.NullPool,
+        schema=store_schema(schema, target),
+    )
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        text = statement.strip().rstrip(";")
+        first = text.split(None, 1)[0].upper() if text else ""
+        if first not in _CHANGES and not (first == "PRAGMA" and "=" in text):
+            return  # what the migrations read (introspection, settings) is not the change
+        if parameters:
+            text += f";  -- parameters: {parameters!r}"
+        else:
+            text += ";"
+        statements.append(text)
+
+    try:
+        with engine.connect() as connection:
+            connection = connection.execution_options(**{WRITE: True})
+            transaction = connection.begin()
+            try:
+                sa.event.listen(connection, "before_cursor_execute", record)
+                upgrade(revision=revision, schema=schema, connection=connection)
+            finally:
+                sa.event.remove(connection, "before_cursor_execute", record)
+                transaction.rollback()
+    finally:
+        engine.dispose()
+    return statements
 
 
 def downgrade(url: str | URL | None, revision: str, *, schema: str | None = None) -> None:
