@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, cast
 
 from fsm.errors import IncompleteTurnError, RemoteProtocolError
 from fsm.events import Event
@@ -359,7 +359,8 @@ class Turn:
                 choice=self.index,
                 states=states,
             )
-        message: AssistantMessage = {"role": "assistant", "content": self.content}
+        # a dict first: reasoning_content is fsm's key, which the SDK's type has not
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.refusal is not None:
             message["refusal"] = self.refusal
         if include_reasoning and self.reasoning is not None:
@@ -369,7 +370,7 @@ class Turn:
             message["function_call"] = self.legacy_call.to_function_call()
         elif calls:
             message["tool_calls"] = [c.to_dict() for c in calls]
-        return message
+        return cast("AssistantMessage", message)
 
     #: the stream format the turn came from: ``"chat"`` here; ``"responses"`` /
     #: ``"anthropic"`` for the turns of :mod:`fsm.formats`

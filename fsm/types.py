@@ -32,12 +32,13 @@ fsm dependency, brings): it works without the openai SDK, and pydantic can valid
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal, Required, TypeAlias
+from typing import TYPE_CHECKING, Literal, Required, TypeAlias
 
 # typing_extensions (a dependency of pydantic): pydantic validates these only from there on 3.11
 from typing_extensions import TypedDict
 
 __all__ = [
+    "AnthropicMessage",
     "AssistantMessage",
     "Audio",
     "ContentPart",
@@ -59,6 +60,7 @@ __all__ = [
     "InputAudio",
     "Message",
     "PromptCacheBreakpoint",
+    "ResponsesItem",
     "SystemMessage",
     "ToolDefinition",
     "ToolMessage",
@@ -210,18 +212,24 @@ class CustomToolCall(TypedDict, total=False):
     type: Required[Literal["custom"]]
 
 
-class AssistantMessage(TypedDict, total=False):
-    """An ``assistant`` message: content, refusal, tool calls; ``reasoning_content`` is fsm's
-    (:meth:`Turn.to_message(include_reasoning=True) <fsm.parser.Turn.to_message>`)."""
+if TYPE_CHECKING:
+    # the installed openai SDK's own type (see Message below): what Turn.to_message() returns
+    # then goes into a history of that SDK's messages, whatever its version
+    from openai.types.chat import ChatCompletionAssistantMessageParam as AssistantMessage
+else:
 
-    role: Required[Literal["assistant"]]
-    audio: Audio | None
-    content: str | Iterable[ContentPartText | ContentPartRefusal] | None
-    function_call: FunctionCall | None
-    name: str
-    refusal: str | None
-    tool_calls: Iterable[FunctionToolCall | CustomToolCall]
-    reasoning_content: str
+    class AssistantMessage(TypedDict, total=False):
+        """An ``assistant`` message: content, refusal, tool calls; ``reasoning_content`` is fsm's
+        (:meth:`Turn.to_message(include_reasoning=True) <fsm.parser.Turn.to_message>`)."""
+
+        role: Required[Literal["assistant"]]
+        audio: Audio | None
+        content: str | Iterable[ContentPartText | ContentPartRefusal] | None
+        function_call: FunctionCall | None
+        name: str
+        refusal: str | None
+        tool_calls: Iterable[FunctionToolCall | CustomToolCall]
+        reasoning_content: str
 
 
 class ToolMessage(TypedDict, total=False):
@@ -242,14 +250,29 @@ class FunctionMessage(TypedDict, total=False):
 
 
 #: A message of a conversation's history.
-Message: TypeAlias = (
-    SystemMessage
-    | DeveloperMessage
-    | UserMessage
-    | AssistantMessage
-    | ToolMessage
-    | FunctionMessage
-)
+if TYPE_CHECKING:
+    # what a type checker sees: the installed SDKs' own request types, so that a history passes
+    # on whatever version of the openai and anthropic SDKs the application has (each version
+    # changes its TypedDicts; a copy of one version's fails against another's). Without the SDK
+    # installed, these are Any to the checker.
+    from anthropic.types import MessageParam as AnthropicMessage
+    from openai.types.chat import ChatCompletionMessageParam as Message
+    from openai.types.responses import ResponseInputItemParam as ResponsesItem
+else:
+    Message: TypeAlias = (
+        SystemMessage
+        | DeveloperMessage
+        | UserMessage
+        | AssistantMessage
+        | ToolMessage
+        | FunctionMessage
+    )
+    #: an item of a Responses API ``input`` (``history(format="responses")``): the openai
+    #: SDK's ``ResponseInputItemParam`` to a type checker
+    ResponsesItem: TypeAlias = dict[str, object]
+    #: a message of an Anthropic Messages request (``history(format="anthropic")``): the
+    #: anthropic SDK's ``MessageParam`` to a type checker
+    AnthropicMessage: TypeAlias = dict[str, object]
 
 
 # -- tools -------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ import functools
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, Literal, cast, overload
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import pool
@@ -83,7 +83,7 @@ from fsm.store.store import (
 )
 from fsm.store.transaction import check_schema
 from fsm.telemetry import store_write
-from fsm.types import Message
+from fsm.types import AnthropicMessage, Message, ResponsesItem
 
 __all__ = [
     "AsyncBoundStore",
@@ -439,6 +439,42 @@ class AsyncConversationStore(AsyncLedgerMethods):
                 return await conn.run_sync(self._core.record_attempt, conversation_id, plan)
 
     # -- reads -------------------------------------------------------------------------------
+    @overload
+    async def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: Literal["chat"] = ...,
+    ) -> list[Message]: ...
+    @overload
+    async def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: Literal["responses"],
+    ) -> list[ResponsesItem]: ...
+    @overload
+    async def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: Literal["anthropic"],
+    ) -> list[AnthropicMessage]: ...
+    @overload
+    async def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: HistoryFormat = ...,
+    ) -> list[Message] | list[ResponsesItem] | list[AnthropicMessage]: ...
     async def history(
         self,
         conversation_id: str,
@@ -446,7 +482,7 @@ class AsyncConversationStore(AsyncLedgerMethods):
         last: int | None = None,
         include_reasoning: bool = False,
         format: HistoryFormat = "chat",
-    ) -> list[Message]:
+    ) -> list[Message] | list[ResponsesItem] | list[AnthropicMessage]:
         """The conversation as an OpenAI ``messages`` list, ready to send, or as the input of
         the API ``format`` names (see
         :meth:`ConversationStore.history <fsm.store.ConversationStore.history>`)."""
@@ -681,6 +717,42 @@ class AsyncBoundStore:
         )
         return result
 
+    @overload
+    async def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: Literal["chat"] = ...,
+    ) -> list[Message]: ...
+    @overload
+    async def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: Literal["responses"],
+    ) -> list[ResponsesItem]: ...
+    @overload
+    async def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: Literal["anthropic"],
+    ) -> list[AnthropicMessage]: ...
+    @overload
+    async def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: HistoryFormat = ...,
+    ) -> list[Message] | list[ResponsesItem] | list[AnthropicMessage]: ...
     async def history(
         self,
         conversation_id: str,
@@ -688,10 +760,11 @@ class AsyncBoundStore:
         last: int | None = None,
         include_reasoning: bool = False,
         format: HistoryFormat = "chat",
-    ) -> list[Message]:
+    ) -> list[Message] | list[ResponsesItem] | list[AnthropicMessage]:
         """:meth:`AsyncConversationStore.history`, in the caller's transaction."""
         bound = self._sync
-        result: list[Message] = await self._conn.run_sync(
+        result: list[Message] | list[ResponsesItem] | list[AnthropicMessage]
+        result = await self._conn.run_sync(
             lambda _conn: bound.history(
                 conversation_id, last=last, include_reasoning=include_reasoning, format=format
             )

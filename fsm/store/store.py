@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, Literal, cast, overload
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -84,6 +84,7 @@ from fsm.store.plans import (
 from fsm.store.render import HistoryFormat, check_format, render
 from fsm.telemetry import store_write
 from fsm.toolcall import is_json
+from fsm.types import AnthropicMessage, ResponsesItem
 from fsm.types import Message as HistoryMessage
 
 __all__ = [
@@ -565,6 +566,42 @@ class ConversationStore(LedgerMethods):
             return self._core.record_attempt(conn, conversation_id, plan)
 
     # -- reads -------------------------------------------------------------------------------
+    @overload
+    def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: Literal["chat"] = ...,
+    ) -> list[HistoryMessage]: ...
+    @overload
+    def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: Literal["responses"],
+    ) -> list[ResponsesItem]: ...
+    @overload
+    def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: Literal["anthropic"],
+    ) -> list[AnthropicMessage]: ...
+    @overload
+    def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: HistoryFormat = ...,
+    ) -> list[HistoryMessage] | list[ResponsesItem] | list[AnthropicMessage]: ...
     def history(
         self,
         conversation_id: str,
@@ -572,7 +609,7 @@ class ConversationStore(LedgerMethods):
         last: int | None = None,
         include_reasoning: bool = False,
         format: HistoryFormat = "chat",
-    ) -> list[HistoryMessage]:
+    ) -> list[HistoryMessage] | list[ResponsesItem] | list[AnthropicMessage]:
         """The conversation as an OpenAI ``messages`` list, ready to send (or, with
         ``format``, as the input of another API).
 
@@ -889,6 +926,42 @@ class BoundStore:
             return self._core.record_attempt(conn, conversation_id, plan)
 
     # -- reads -------------------------------------------------------------------------------
+    @overload
+    def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: Literal["chat"] = ...,
+    ) -> list[HistoryMessage]: ...
+    @overload
+    def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: Literal["responses"],
+    ) -> list[ResponsesItem]: ...
+    @overload
+    def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: Literal["anthropic"],
+    ) -> list[AnthropicMessage]: ...
+    @overload
+    def history(
+        self,
+        conversation_id: str,
+        *,
+        last: int | None = ...,
+        include_reasoning: bool = ...,
+        format: HistoryFormat = ...,
+    ) -> list[HistoryMessage] | list[ResponsesItem] | list[AnthropicMessage]: ...
     def history(
         self,
         conversation_id: str,
@@ -896,7 +969,7 @@ class BoundStore:
         last: int | None = None,
         include_reasoning: bool = False,
         format: HistoryFormat = "chat",
-    ) -> list[HistoryMessage]:
+    ) -> list[HistoryMessage] | list[ResponsesItem] | list[AnthropicMessage]:
         """:meth:`ConversationStore.history`, in the caller's transaction."""
         self._core.check_conversation_id(conversation_id)
         self._core.check_last(last)
