@@ -7,7 +7,9 @@ every run, ``multiply`` is declared idempotent and applies its effect only once 
 (an upsert) however often it runs. The child SIGKILLs itself at the point named by
 ``FSM_KILL_AT``; a second child, the same program, resumes. Its recovery loop is the one the
 README shows: on :class:`~fsm.agent.UnknownOutcomeError` it looks the call's effect up in the
-side file and resolves the call with it, or runs the tool itself if the effect is not there.
+side file and resolves the call with it, or runs the tool itself if the effect is not there,
+inside ``error.hold()``; on :class:`~fsm.store.errors.TurnInProgressError` (the killed owner's
+lease, ``FSM_LEASE`` seconds, has not run out yet) it waits ``retry_after`` and runs again.
 
 Each case checks that every effect happened exactly once, that the final history equals an
 uninterrupted run's, that the replay server saw only valid requests, and what the ledger kept.
@@ -20,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +34,10 @@ from fsm.store import ConversationStore
 REPO = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
-import json, os, signal, sys
+import json, os, signal, sys, time
 import openai
 from fsm.agent import UnknownOutcomeError, run_agent_loop, tool
-from fsm.store import ConversationNotFoundError, ConversationStore
+from fsm.store import ConversationNotFoundError, ConversationStore, TurnInProgressError
 from fsm.store.store import StoreCore
 
 KILL = os.environ.get("FSM_KILL_AT", "")
@@ -83,6 +86,8 @@ TOOLS = {"add": tool(add), "multiply": tool(multiply, idempotent=True)}
 
 
 class Store(ConversationStore):
+    ledger_lease = float(os.environ.get("FSM_LEASE", "1.0"))
+
     def begin(self, *args, **kwargs):
         pending = super().begin(*args, **kwargs)
         die("after_begin")
@@ -128,16 +133,19 @@ with Store(URL) as store:
             result = run_agent_loop(client, store, CID, TOOLS, model="demo-model-1",
                                     messages=messages, ledger=True)
             break
-        except UnknownOutcomeError as error:
-            call, args = error.call, json.loads(error.call.arguments)
-            done = [e for e in effects() if e["kind"] == "effect" and e["tool"] == call.name
-                    and e["args"] == [args["a"], args["b"]]]
-            if done:  # it ran: record what it did
-                error.resolve(call, str(done[0]["result"]))
-                resolved.append(["found", call.name])
-            else:  # it never ran: run it now, once, and record it
-                error.resolve(call, str(TOOLS[call.name](**args)))
-                resolved.append(["ran", call.name])
+        except TurnInProgressError as error:  # its owner may be alive: wait for its lease
+            time.sleep(error.retry_after + 0.05)
+        except UnknownOutcomeError as error:  # its owner is gone
+            with error.hold():
+                call, args = error.call, json.loads(error.call.arguments)
+                done = [e for e in effects() if e["kind"] == "effect" and e["tool"] == call.name
+                        and e["args"] == [args["a"], args["b"]]]
+                if done:  # it ran: record what it did
+                    error.resolve(call, str(done[0]["result"]))
+                    resolved.append(["found", call.name])
+                else:  # it never ran: run it now, once, and record it
+                    error.resolve(call, str(TOOLS[call.name](**args)))
+                    resolved.append(["ran", call.name])
             messages = []
 print(json.dumps({"status": result.status, "resolved": resolved}))
 """
@@ -307,6 +315,7 @@ def test_two_processes_resuming_one_turn_one_wins(
         fsm_db_url, server.base_url, "conv", tmp_path / "e.jsonl", kill="after_succeeded_1"
     )
     assert killed.returncode == -9, killed.stderr[-2000:]
+    time.sleep(1.2)  # the killed owner's lease (FSM_LEASE, 1 s) runs out
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     a, b = tmp_path / "a", tmp_path / "b"
     procs = [
@@ -357,10 +366,12 @@ def test_the_async_loop_resumes_and_raises_the_unknown_outcome(
 
     # a crashed run: the demo's turn pending, add started with no outcome, multiply not started
     with ConversationStore(fsm_db_url) as store:
+        store.ledger_lease = 0.2
         store.create_conversation("conv")
         store.append("conv", [USER])
         pending = store.begin("conv", parse_file(DEMO).turn(0))
         store.started(pending, 0)
+    time.sleep(0.3)  # the crashed owner's lease runs out
     log: list[str] = []
     server = fsm_replay([Path(REPO / "fsm/examples/final_answer.sse")])
 

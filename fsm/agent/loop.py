@@ -4,21 +4,31 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
+from fsm.agent.errors import UnknownOutcomeError, release_lease
 from fsm.agent.events import AgentEvent, AgentResult, AttemptRecorded
 from fsm.agent.step import (
     AgentLoop,
     Commit,
     Record,
+    RecordingFailed,
     StreamFormat,
     abort,
     build_request,
     executed,
+    forget_in_hand,
+    heartbeat,
+    in_hand,
+    keep_in_hand,
     ledger_plan,
     no_stream,
+    record_budget,
     store_operation,
+    transient,
     uses_ledger,
 )
 from fsm.agent.tools import Tool, refusal, run_tool
@@ -33,6 +43,8 @@ if TYPE_CHECKING:
     from fsm.store.store import CommittedTurn, Results
 
 __all__ = ["StoreLike", "open_stream", "run_agent_loop"]
+
+T = TypeVar("T")
 
 
 class StoreLike(Protocol):
@@ -123,7 +135,13 @@ def run_agent_loop(
             resumes it first: recorded outcomes are reused, calls never started run, a call
             started with no outcome runs again only if its tool is declared idempotent
             (:func:`~fsm.agent.tool`), else :class:`~fsm.agent.UnknownOutcomeError` is raised.
-            A non-idempotent tool never runs twice.
+            A non-idempotent tool never runs twice. The pending turn is resumed only once its
+            owner is gone (its lease, renewed by a heartbeat while its tools run, ran out):
+            while the owner lives, the run raises
+            :class:`~fsm.store.errors.TurnInProgressError` (retryable: ``retry_after``) before
+            appending or sending anything. A brief store fault while recording a step is
+            retried (each step is idempotent); a tool's outcome that still could not be
+            recorded is kept in hand, and the next run on the same store records it.
         format: the API to speak: ``"chat"`` (``chat.completions``), ``"responses"``
             (``client.responses``: the history goes as ``input`` items) or ``"anthropic"``
             (``client.messages`` of the ``anthropic`` SDK). Each request carries the store's
@@ -175,10 +193,25 @@ def run_agent_loop(
         with store_operation("pending", 0):
             found = book.pending(conversation)
         if found is not None:  # an earlier run crashed while its tools ran: resume it
-            with store_operation("claim", 0):
-                pending = book.claim(found)
-            _ledger_tools(book, pending, tools, emit, 0)
-            emit(loop.resumed(book.commit(pending)))
+            with store_operation("claim", 0):  # TurnInProgressError while its owner lives
+                pending = _retried(lambda: book.claim(found), record_budget(book))
+            try:
+                with heartbeat(book, pending):
+                    _ledger_tools(book, pending, tools, emit, 0)
+                resumed = book.commit(pending)
+            except UnknownOutcomeError:  # this run owns the turn: the error's holder decides
+                raise
+            except RecordingFailed as failed:
+                release_lease(book, pending)  # the next run resumes at once
+                failed.cause.add_note(
+                    "fsm: a resumed tool ran but its outcome could not be recorded; it is kept "
+                    f"in hand and the next run on this store records it: {failed.contents!r}"
+                )
+                raise failed.cause from None
+            except BaseException:
+                release_lease(book, pending)
+                raise
+            emit(loop.resumed(resumed))
     if messages:
         with store_operation("append", 0):
             store.append(conversation, list(messages))
@@ -233,10 +266,21 @@ def _ledger_commit(
         )
     except BaseException as exc:  # nothing ran
         _record(ledger, action.failed(contents, exc), emit)
-    contents = _ledger_tools(ledger, pending, tools, emit, action.loop.step)
+    try:
+        with heartbeat(ledger, pending):
+            contents = _ledger_tools(ledger, pending, tools, emit, action.loop.step)
+    except UnknownOutcomeError:  # (a same turn begun by an owner that is gone)
+        raise
+    except RecordingFailed as failed:  # a tool ran; its outcome is on the error, and kept
+        release_lease(ledger, pending)  # the next run resumes at once
+        _record(ledger, action.failed(failed.contents, failed.cause), emit)
+    except BaseException:
+        release_lease(ledger, pending)
+        raise
     try:
         done: CommittedTurn = ledger.commit(pending)
     except BaseException as exc:  # the tools ran and their outcomes are in the ledger
+        release_lease(ledger, pending)
         _record(ledger, action.failed(contents, exc), emit)
     return done
 
@@ -250,21 +294,54 @@ def _ledger_tools(
 ) -> list[str]:
     """Each call's content: its recorded outcome, or its tool run now between ``started`` and
     ``succeeded``/``failed`` (raises :class:`~fsm.agent.UnknownOutcomeError` before running
-    anything if a started call of a tool that is not idempotent has no outcome)."""
+    anything if a started call of a tool that is not idempotent has no outcome). Outcomes kept
+    in hand by an earlier run on this store are recorded first; each step is retried through
+    brief store faults; an outcome that still cannot be recorded is kept in hand and raises
+    :class:`~fsm.agent.step.RecordingFailed`."""
+    budget = record_budget(ledger)
+    for position, (content, error) in in_hand(ledger, pending).items():
+        pending = _record_outcome(ledger, pending, position, content, error, budget)
+        forget_in_hand(ledger, pending, position)
     contents: list[str] = []
     for position, call, known in ledger_plan(ledger, pending, tools):
         if known is not None:
             contents.append(known)
             continue
-        ledger.started(pending, position)
+        _retried(functools.partial(ledger.started, pending, position), budget)
         content, error = run_tool(tools, call)
-        if error:
-            ledger.failed(pending, position, content)
-        else:
-            ledger.succeeded(pending, position, content)
         contents.append(content)
-        emit(executed(step, position, call, content, error, refusal(tools, call) is not None))
+        event = executed(step, position, call, content, error, refusal(tools, call) is not None)
+        try:
+            _record_outcome(ledger, pending, position, content, error, budget)
+        except Exception as exc:
+            keep_in_hand(ledger, pending, position, content, error)
+            emit(event)
+            raise RecordingFailed(contents, exc) from exc
+        emit(event)
     return contents
+
+
+def _record_outcome(
+    ledger: Any, pending: Any, position: int, content: str, error: bool, budget: float
+) -> Any:
+    """Record call ``position``'s outcome, retrying brief faults (the step is idempotent)."""
+    record = ledger.failed if error else ledger.succeeded
+    return _retried(lambda: record(pending, position, content), budget)
+
+
+def _retried(step: Callable[[], T], budget: float) -> T:
+    """``step()``, tried again after a brief store fault (:func:`~fsm.agent.step.transient`)
+    for up to ``budget`` seconds, with a growing pause (50 ms to 1 s)."""
+    deadline = time.monotonic() + budget
+    pause = 0.05
+    while True:
+        try:
+            return step()
+        except Exception as exc:
+            if not transient(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(1.0, pause * 2)
 
 
 @chat_span

@@ -14,7 +14,17 @@ After a crash, ``store.pending(cid)`` returns the pending turn with each call's 
 (``not_started``, ``started``, ``succeeded``, ``failed``) and result; ``store.claim(pending)``
 makes the caller its owner (compare-and-set on the owner token: of two processes resuming the
 same turn, one wins, the other gets :class:`~fsm.store.errors.PendingTurnError`). Only the
-owner records. While a turn is pending, ``append`` and ``commit_turn`` on its conversation raise
+owner records.
+
+**Leases** (issue 26). The owner holds the turn until ``lease_expires_at``, by the database's
+clock (PostgreSQL's ``clock_timestamp()``, SQLite's ``'now'``: one clock for every process
+that shares the database): ``begin`` and ``claim`` set it to now + :attr:`ledger_lease
+<LedgerMethods.ledger_lease>` seconds, ``started`` and :meth:`~LedgerMethods.renew` move it on,
+and :meth:`~LedgerMethods.heartbeat` renews it every third of the lease while the tools run.
+``claim`` takes a turn over only once its lease has run out (its owner is gone); before that it
+raises :class:`~fsm.store.errors.TurnInProgressError` (retryable, with ``retry_after``), so a
+live owner keeps its turn. A retried ``claim`` of the same handle (after a lost COMMIT reply)
+recognises its own claim: the handle carries the token it claims with. While a turn is pending, ``append`` and ``commit_turn`` on its conversation raise
 :class:`~fsm.store.errors.PendingTurnError`.
 
 Every step is its own short transaction and idempotent: repeating it after a lost
@@ -28,9 +38,18 @@ index) and what each state carries (checks: :mod:`fsm.store.models`).
 
 from __future__ import annotations
 
+import asyncio
+import math
 import secrets
-from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -42,10 +61,13 @@ from fsm.parser import ParseResult, Turn
 from fsm.states import ToolCallState
 from fsm.store import plans
 from fsm.store.errors import (
+    CommitOutcomeUnknownError,
+    ConversationNotFoundError,
     IdempotencyMismatchError,
     LedgerStateError,
     PendingTurnError,
     ResultsError,
+    TurnInProgressError,
 )
 from fsm.store.models import PendingTurnRow, ToolExecution
 from fsm.store.render import stored_items
@@ -57,6 +79,7 @@ if TYPE_CHECKING:
     from fsm.store.store import CommittedTurn, StoreCore
 
 __all__ = [
+    "DEFAULT_LEASE",
     "AsyncLedgerMethods",
     "Execution",
     "ExecutionState",
@@ -66,6 +89,9 @@ __all__ = [
     "check_no_pending",
     "pending_error",
 ]
+
+#: seconds an owner holds a pending turn without renewing it (``ledger_lease``'s default).
+DEFAULT_LEASE = 30.0
 
 #: the state of one call's execution.
 ExecutionState = Literal["not_started", "started", "succeeded", "failed"]
@@ -165,6 +191,14 @@ class PendingTurn:
     #: the stream's format and the assistant message's provider-only items (issue 17)
     format: str | None = None
     provider_items: list[Any] | None = None
+    #: until when the owner holds the turn (the database's clock; ``None``: a turn written
+    #: before leases, or resolved); changes with every renewal, so not compared
+    lease_expires_at: datetime | None = field(default=None, compare=False)
+    #: the owner token :meth:`~LedgerMethods.claim` takes with this handle: a claim retried
+    #: with the same handle recognises its own (a new one for every handle read)
+    claim_token: str = field(
+        default_factory=lambda: secrets.token_hex(16), compare=False, repr=False
+    )
 
     @property
     def calls(self) -> list[LedgerCall]:
@@ -281,6 +315,70 @@ def _utc(value: Any) -> datetime | None:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def _lease_until(core: StoreCore, lease: float) -> sa.ColumnElement[Any]:
+    """Now + ``lease`` seconds, by the database's clock."""
+    if core.postgres:
+        return sa.func.clock_timestamp() + sa.func.make_interval(
+            0, 0, 0, 0, 0, 0, sa.literal(float(lease), sa.Float())
+        )
+    return sa.func.strftime("%Y-%m-%d %H:%M:%f", "now", f"+{lease:.3f} seconds")
+
+
+def _lease_left(core: StoreCore) -> sa.ColumnElement[Any]:
+    """Seconds left on a pending turn's lease by the database's clock (negative: run out;
+    NULL: none)."""
+    lease = PendingTurnRow.lease_expires_at
+    if core.postgres:
+        return sa.func.extract("epoch", lease - sa.func.clock_timestamp())
+    return (sa.func.julianday(lease) - sa.func.julianday("now")) * 86400.0
+
+
+def _check_lease(value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0.05 <= value <= 86400
+    ):
+        raise ValueError(
+            f"ledger_lease is the seconds an owner holds a pending turn between renewals: a "
+            f"number from 0.05 to 86400, not {value!r}"
+        )
+    return float(value)
+
+
+def _live_owner(core: StoreCore, conn: Connection, stored: PendingTurn) -> None:
+    """Raise :class:`~fsm.store.errors.TurnInProgressError` if ``stored``'s lease has not run
+    out (its owner is alive)."""
+    p = PendingTurnRow
+    left = conn.execute(
+        sa.select(_lease_left(core)).where(
+            p.conversation_id == stored.conversation_id, p.id == stored.id
+        )
+    ).scalar()
+    if left is None or float(left) <= 0 or stored.lease_expires_at is None:
+        return
+    raise TurnInProgressError(
+        stored.conversation_id,
+        stored.id,
+        stored.at_seq,
+        stored.owner,
+        stored.lease_expires_at,
+        float(left),
+    )
+
+
+def _set_lease(
+    core: StoreCore, conn: Connection, pending: PendingTurn, owner: str, lease: float
+) -> None:
+    p = PendingTurnRow
+    conn.execute(
+        sa.update(p)
+        .where(p.conversation_id == pending.conversation_id, p.id == pending.id)
+        .values(owner=owner, lease_expires_at=_lease_until(core, lease))
+    )
+
+
 def _load(
     conn: Connection, conversation_id: str, pending_id: int | None, *, lock: bool = False
 ) -> PendingTurn | None:
@@ -325,6 +423,7 @@ def _load(
         executions=tuple(_execution(x._mapping) for x in executions),
         format=values.get("format"),
         provider_items=values.get("provider_items"),
+        lease_expires_at=_utc(values.get("lease_expires_at")),
     )
 
 
@@ -374,15 +473,25 @@ def begin_body(
     calls: Sequence[ToolCall],
     idempotency_key: str | None,
     expected_seq: int | None,
+    owner: str | None = None,
+    lease: float = DEFAULT_LEASE,
 ) -> PendingTurn:
-    """Store ``turn`` as the conversation's pending turn (or return it if it already is)."""
+    """Store ``turn`` as the conversation's pending turn owned by ``owner`` (or return it if
+    this ``owner`` already began it; the same turn begun by an owner whose lease ran out is
+    taken over, one whose lease holds raises :class:`~fsm.store.errors.TurnInProgressError`)."""
     from fsm.store import store as _store
 
+    owner = owner or secrets.token_hex(16)
     _store._require(conn, conversation_id, lock=core.postgres)
-    existing = _load(conn, conversation_id, None)
+    existing = _load(conn, conversation_id, None, lock=core.postgres)
     if existing is not None:
         if _same_turn(existing, turn, idempotency_key):
-            return existing
+            if existing.owner != owner:  # not this begin retried: another request's turn
+                _live_owner(core, conn, existing)
+                _set_lease(core, conn, existing, owner, lease)
+            found = _load(conn, conversation_id, existing.id)
+            assert found is not None
+            return found
         raise PendingTurnError(
             conversation_id,
             existing.id,
@@ -417,10 +526,11 @@ def begin_body(
     with core.reading(conversation_id):
         seq = _store._next_seq(conn, conversation_id)
     _store._check_expected(conversation_id, expected_seq, seq)
-    owner = secrets.token_hex(16)
     n = len(calls)
     pending_id = conn.execute(
-        sa.insert(PendingTurnRow).returning(PendingTurnRow.id),
+        sa.insert(PendingTurnRow)
+        .values(lease_expires_at=_lease_until(core, lease))
+        .returning(PendingTurnRow.id),
         {
             "conversation_id": conversation_id,
             "state": "pending",
@@ -506,29 +616,58 @@ def _owned(
     return stored
 
 
-def claim_body(core: StoreCore, conn: Connection, pending: PendingTurn) -> PendingTurn:
-    """Make the caller the owner of ``pending`` if nobody claimed it since it was read."""
+def claim_body(
+    core: StoreCore, conn: Connection, pending: PendingTurn, lease: float = DEFAULT_LEASE
+) -> PendingTurn:
+    """Make the caller the owner of ``pending`` (with ``pending.claim_token``) if nobody
+    claimed it since it was read and its owner's lease has run out; a claim retried with the
+    same handle returns the turn it claimed."""
     from fsm.store import store as _store
 
     if not isinstance(pending, PendingTurn):
         raise TypeError(f"claim() takes a PendingTurn, not {type(pending).__name__}")
     _store._require(conn, pending.conversation_id, lock=core.postgres)
-    owner = secrets.token_hex(16)
-    p = PendingTurnRow
-    claimed = conn.execute(
-        sa.update(p)
-        .where(
-            p.conversation_id == pending.conversation_id,
-            p.id == pending.id,
-            p.state == "pending",
-            p.owner == pending.owner,
-        )
-        .values(owner=owner)
-    ).rowcount
-    if not claimed:
-        _owned(core, conn, pending)  # raises: resolved, gone, or claimed by another
-        raise AssertionError("unreachable")  # pragma: no cover
+    stored = _load(conn, pending.conversation_id, pending.id, lock=core.postgres)
+    if stored is not None and stored.state == "pending" and stored.owner == pending.claim_token:
+        # this very claim, retried (its COMMIT's answer was lost): it is ours
+        _set_lease(core, conn, stored, stored.owner, lease)
+    else:
+        if stored is not None and stored.state == "pending":
+            _live_owner(core, conn, stored)  # its owner is alive: it keeps its turn
+        _owned(core, conn, pending)  # raises: resolved, gone, or claimed by another since
+        _set_lease(core, conn, pending, pending.claim_token, lease)
     found = _load(conn, pending.conversation_id, pending.id)
+    assert found is not None
+    return found
+
+
+def renew_body(
+    core: StoreCore, conn: Connection, pending: PendingTurn, lease: float = DEFAULT_LEASE
+) -> datetime:
+    """Move the owner's lease on to now + ``lease``; the new end of the lease."""
+    stored = _owned(core, conn, pending)
+    _set_lease(core, conn, stored, stored.owner, lease)
+    p = PendingTurnRow
+    until = conn.execute(
+        sa.select(p.lease_expires_at).where(
+            p.conversation_id == stored.conversation_id, p.id == stored.id
+        )
+    ).scalar()
+    found = _utc(until)
+    assert found is not None
+    return found
+
+
+def release_body(core: StoreCore, conn: Connection, pending: PendingTurn) -> PendingTurn:
+    """End the owner's lease now (it stays the owner until someone claims the turn)."""
+    stored = _owned(core, conn, pending)
+    p = PendingTurnRow
+    conn.execute(
+        sa.update(p)
+        .where(p.conversation_id == stored.conversation_id, p.id == stored.id)
+        .values(lease_expires_at=_lease_until(core, 0.0))
+    )
+    found = _load(conn, stored.conversation_id, stored.id)
     assert found is not None
     return found
 
@@ -543,10 +682,16 @@ def _where(pending: PendingTurn, position: int) -> sa.ColumnElement[bool]:
 
 
 def started_body(
-    core: StoreCore, conn: Connection, pending: PendingTurn, position: int
+    core: StoreCore,
+    conn: Connection,
+    pending: PendingTurn,
+    position: int,
+    lease: float = DEFAULT_LEASE,
 ) -> PendingTurn:
-    """Record that the owner starts call ``position`` (a no-op if this owner already did)."""
+    """Record that the owner starts call ``position`` (a no-op if this owner already did), and
+    renew its lease: the tool starts with a whole lease ahead."""
     stored = _owned(core, conn, pending)
+    _set_lease(core, conn, stored, stored.owner, lease)
     ex = stored.executions[position]
     if ex.finished:
         raise LedgerStateError(
@@ -554,7 +699,9 @@ def started_body(
             "it is not started again; its recorded outcome is reused"
         )
     if ex.state == "started" and ex.started_by == stored.owner:
-        return stored  # a retry after a lost acknowledgement
+        found = _load(conn, stored.conversation_id, stored.id)
+        assert found is not None
+        return found  # a retry after a lost acknowledgement
     conn.execute(
         sa.update(ToolExecution)
         .where(_where(stored, position))
@@ -703,10 +850,21 @@ def abandon_body(
 
 
 # -- the stores' methods -------------------------------------------------------------------------
+#: how often a begin whose COMMIT's answer was lost is tried again (with its owner token).
+_BEGIN_TRIES = 3
+_BEGIN_PAUSE = 0.2
+
+
 class LedgerMethods:
     """The ledger's methods of :class:`~fsm.store.ConversationStore` (see the module)."""
 
     _core: StoreCore
+
+    #: seconds an owner holds a pending turn without renewing it (``begin``, ``claim``,
+    #: ``started``, ``renew`` and the heartbeat each give it this long, by the database's
+    #: clock); set it on the store (``store.ledger_lease = 10``). A crashed owner's turn can be
+    #: claimed this long after its last renewal; a tool that runs longer needs the heartbeat.
+    ledger_lease: float = DEFAULT_LEASE
 
     if TYPE_CHECKING:
 
@@ -730,10 +888,27 @@ class LedgerMethods:
         :class:`~fsm.store.errors.ConflictError`.
         """
         single, calls = plan_begin(conversation_id, turn, idempotency_key)
-        with self._core.translate(), self._write() as conn:
-            return begin_body(
-                self._core, conn, conversation_id, single, calls, idempotency_key, expected_seq
-            )
+        lease = _check_lease(self.ledger_lease)
+        owner = secrets.token_hex(16)  # kept across tries: a retry recognises its own begin
+        for tried in range(1, _BEGIN_TRIES + 1):
+            try:
+                with self._core.translate(), self._write() as conn:
+                    return begin_body(
+                        self._core,
+                        conn,
+                        conversation_id,
+                        single,
+                        calls,
+                        idempotency_key,
+                        expected_seq,
+                        owner,
+                        lease,
+                    )
+            except CommitOutcomeUnknownError:
+                if tried == _BEGIN_TRIES:
+                    raise
+                time.sleep(_BEGIN_PAUSE * tried)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def pending(self, conversation_id: str) -> PendingTurn | None:
         """The conversation's pending turn with each call's recorded state and result, or
@@ -743,18 +918,69 @@ class LedgerMethods:
             return pending_body(conn, conversation_id)
 
     def claim(self, pending: PendingTurn) -> PendingTurn:
-        """Become the owner of ``pending`` (read by :meth:`pending`) to resume it. Raises
-        :class:`~fsm.store.errors.PendingTurnError` if another process claimed it since, and
-        :class:`~fsm.store.errors.LedgerStateError` if it was committed or abandoned."""
+        """Become the owner of ``pending`` (read by :meth:`pending`) to resume it, once its
+        owner is gone. Raises :class:`~fsm.store.errors.TurnInProgressError` while the owner's
+        lease holds (it is alive: retry after ``error.retry_after``),
+        :class:`~fsm.store.errors.PendingTurnError` if another process claimed it since it was
+        read, and :class:`~fsm.store.errors.LedgerStateError` if it was committed or abandoned.
+        Retrying with the same ``pending`` (after a lost answer) returns the claimed turn."""
+        lease = _check_lease(self.ledger_lease)
         with self._core.translate(), self._write() as conn:
-            return claim_body(self._core, conn, pending)
+            return claim_body(self._core, conn, pending, lease)
+
+    def renew(self, pending: PendingTurn) -> datetime:
+        """Renew the owner's lease on ``pending`` (``ledger_lease`` seconds from now, by the
+        database's clock); the new end of the lease. Raises
+        :class:`~fsm.store.errors.PendingTurnError` if another process took the turn over,
+        :class:`~fsm.store.errors.LedgerStateError` if it was resolved."""
+        lease = _check_lease(self.ledger_lease)
+        with self._core.translate(), self._write() as conn:
+            return renew_body(self._core, conn, pending, lease)
+
+    def release(self, pending: PendingTurn) -> PendingTurn:
+        """End the owner's lease on ``pending`` now, without resolving it: the next
+        :meth:`claim` (this process's next run, or another's) takes it at once. For an owner
+        that stops working on the turn while it stays pending (the agent loop does this when
+        it raises after ``begin``/``claim``). Raises as :meth:`renew` does."""
+        with self._core.translate(), self._write() as conn:
+            return release_body(self._core, conn, pending)
+
+    @contextmanager
+    def heartbeat(self, pending: PendingTurn) -> Iterator[None]:
+        """Keep ``pending`` while the body runs (its tools): a background thread renews the
+        lease every third of ``ledger_lease``. A renewal that fails on a brief fault is tried
+        at the next beat; the thread stops when the turn is taken over or resolved (the
+        owner's next step then raises), and when the body ends."""
+        lease = _check_lease(self.ledger_lease)
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(lease / 3):
+                try:
+                    self.renew(pending)
+                except (PendingTurnError, LedgerStateError, ConversationNotFoundError):
+                    return  # taken over or resolved: nothing to keep
+                except Exception:  # a brief fault: the next beat tries again
+                    continue
+
+        thread = threading.Thread(
+            target=beat, name=f"fsm-ledger-heartbeat-{pending.id}", daemon=True
+        )
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def started(self, pending: PendingTurn, call: int | ToolCall | LedgerCall) -> PendingTurn:
-        """Record that ``call`` (a position, or the call) starts, before its tool runs; the
-        ledger's new state. A retry by the same owner changes nothing."""
+        """Record that ``call`` (a position, or the call) starts, before its tool runs, and
+        renew the owner's lease; the ledger's new state. A retry by the same owner changes
+        nothing."""
         position = _position(pending, call)
+        lease = _check_lease(self.ledger_lease)
         with self._core.translate(), self._write() as conn:
-            return started_body(self._core, conn, pending, position)
+            return started_body(self._core, conn, pending, position, lease)
 
     def succeeded(
         self, pending: PendingTurn, call: int | ToolCall | LedgerCall, result: Any
@@ -797,6 +1023,9 @@ class AsyncLedgerMethods:
 
     _core: StoreCore
 
+    #: :attr:`LedgerMethods.ledger_lease`.
+    ledger_lease: float = DEFAULT_LEASE
+
     if TYPE_CHECKING:
 
         async def open(self) -> Any: ...
@@ -813,20 +1042,31 @@ class AsyncLedgerMethods:
     ) -> PendingTurn:
         """:meth:`ConversationStore.begin <fsm.store.ConversationStore.begin>`, awaited."""
         single, calls = plan_begin(conversation_id, turn, idempotency_key)
+        lease = _check_lease(self.ledger_lease)
+        owner = secrets.token_hex(16)
         await self.open()
-        with self._core.translate():
-            async with self._write() as conn:
-                return await conn.run_sync(
-                    lambda c: begin_body(
-                        self._core,
-                        c,
-                        conversation_id,
-                        single,
-                        calls,
-                        idempotency_key,
-                        expected_seq,
-                    )
-                )
+        for tried in range(1, _BEGIN_TRIES + 1):
+            try:
+                with self._core.translate():
+                    async with self._write() as conn:
+                        return await conn.run_sync(
+                            lambda c: begin_body(
+                                self._core,
+                                c,
+                                conversation_id,
+                                single,
+                                calls,
+                                idempotency_key,
+                                expected_seq,
+                                owner,
+                                lease,
+                            )
+                        )
+            except CommitOutcomeUnknownError:
+                if tried == _BEGIN_TRIES:
+                    raise
+                await asyncio.sleep(_BEGIN_PAUSE * tried)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def pending(self, conversation_id: str) -> PendingTurn | None:
         """:meth:`ConversationStore.pending <fsm.store.ConversationStore.pending>`, awaited."""
@@ -838,18 +1078,62 @@ class AsyncLedgerMethods:
 
     async def claim(self, pending: PendingTurn) -> PendingTurn:
         """:meth:`ConversationStore.claim <fsm.store.ConversationStore.claim>`, awaited."""
+        lease = _check_lease(self.ledger_lease)
         await self.open()
         with self._core.translate():
             async with self._write() as conn:
-                return await conn.run_sync(lambda c: claim_body(self._core, c, pending))
+                return await conn.run_sync(lambda c: claim_body(self._core, c, pending, lease))
+
+    async def renew(self, pending: PendingTurn) -> datetime:
+        """:meth:`ConversationStore.renew <fsm.store.ConversationStore.renew>`, awaited."""
+        lease = _check_lease(self.ledger_lease)
+        await self.open()
+        with self._core.translate():
+            async with self._write() as conn:
+                return await conn.run_sync(lambda c: renew_body(self._core, c, pending, lease))
+
+    async def release(self, pending: PendingTurn) -> PendingTurn:
+        """:meth:`ConversationStore.release <fsm.store.ConversationStore.release>`, awaited."""
+        await self.open()
+        with self._core.translate():
+            async with self._write() as conn:
+                return await conn.run_sync(lambda c: release_body(self._core, c, pending))
+
+    @asynccontextmanager
+    async def heartbeat(self, pending: PendingTurn) -> AsyncIterator[None]:
+        """:meth:`ConversationStore.heartbeat <fsm.store.ConversationStore.heartbeat>`, as a
+        task of the running event loop (``async with``). A tool that blocks the event loop
+        (a plain function doing I/O) blocks the heartbeat too: make long tools ``async`` (or
+        run them with ``asyncio.to_thread``), or raise ``ledger_lease`` above their run time."""
+        lease = _check_lease(self.ledger_lease)
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(lease / 3)
+                try:
+                    await self.renew(pending)
+                except (PendingTurnError, LedgerStateError, ConversationNotFoundError):
+                    return
+                except Exception:  # a brief fault: the next beat tries again
+                    continue
+
+        task = asyncio.ensure_future(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def started(self, pending: PendingTurn, call: int | ToolCall | LedgerCall) -> PendingTurn:
         """:meth:`ConversationStore.started <fsm.store.ConversationStore.started>`, awaited."""
         position = _position(pending, call)
+        lease = _check_lease(self.ledger_lease)
         await self.open()
         with self._core.translate():
             async with self._write() as conn:
-                return await conn.run_sync(lambda c: started_body(self._core, c, pending, position))
+                return await conn.run_sync(
+                    lambda c: started_body(self._core, c, pending, position, lease)
+                )
 
     async def succeeded(
         self, pending: PendingTurn, call: int | ToolCall | LedgerCall, result: Any

@@ -1,0 +1,205 @@
+"""The tool ledger's leases (issue 26, findings 1 and 7), on both engines and both stores: a live
+owner keeps its turn (``claim`` raises :class:`TurnInProgressError` until its lease, renewed by
+``started`` and the heartbeat, runs out on the database's clock); a claim or a begin retried
+after its COMMIT's answer was lost recognises its own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from fsm.store import (
+    CommitOutcomeUnknownError,
+    ConversationStore,
+    LedgerStateError,
+    PendingTurnError,
+    TurnInProgressError,
+)
+from fsm.store.aio import AsyncConversationStore
+from tests.helpers.store import make_turn
+
+CALLS = (
+    ("call_a", "pay", '{"invoice": 1}'),
+    ("call_b", "email", '{"to": "x@y"}'),
+)
+
+
+def _conv(store: ConversationStore, cid: str = "c1") -> str:
+    store.create_conversation(cid)
+    store.append(cid, [{"role": "user", "content": "pay and tell"}])
+    return cid
+
+
+def test_a_live_owner_keeps_its_turn(store: ConversationStore) -> None:
+    """The red team's finding 1 at the store: a second process that reads the pending turn
+    while its owner's tool runs cannot claim it; once the owner is gone it can."""
+    store.ledger_lease = 1.0
+    cid = _conv(store)
+    mine = store.started(store.begin(cid, make_turn(CALLS)), 0)  # pay is running
+    seen = store.pending(cid)
+    assert seen is not None and seen.lease_expires_at is not None
+    with pytest.raises(TurnInProgressError) as caught:
+        store.claim(seen)
+    error = caught.value
+    assert isinstance(error, PendingTurnError) and error.retryable
+    assert error.owner == mine.owner and error.pending_id == mine.id
+    assert error.lease_expires_at == seen.lease_expires_at
+    assert 0 < error.retry_after <= 1.0
+    assert "is in progress" in str(error) and "retry after" in str(error)
+    # the owner goes on, undisturbed
+    mine = store.succeeded(mine, 0, "paid")
+    time.sleep(error.retry_after + 0.1)  # no renewal since: the owner is gone
+    seen = store.pending(cid)
+    assert seen is not None
+    taken = store.claim(seen)
+    assert taken.owner == seen.claim_token != mine.owner
+    assert taken.executions[0].state == "succeeded"  # what the owner recorded is kept
+    with pytest.raises(PendingTurnError, match="claimed by another process"):
+        store.started(mine, 1)  # the old owner, back, is fenced off
+
+
+def test_the_heartbeat_keeps_the_turn_while_the_tool_runs(store: ConversationStore) -> None:
+    store.ledger_lease = 0.3
+    cid = _conv(store)
+    pending = store.started(store.begin(cid, make_turn(CALLS)), 0)
+    with store.heartbeat(pending):
+        time.sleep(1.0)  # three leases long
+        seen = store.pending(cid)
+        assert seen is not None
+        with pytest.raises(TurnInProgressError):
+            store.claim(seen)
+    time.sleep(0.4)  # the heartbeat stopped with the body: the lease runs out
+    assert store.claim(seen).owner == seen.claim_token
+
+
+def test_release_ends_the_lease_and_renew_moves_it(store: ConversationStore) -> None:
+    store.ledger_lease = 60.0
+    cid = _conv(store)
+    pending = store.begin(cid, make_turn(CALLS))
+    assert pending.lease_expires_at is not None and pending.created_at is not None
+    # the database's clock: created_at and the lease come from the same clock
+    held = (pending.lease_expires_at - pending.created_at).total_seconds()
+    assert 58 <= held <= 61.5, held
+    later = store.renew(pending)
+    assert later >= pending.lease_expires_at
+    released = store.release(pending)
+    assert released.lease_expires_at is not None and released.lease_expires_at < later
+    seen = store.pending(cid)
+    assert seen is not None
+    assert store.claim(seen).owner == seen.claim_token  # at once
+    with pytest.raises(PendingTurnError):
+        store.renew(pending)  # taken over
+    with pytest.raises(ValueError, match="ledger_lease"):
+        store.ledger_lease = 0
+        store.renew(seen)
+
+
+def test_a_turn_written_before_leases_can_be_claimed_at_once(store: ConversationStore) -> None:
+    cid = _conv(store)
+    store.begin(cid, make_turn(CALLS))
+    with store.engine.begin() as conn:  # as revision 0007 left it
+        conn.execute(sa.text("UPDATE pending_turns SET lease_expires_at = NULL"))
+    seen = store.pending(cid)
+    assert seen is not None and seen.lease_expires_at is None
+    assert store.claim(seen).lease_expires_at is not None
+
+
+@contextmanager
+def _answer_lost(store: ConversationStore) -> Iterator[None]:
+    """The next write transaction of ``store`` commits, then its caller is told the COMMIT's
+    outcome is unknown (the answer of a COMMIT that was stored, lost on the way back)."""
+    real = store._write  # the test stands in for the network
+    lost = {"once": False}
+
+    @contextmanager
+    def write() -> Iterator[Any]:
+        with real() as conn:
+            yield conn
+        if not lost["once"]:
+            lost["once"] = True
+            raise CommitOutcomeUnknownError("the connection was lost while COMMIT was in flight")
+
+    store._write = write  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del store._write
+
+
+def test_a_claim_retried_after_its_answer_was_lost_is_its_own(store: ConversationStore) -> None:
+    """Finding 7: the retry of a claim whose COMMIT was stored used to say "claimed by another
+    process" about its own claim."""
+    store.ledger_lease = 0.2
+    cid = _conv(store)
+    first = store.started(store.begin(cid, make_turn(CALLS)), 0)
+    time.sleep(0.3)  # the first owner is gone
+    seen = store.pending(cid)
+    assert seen is not None
+    store.ledger_lease = 30.0
+    with _answer_lost(store), pytest.raises(CommitOutcomeUnknownError):
+        store.claim(seen)
+    claimed = store.claim(seen)  # the same handle: recognised as its own claim
+    assert claimed.owner == seen.claim_token != first.owner
+    assert claimed == store.claim(seen)
+    claimed = store.succeeded(store.started(claimed, 0), 0, "paid")
+    other = store.pending(cid)
+    assert other is not None
+    with pytest.raises(TurnInProgressError):  # another handle still cannot take it
+        store.claim(other)
+
+
+def test_a_begin_whose_answer_was_lost_retries_with_its_own_token(
+    store: ConversationStore,
+) -> None:
+    cid = _conv(store)
+    with _answer_lost(store):
+        pending = store.begin(cid, make_turn(CALLS))  # retried inside begin
+    stored = store.pending(cid)
+    assert stored is not None and stored.owner == pending.owner and stored.id == pending.id
+    store.started(pending, 0)  # the caller owns it
+
+
+def test_a_committed_turn_cannot_be_claimed(store: ConversationStore) -> None:
+    store.ledger_lease = 0.2
+    cid = _conv(store)
+    pending = store.begin(cid, make_turn(CALLS))
+    seen = store.pending(cid)
+    assert seen is not None
+    for call in (0, 1):
+        pending = store.succeeded(store.started(pending, call), call, "ok")
+    store.commit(pending)
+    with pytest.raises(LedgerStateError, match="committed"):
+        store.claim(seen)
+
+
+def test_the_async_store_has_the_same_leases(db_url: sa.URL) -> None:
+    url = db_url.render_as_string(hide_password=False)
+
+    async def body() -> None:
+        async with AsyncConversationStore(url) as store:
+            store.ledger_lease = 0.3
+            cid = await store.create_conversation("a1")
+            await store.append(cid, [{"role": "user", "content": "go"}])
+            pending = await store.started(await store.begin(cid, make_turn(CALLS)), 0)
+            async with store.heartbeat(pending):
+                await asyncio.sleep(1.0)
+                seen = await store.pending(cid)
+                assert seen is not None
+                with pytest.raises(TurnInProgressError) as caught:
+                    await store.claim(seen)
+                assert caught.value.owner == pending.owner
+            released = await store.release(pending)
+            assert released.owner == pending.owner
+            taken = await store.claim(seen)
+            assert taken.owner == seen.claim_token
+            assert (await store.claim(seen)).owner == seen.claim_token  # a retry: its own
+            with pytest.raises(PendingTurnError):
+                await store.renew(pending)
+
+    asyncio.run(asyncio.wait_for(body(), 60))
