@@ -203,3 +203,49 @@ def test_the_async_store_has_the_same_leases(db_url: sa.URL) -> None:
                 await store.renew(pending)
 
     asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def test_audit_pending_and_check_show_the_owner(store: ConversationStore, db_url: sa.URL) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fsm.store import audit
+
+    store.ledger_lease = 60.0
+    alive = store.begin(_conv(store, "alive"), make_turn(CALLS))
+    gone = store.begin(_conv(store, "gone"), make_turn(CALLS))
+    store.release(gone)  # as a crashed owner's lease ends
+    abandoned = store.abandon(store.begin(_conv(store, "done"), make_turn(CALLS)), "no")
+    rows = {r.conversation_id: r for r in audit.pending_turns(store.engine)}
+    assert rows["alive"].owner == "alive" and rows["gone"].owner == "gone"
+    assert rows["done"].owner is None and abandoned.state == "abandoned"
+    assert rows["alive"].lease_expires_at == alive.lease_expires_at
+    url = db_url.render_as_string(hide_password=False)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+
+    def fsm(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fsm", "audit", *args, "--db", url],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+
+    listed = fsm("pending", "--json")
+    assert listed.returncode == 0, listed.stderr
+    shown = {r["conversation_id"]: r for r in json.loads(listed.stdout)}
+    assert (shown["alive"]["owner"], shown["gone"]["owner"], shown["done"]["owner"]) == (
+        "alive",
+        "gone",
+        None,
+    )
+    assert shown["alive"]["lease_expires_at"] is not None
+    checked = fsm("check", "--no-progress")
+    assert checked.returncode == 0, checked.stderr
+    assert "2 pending turn(s) in the tool ledger: 1 with a live owner" in checked.stderr
+    assert "1 whose owner is gone" in checked.stderr
