@@ -249,3 +249,38 @@ def test_audit_pending_and_check_show_the_owner(store: ConversationStore, db_url
     assert checked.returncode == 0, checked.stderr
     assert "2 pending turn(s) in the tool ledger: 1 with a live owner" in checked.stderr
     assert "1 whose owner is gone" in checked.stderr
+
+
+@pytest.mark.parametrize("engine_name", ["postgresql"], indirect=True)
+def test_a_claim_whose_answer_is_lost_on_the_wire_is_its_own(db_url: sa.URL) -> None:
+    """Finding 7 with a real network fault: the fault proxy lets the claim's COMMIT reach the
+    server and loses its answer (CommitOutcomeUnknownError at the store's deadline); the retry
+    with the same handle finds the claim it made."""
+    from sqlalchemy import event
+
+    from tests.helpers.faults import Proxy
+
+    url = db_url.render_as_string(hide_password=False)
+    with ConversationStore(url) as direct:
+        direct.ledger_lease = 0.2
+        cid = _conv(direct)
+        first = direct.started(direct.begin(cid, make_turn(CALLS)), 0)
+    time.sleep(0.3)  # the first owner is gone
+    with (
+        Proxy(db_url.host or "127.0.0.1", db_url.port or 5432) as proxy,
+        ConversationStore(proxy.url(url), timeout=1.0) as store,
+    ):
+        seen = store.pending(cid)
+        assert seen is not None
+
+        def lose_the_answer(_conn: Any) -> None:
+            proxy.blackhole_replies()
+
+        event.listen(store.engine, "commit", lose_the_answer, once=True)
+        with pytest.raises(CommitOutcomeUnknownError):
+            store.claim(seen)
+        proxy.forward()
+        claimed = store.claim(seen)
+        assert claimed.owner == seen.claim_token != first.owner
+        claimed = store.succeeded(store.started(claimed, 0), 0, "paid")
+        assert claimed.executions[0].starts == 2
