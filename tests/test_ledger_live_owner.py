@@ -443,3 +443,52 @@ def test_a_long_fault_keeps_the_result_in_hand_for_the_next_run(
             ]
     finally:
         client.close()
+
+
+def test_the_async_loop_keeps_a_result_in_hand_through_a_long_fault(
+    fault: tuple[str, Any, Any], fsm_replay: Any
+) -> None:
+    """The async driver: add and multiply run concurrently; the fault outlasts the retries of
+    add's recording. Every tool ends before the run raises (add's result on the error); the next
+    run records it from hand and add never runs again."""
+    import asyncio
+
+    import openai
+
+    from fsm.agent import TurnFailedError, UnknownOutcomeError, arun_agent_loop
+    from fsm.store.aio import AsyncConversationStore
+
+    url, start, end = fault
+    server = fsm_replay()
+    log: list[str] = []
+    tools = _faulty_tools(log, start, end, 3.5)
+
+    async def body() -> None:
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="t", max_retries=0)
+        try:
+            async with AsyncConversationStore(url, busy_timeout=0.2, timeout=1.0) as store:
+                store.ledger_lease = 3.0
+                with pytest.raises(TurnFailedError) as caught:
+                    await arun_agent_loop(
+                        client, store, "conv", tools, model=MODEL, messages=[USER], ledger=True
+                    )
+                assert "6912" in (caught.value.results or [])
+                await asyncio.sleep(3.0)  # the fault ends
+                for _ in range(10):
+                    try:
+                        result = await arun_agent_loop(
+                            client, store, "conv", tools, model=MODEL, ledger=True
+                        )
+                        break
+                    except TurnInProgressError as error:
+                        await asyncio.sleep(error.retry_after + 0.05)
+                    except UnknownOutcomeError:
+                        pytest.fail("the next run raised UnknownOutcomeError for a result in hand")
+                assert result.status == "completed"
+                history = await store.history("conv")
+                assert [m.get("content") for m in history[2:4]] == ["6912", "408"]
+        finally:
+            await client.close()
+
+    asyncio.run(asyncio.wait_for(body(), 90))
+    assert log.count("add") == 1  # add ran once
