@@ -218,7 +218,7 @@ def test_one_process_a_second_request_gets_turn_in_progress(
     tools = _tools(log, started, release)
     outcome: dict[str, Any] = {}
     with ConversationStore(fsm_db_url) as store:
-        store.ledger_lease = 0.5
+        store.ledger_lease = 1.0
 
         def first() -> None:
             client = openai.OpenAI(base_url=first_server.base_url, api_key="t", max_retries=0)
@@ -235,7 +235,7 @@ def test_one_process_a_second_request_gets_turn_in_progress(
         thread.start()
         try:
             assert started.wait(30)
-            time.sleep(1.2)  # past two leases: only the heartbeat keeps the turn
+            time.sleep(2.2)  # past two leases: only the heartbeat keeps the turn
             client = openai.OpenAI(base_url=second_server.base_url, api_key="t", max_retries=0)
             try:
                 with pytest.raises(TurnInProgressError) as caught:
@@ -250,7 +250,7 @@ def test_one_process_a_second_request_gets_turn_in_progress(
                     )
             finally:
                 client.close()
-            assert caught.value.retryable and 0 < caught.value.retry_after <= 0.5
+            assert caught.value.retryable and 0 < caught.value.retry_after <= 1.0
             assert second_server.requests == []  # nothing sent
         finally:
             release.set()
@@ -281,7 +281,7 @@ def test_a_crashed_owner_is_in_progress_until_its_lease_runs_out(
     tools = _tools(log, started, release)
     server = fsm_replay([FINAL])
     with ConversationStore(fsm_db_url) as crashed:  # begins, starts add, then dies
-        crashed.ledger_lease = 0.6
+        crashed.ledger_lease = 3.0
         crashed.create_conversation("conv")
         crashed.append("conv", [USER])
         crashed.started(crashed.begin("conv", parse_file(DEMO).turn(0)), 0)

@@ -27,6 +27,7 @@ from fsm.agent.step import (
     ledger_plan,
     no_stream,
     record_budget,
+    started_here,
     store_operation,
     transient,
     uses_ledger,
@@ -197,15 +198,15 @@ def run_agent_loop(
                 pending = _retried(lambda: book.claim(found), record_budget(book))
             try:
                 with heartbeat(book, pending):
-                    _ledger_tools(book, pending, tools, emit, 0)
-                resumed = book.commit(pending)
+                    resumed = _ledger_run(book, pending, tools, emit, 0)[1]
             except UnknownOutcomeError:  # this run owns the turn: the error's holder decides
                 raise
             except RecordingFailed as failed:
                 release_lease(book, pending)  # the next run resumes at once
                 failed.cause.add_note(
-                    "fsm: a resumed tool ran but its outcome could not be recorded; it is kept "
-                    f"in hand and the next run on this store records it: {failed.contents!r}"
+                    "fsm: the resumed turn could not be recorded or committed; a tool's outcome "
+                    "that was not recorded is kept in hand and the next run on this store "
+                    f"records it; its results: {failed.contents!r}"
                 )
                 raise failed.cause from None
             except BaseException:
@@ -255,70 +256,108 @@ def run_agent_loop(
 def _ledger_commit(
     ledger: Any, action: Commit, tools: Mapping[str, Tool], emit: Callable[[AgentEvent], object]
 ) -> CommittedTurn:
-    """Run ``action``'s tools through the ledger: begin (the turn stored pending), each tool
-    between ``started`` and ``succeeded``/``failed``, then commit. A failed begin or commit is
-    recorded as the commit of the plain path is (the pending turn, if begun, stays for the
-    next run to resume)."""
+    """Run ``action``'s tools through the ledger: begin (the turn stored pending, its first
+    call started), each tool between its start and its outcome, then commit (with the last
+    outcome). A failed begin or commit is recorded as the commit of the plain path is (the
+    pending turn, if begun, stays for the next run to resume)."""
     contents: list[str] = []
+    first = {"start": 0} if action.calls and _merges(ledger) else {}
     try:
         pending = ledger.begin(
-            action.loop.conversation, action.turn, expected_seq=action.expected_seq
+            action.loop.conversation, action.turn, expected_seq=action.expected_seq, **first
         )
     except BaseException as exc:  # nothing ran
         _record(ledger, action.failed(contents, exc), emit)
     try:
         with heartbeat(ledger, pending):
-            contents = _ledger_tools(ledger, pending, tools, emit, action.loop.step)
+            contents, done = _ledger_run(ledger, pending, tools, emit, action.loop.step)
     except UnknownOutcomeError:  # (a same turn begun by an owner that is gone)
         raise
-    except RecordingFailed as failed:  # a tool ran; its outcome is on the error, and kept
+    except RecordingFailed as failed:  # the tools ran; their results are on the error
         release_lease(ledger, pending)  # the next run resumes at once
         _record(ledger, action.failed(failed.contents, failed.cause), emit)
     except BaseException:
         release_lease(ledger, pending)
         raise
-    try:
-        done: CommittedTurn = ledger.commit(pending)
-    except BaseException as exc:  # the tools ran and their outcomes are in the ledger
-        release_lease(ledger, pending)
-        _record(ledger, action.failed(contents, exc), emit)
     return done
 
 
-def _ledger_tools(
+def _merges(ledger: Any) -> bool:
+    """Whether ``ledger`` records an outcome with the next step (fsm's stores: ``begin(...,
+    start=)``, ``started(..., recording=)``, ``commit(..., recording=)``)."""
+    return callable(getattr(ledger, "ledger_outcome", None))
+
+
+def _ledger_run(
     ledger: Any,
     pending: Any,
     tools: Mapping[str, Tool],
     emit: Callable[[AgentEvent], object],
     step: int,
-) -> list[str]:
-    """Each call's content: its recorded outcome, or its tool run now between ``started`` and
-    ``succeeded``/``failed`` (raises :class:`~fsm.agent.UnknownOutcomeError` before running
-    anything if a started call of a tool that is not idempotent has no outcome). Outcomes kept
-    in hand by an earlier run on this store are recorded first; each step is retried through
-    brief store faults; an outcome that still cannot be recorded is kept in hand and raises
-    :class:`~fsm.agent.step.RecordingFailed`."""
+) -> tuple[list[str], CommittedTurn]:
+    """Each call's content (its recorded outcome, or its tool run now), then the commit.
+
+    Outcomes kept in hand by an earlier run on this store are recorded first. A call is
+    started before its tool runs; its outcome is recorded with the next call's start, and the
+    last one with the commit (one transaction per call, plus the commit). Raises
+    :class:`~fsm.agent.UnknownOutcomeError` before running anything if a started call of a
+    tool that is not idempotent has no outcome. Each step is retried through brief store
+    faults; an outcome that still cannot be recorded is kept in hand, and that failure, or the
+    commit's, raises :class:`~fsm.agent.step.RecordingFailed` with the contents so far."""
     budget = record_budget(ledger)
+    merge = _merges(ledger)
     for position, (content, error) in in_hand(ledger, pending).items():
         pending = _record_outcome(ledger, pending, position, content, error, budget)
         forget_in_hand(ledger, pending, position)
     contents: list[str] = []
+    owed: tuple[int, str, bool] | None = None  # the last tool's outcome, not recorded yet
     for position, call, known in ledger_plan(ledger, pending, tools):
         if known is not None:
             contents.append(known)
             continue
-        _retried(functools.partial(ledger.started, pending, position), budget)
+        if not started_here(pending, position):  # (begin(start=...) started the first)
+            try:
+                if owed is not None and merge:
+                    started = functools.partial(
+                        ledger.started, pending, position, recording=_outcome(ledger, owed)
+                    )
+                else:
+                    if owed is not None:
+                        pending = _record_outcome(ledger, pending, *owed, budget)
+                    started = functools.partial(ledger.started, pending, position)
+                pending = _retried(started, budget)
+            except Exception as exc:
+                if owed is None:
+                    raise
+                keep_in_hand(ledger, pending, *owed)
+                raise RecordingFailed(contents, exc) from exc
+            owed = None
         content, error = run_tool(tools, call)
         contents.append(content)
-        event = executed(step, position, call, content, error, refusal(tools, call) is not None)
-        try:
-            _record_outcome(ledger, pending, position, content, error, budget)
-        except Exception as exc:
-            keep_in_hand(ledger, pending, position, content, error)
-            emit(event)
-            raise RecordingFailed(contents, exc) from exc
-        emit(event)
-    return contents
+        emit(executed(step, position, call, content, error, refusal(tools, call) is not None))
+        owed = (position, content, error)
+    try:
+        if owed is not None and merge:
+            commit = functools.partial(ledger.commit, pending, recording=_outcome(ledger, owed))
+        else:
+            if owed is not None:
+                pending = _record_outcome(ledger, pending, *owed, budget)
+            commit = functools.partial(ledger.commit, pending)
+        done: CommittedTurn = _retried(commit, budget)
+    except Exception as exc:
+        if owed is not None:
+            keep_in_hand(ledger, pending, *owed)
+        raise RecordingFailed(contents, exc) from exc
+    return contents, done
+
+
+def _outcome(ledger: Any, owed: tuple[int, str, bool]) -> Any:
+    """The store's ``ledger_outcome`` of call ``owed[0]``: its content as the result, or as the
+    error text of a tool that failed."""
+    position, content, error = owed
+    if error:
+        return ledger.ledger_outcome(position, error=content)
+    return ledger.ledger_outcome(position, result=content)
 
 
 def _record_outcome(

@@ -75,6 +75,7 @@ __all__ = [
     "ledger_plan",
     "no_stream",
     "record_budget",
+    "started_here",
     "store_operation",
     "transient",
     "uses_ledger",
@@ -416,11 +417,25 @@ def ledger_plan(
         call = execution.call
         if execution.state in ("succeeded", "failed"):
             plan.append((position, call, execution.content))
-        elif execution.state == "not_started" or is_idempotent(tools.get(call.name)):
+        elif (
+            execution.state == "not_started"
+            or started_here(pending, position)
+            or is_idempotent(tools.get(call.name))
+        ):
             plan.append((position, call, None))
         else:
             raise UnknownOutcomeError(store, pending, call)
     return plan
+
+
+def started_here(pending: Any, position: int) -> bool:
+    """Whether call ``position`` was started by this very handle's owner with no outcome yet:
+    ``begin(..., start=position)`` started it before its tool ran (a claim always takes a new
+    owner token, so a call a crashed owner started never counts)."""
+    execution = pending.executions[position]
+    return execution.state == "started" and getattr(execution, "started_by", None) == getattr(
+        pending, "owner", object()
+    )
 
 
 def transient(exc: BaseException) -> bool:

@@ -50,9 +50,9 @@ from contextlib import (
     asynccontextmanager,
     contextmanager,
 )
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -67,6 +67,7 @@ from fsm.store.errors import (
     LedgerStateError,
     PendingTurnError,
     ResultsError,
+    StoreError,
     TurnInProgressError,
 )
 from fsm.store.models import PendingTurnRow, ToolExecution
@@ -85,6 +86,7 @@ __all__ = [
     "ExecutionState",
     "LedgerCall",
     "LedgerMethods",
+    "Outcome",
     "PendingTurn",
     "check_no_pending",
     "pending_error",
@@ -95,6 +97,9 @@ DEFAULT_LEASE = 30.0
 
 #: the state of one call's execution.
 ExecutionState = Literal["not_started", "started", "succeeded", "failed"]
+
+#: an outcome to record: (position, "succeeded" or "failed", text, content parts)
+Recording = tuple[int, Literal["succeeded", "failed"], str | None, list[Any] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +237,28 @@ class PendingTurn:
         return message
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A call's outcome to record in the transaction of the next step (``started(...,
+    recording=...)`` of the next call, or ``commit(..., recording=...)``), which saves a
+    transaction per call: ``result`` for a tool that succeeded (a string, or a list of content
+    parts), or ``error`` (its text) for one that failed."""
+
+    call: int | ToolCall | LedgerCall
+    result: Any = None
+    error: str | None = None
+
+
+def _recording(pending: PendingTurn, outcome: object) -> Recording:
+    if not isinstance(outcome, Outcome):
+        raise TypeError(f"recording is an Outcome, not {type(outcome).__name__}")
+    position = _position(pending, outcome.call)
+    if outcome.error is not None:
+        return (position, "failed", _check_error(outcome.error), None)
+    text, parts = plan_result(pending.executions[position].call, outcome.result)
+    return (position, "succeeded", text, parts)
+
+
 def _position(pending: PendingTurn, call: object) -> int:
     if isinstance(call, Execution):
         call = call.call
@@ -264,6 +291,20 @@ def plan_begin(
 def plan_result(call: LedgerCall, result: Any) -> tuple[str | None, list[Any] | None]:
     """A tool's result as ``commit_turn`` takes it: (text, parts)."""
     return plans._normalize_results([cast(ToolCall, call)], [result])[0]
+
+
+def _start_position(calls: Sequence[ToolCall], start: object) -> int | None:
+    """``begin``'s ``start``: a call's position in ``calls`` (or the call), or ``None``."""
+    if start is None:
+        return None
+    position = start if isinstance(start, int) and not isinstance(start, bool) else None
+    if isinstance(start, ToolCall):
+        position = next((p for p, c in enumerate(calls) if c is start), None)
+    if position is None or not 0 <= position < len(calls):
+        raise LedgerStateError(
+            f"begin(start=...) names a call of the turn (0 to {len(calls) - 1}), not {start!r}"
+        )
+    return position
 
 
 def _check_error(error: object) -> str:
@@ -401,6 +442,11 @@ def _load(
         .where(e.conversation_id == conversation_id, e.pending_id == values["id"])
         .order_by(e.position)
     ).all()
+    return _built(conversation_id, values, executions)
+
+
+def _built(conversation_id: str, values: Any, executions: Sequence[Any]) -> PendingTurn:
+    """A :class:`PendingTurn` from its row's mapping and its executions' rows (in order)."""
     return PendingTurn(
         conversation_id=conversation_id,
         id=int(values["id"]),
@@ -475,10 +521,12 @@ def begin_body(
     expected_seq: int | None,
     owner: str | None = None,
     lease: float = DEFAULT_LEASE,
+    start: int | None = None,
 ) -> PendingTurn:
     """Store ``turn`` as the conversation's pending turn owned by ``owner`` (or return it if
     this ``owner`` already began it; the same turn begun by an owner whose lease ran out is
-    taken over, one whose lease holds raises :class:`~fsm.store.errors.TurnInProgressError`)."""
+    taken over, one whose lease holds raises :class:`~fsm.store.errors.TurnInProgressError`),
+    and start call ``start`` in the same transaction (not on a turn taken over)."""
     from fsm.store import store as _store
 
     owner = owner or secrets.token_hex(16)
@@ -491,6 +539,8 @@ def begin_body(
                 _set_lease(core, conn, existing, owner, lease)
             found = _load(conn, conversation_id, existing.id)
             assert found is not None
+            if existing.owner == owner and start is not None:
+                return _start(core, conn, found, start, lease)
             return found
         raise PendingTurnError(
             conversation_id,
@@ -527,10 +577,10 @@ def begin_body(
         seq = _store._next_seq(conn, conversation_id)
     _store._check_expected(conversation_id, expected_seq, seq)
     n = len(calls)
-    pending_id = conn.execute(
+    inserted = conn.execute(
         sa.insert(PendingTurnRow)
         .values(lease_expires_at=_lease_until(core, lease))
-        .returning(PendingTurnRow.id),
+        .returning(*cast(sa.Table, PendingTurnRow.__table__).c),
         {
             "conversation_id": conversation_id,
             "state": "pending",
@@ -548,10 +598,14 @@ def begin_body(
             "n_calls": n,
             **dict(zip(("format", "provider_items"), stored_items(turn), strict=True)),
         },
-    ).scalar_one()
+    ).one()
+    pending_id = inserted._mapping["id"]
+    executions: Sequence[Any] = []
     if n:
-        conn.execute(
-            sa.insert(ToolExecution),
+        executions = conn.execute(
+            sa.insert(ToolExecution).returning(
+                *cast(sa.Table, ToolExecution.__table__).c, sort_by_parameter_order=True
+            ),
             [
                 {
                     "conversation_id": conversation_id,
@@ -565,10 +619,9 @@ def begin_body(
                 }
                 for p, call in enumerate(calls)
             ],
-        )
-    found = _load(conn, conversation_id, int(pending_id))
-    assert found is not None
-    return found
+        ).all()
+    found = _built(conversation_id, inserted._mapping, executions)
+    return found if start is None else _start(core, conn, found, start, lease)
 
 
 def pending_body(conn: Connection, conversation_id: str) -> PendingTurn | None:
@@ -582,19 +635,28 @@ def pending_body(conn: Connection, conversation_id: str) -> PendingTurn | None:
 
 
 def _owned(
-    core: StoreCore, conn: Connection, pending: PendingTurn, *, resolved_ok: bool = False
+    core: StoreCore,
+    conn: Connection,
+    pending: PendingTurn,
+    *,
+    resolved_ok: bool = False,
+    conversation_lock: bool = True,
 ) -> PendingTurn:
-    """The stored state of ``pending`` under the conversation's lock; raises unless it is
-    still pending and ``pending``'s owner still owns it."""
+    """The stored state of ``pending`` under the conversation's lock (``conversation_lock``;
+    else under its own row's lock: a step that records a call changes nothing the
+    conversation's other writers read); raises unless it is still pending and ``pending``'s
+    owner still owns it."""
     from fsm.store import store as _store
 
     if not isinstance(pending, PendingTurn):
         raise TypeError(
             f"a ledger step takes the PendingTurn of begin()/claim(), not {type(pending).__name__}"
         )
-    _store._require(conn, pending.conversation_id, lock=core.postgres)
+    if conversation_lock:
+        _store._require(conn, pending.conversation_id, lock=core.postgres)
     stored = _load(conn, pending.conversation_id, pending.id, lock=core.postgres)
     if stored is None:
+        _store._require(conn, pending.conversation_id)  # the conversation is gone: say so
         raise LedgerStateError(
             f"conversation {pending.conversation_id!r} has no pending turn {pending.id} (it was "
             "deleted with its conversation)"
@@ -681,28 +743,43 @@ def _where(pending: PendingTurn, position: int) -> sa.ColumnElement[bool]:
     )
 
 
-def started_body(
-    core: StoreCore,
-    conn: Connection,
-    pending: PendingTurn,
-    position: int,
-    lease: float = DEFAULT_LEASE,
+def _with(
+    stored: PendingTurn, position: int, row: Any, lease: datetime | None = None
 ) -> PendingTurn:
-    """Record that the owner starts call ``position`` (a no-op if this owner already did), and
-    renew its lease: the tool starts with a whole lease ahead."""
-    stored = _owned(core, conn, pending)
-    _set_lease(core, conn, stored, stored.owner, lease)
+    """``stored`` with call ``position``'s execution read from ``row`` (an UPDATE's
+    RETURNING), and its lease when given: no second read of the turn."""
+    executions = list(stored.executions)
+    executions[position] = _execution(row._mapping)
+    return replace(
+        stored,
+        executions=tuple(executions),
+        lease_expires_at=lease if lease is not None else stored.lease_expires_at,
+    )
+
+
+def _start(
+    core: StoreCore, conn: Connection, stored: PendingTurn, position: int, lease: float
+) -> PendingTurn:
+    """Mark call ``position`` started by ``stored``'s owner (a no-op if it already is) and
+    renew the lease."""
     ex = stored.executions[position]
     if ex.finished:
         raise LedgerStateError(
             f"call {position} ({ex.call.name}) of pending turn {stored.id} already {ex.state}: "
             "it is not started again; its recorded outcome is reused"
         )
+    p = PendingTurnRow
+    until = _utc(
+        conn.execute(
+            sa.update(p)
+            .where(p.conversation_id == stored.conversation_id, p.id == stored.id)
+            .values(lease_expires_at=_lease_until(core, lease))
+            .returning(p.lease_expires_at)
+        ).scalar()
+    )
     if ex.state == "started" and ex.started_by == stored.owner:
-        found = _load(conn, stored.conversation_id, stored.id)
-        assert found is not None
-        return found  # a retry after a lost acknowledgement
-    conn.execute(
+        return replace(stored, lease_expires_at=until)  # a retry after a lost acknowledgement
+    row = conn.execute(
         sa.update(ToolExecution)
         .where(_where(stored, position))
         .values(
@@ -711,23 +788,14 @@ def started_body(
             started_at=_now(),
             started_by=stored.owner,
         )
-    )
-    found = _load(conn, stored.conversation_id, stored.id)
-    assert found is not None
-    return found
+        .returning(*cast(sa.Table, ToolExecution.__table__).c)
+    ).one()
+    return _with(stored, position, row, until)
 
 
-def finished_body(
-    core: StoreCore,
-    conn: Connection,
-    pending: PendingTurn,
-    position: int,
-    outcome: Literal["succeeded", "failed"],
-    text: str | None,
-    parts: list[Any] | None,
-) -> PendingTurn:
-    """Record call ``position``'s outcome (a no-op if the same one is recorded)."""
-    stored = _owned(core, conn, pending)
+def _finish(conn: Connection, stored: PendingTurn, recording: Recording) -> PendingTurn:
+    """Record an outcome on ``stored`` (a no-op if the same one is recorded)."""
+    position, outcome, text, parts = recording
     ex = stored.executions[position]
     given: str | list[Any] | None = parts if parts is not None else text
     if ex.finished:
@@ -749,17 +817,72 @@ def finished_body(
         values.update(result=text, result_parts=parts)
     else:
         values.update(error=text)
-    conn.execute(sa.update(ToolExecution).where(_where(stored, position)).values(**values))
-    found = _load(conn, stored.conversation_id, stored.id)
-    assert found is not None
-    return found
+    row = conn.execute(
+        sa.update(ToolExecution)
+        .where(_where(stored, position))
+        .values(**values)
+        .returning(*cast(sa.Table, ToolExecution.__table__).c)
+    ).one()
+    return _with(stored, position, row)
+
+
+def started_body(
+    core: StoreCore,
+    conn: Connection,
+    pending: PendingTurn,
+    position: int,
+    lease: float = DEFAULT_LEASE,
+    recording: Recording | None = None,
+) -> PendingTurn:
+    """Record that the owner starts call ``position`` (a no-op if this owner already did), and
+    renew its lease: the tool starts with a whole lease ahead. ``recording``: an outcome to
+    record first, in the same transaction (the previous tool's)."""
+    stored = _owned(core, conn, pending, conversation_lock=False)
+    if recording is not None:
+        stored = _finish(conn, stored, recording)
+    return _start(core, conn, stored, position, lease)
+
+
+def finished_body(
+    core: StoreCore,
+    conn: Connection,
+    pending: PendingTurn,
+    position: int,
+    outcome: Literal["succeeded", "failed"],
+    text: str | None,
+    parts: list[Any] | None,
+) -> PendingTurn:
+    """Record call ``position``'s outcome (a no-op if the same one is recorded)."""
+    stored = _owned(core, conn, pending, conversation_lock=False)
+    return _finish(conn, stored, (position, outcome, text, parts))
+
+
+def commit_recording_body(
+    core: StoreCore, conn: Connection, pending: PendingTurn, recording: Recording
+) -> tuple[CommittedTurn | None, BaseException | None]:
+    """Record ``recording`` (the last tool's outcome), then commit the turn in a savepoint of
+    the same transaction: the committed turn, or the commit's error with the outcome still
+    recorded (the caller commits the transaction, then raises it)."""
+    stored = _owned(core, conn, pending, resolved_ok=True)
+    if stored.state == "pending" and stored.owner == pending.owner:
+        stored = _finish(conn, stored, recording)
+    try:
+        with conn.begin_nested():
+            return _commit_stored(core, conn, pending, stored), None
+    except (StoreError, sa.exc.IntegrityError, sa.exc.DataError) as exc:
+        return None, exc
 
 
 def commit_body(core: StoreCore, conn: Connection, pending: PendingTurn) -> CommittedTurn:
     """Move the pending turn and its outcomes into history (or return the stored turn)."""
+    return _commit_stored(core, conn, pending, _owned(core, conn, pending, resolved_ok=True))
+
+
+def _commit_stored(
+    core: StoreCore, conn: Connection, pending: PendingTurn, stored: PendingTurn
+) -> CommittedTurn:
     from fsm.store import store as _store
 
-    stored = _owned(core, conn, pending, resolved_ok=True)
     if stored.state == "committed":
         assert stored.committed_seq is not None
         return _store.CommittedTurn(
@@ -866,6 +989,10 @@ class LedgerMethods:
     #: claimed this long after its last renewal; a tool that runs longer needs the heartbeat.
     ledger_lease: float = DEFAULT_LEASE
 
+    #: :class:`Outcome`, the type of ``started``'s and ``commit``'s ``recording`` (here for
+    #: callers that do not import the store's modules, such as the agent loop)
+    ledger_outcome: ClassVar[type[Outcome]] = Outcome
+
     if TYPE_CHECKING:
 
         def _write(self) -> AbstractContextManager[Connection]: ...
@@ -878,16 +1005,22 @@ class LedgerMethods:
         *,
         idempotency_key: str | None = None,
         expected_seq: int | None = None,
+        start: int | ToolCall | None = None,
     ) -> PendingTurn:
         """Store a complete ``turn`` as the conversation's pending turn, before its tools run.
 
-        Returns the :class:`PendingTurn` (its calls ``not_started``; the caller owns it). The
-        same turn begun again (a retry) returns the stored one. Another pending turn raises
-        :class:`~fsm.store.errors.PendingTurnError`; an incomplete turn
-        :class:`~fsm.errors.IncompleteTurnError`; a stale ``expected_seq``
+        Returns the :class:`PendingTurn` (its calls ``not_started``; the caller owns it and
+        holds its lease). ``start`` (a call's position): also record that this call starts, in
+        the same transaction (one transaction less before the first tool runs). A begin whose
+        COMMIT's answer was lost is retried here with the same owner token. The same turn
+        begun again elsewhere raises :class:`~fsm.store.errors.TurnInProgressError` while its
+        owner's lease holds, and takes it over once the lease ran out (as :meth:`claim`).
+        Another pending turn raises :class:`~fsm.store.errors.PendingTurnError`; an incomplete
+        turn :class:`~fsm.errors.IncompleteTurnError`; a stale ``expected_seq``
         :class:`~fsm.store.errors.ConflictError`.
         """
         single, calls = plan_begin(conversation_id, turn, idempotency_key)
+        first = _start_position(calls, start)
         lease = _check_lease(self.ledger_lease)
         owner = secrets.token_hex(16)  # kept across tries: a retry recognises its own begin
         for tried in range(1, _BEGIN_TRIES + 1):
@@ -903,6 +1036,7 @@ class LedgerMethods:
                         expected_seq,
                         owner,
                         lease,
+                        first,
                     )
             except CommitOutcomeUnknownError:
                 if tried == _BEGIN_TRIES:
@@ -973,14 +1107,22 @@ class LedgerMethods:
             stop.set()
             thread.join()
 
-    def started(self, pending: PendingTurn, call: int | ToolCall | LedgerCall) -> PendingTurn:
+    def started(
+        self,
+        pending: PendingTurn,
+        call: int | ToolCall | LedgerCall,
+        *,
+        recording: Outcome | None = None,
+    ) -> PendingTurn:
         """Record that ``call`` (a position, or the call) starts, before its tool runs, and
         renew the owner's lease; the ledger's new state. A retry by the same owner changes
-        nothing."""
+        nothing. ``recording``: the previous tool's :class:`Outcome`, recorded first in the
+        same transaction (one transaction per call instead of two)."""
         position = _position(pending, call)
         lease = _check_lease(self.ledger_lease)
+        outcome = None if recording is None else _recording(pending, recording)
         with self._core.translate(), self._write() as conn:
-            return started_body(self._core, conn, pending, position, lease)
+            return started_body(self._core, conn, pending, position, lease, outcome)
 
     def succeeded(
         self, pending: PendingTurn, call: int | ToolCall | LedgerCall, result: Any
@@ -1003,12 +1145,23 @@ class LedgerMethods:
         with self._core.translate(), self._write() as conn:
             return finished_body(self._core, conn, pending, position, "failed", text, None)
 
-    def commit(self, pending: PendingTurn) -> CommittedTurn:
+    def commit(self, pending: PendingTurn, *, recording: Outcome | None = None) -> CommittedTurn:
         """Move the pending turn and every call's outcome into history in one transaction
         (``commit_turn``'s contract); a committed turn committed again returns the stored one
-        (``created=False``). Every call must have an outcome first."""
-        with self._core.translate(), self._write() as conn:
-            return commit_body(self._core, conn, pending)
+        (``created=False``). Every call must have an outcome first. ``recording``: the last
+        tool's :class:`Outcome`, recorded in the same transaction; it stays recorded when the
+        commit itself fails (that error is raised once the outcome is stored)."""
+        if recording is None:
+            with self._core.translate(), self._write() as conn:
+                return commit_body(self._core, conn, pending)
+        outcome = _recording(pending, recording)
+        with self._core.translate():
+            with self._write() as conn:
+                done, failure = commit_recording_body(self._core, conn, pending, outcome)
+            if failure is not None:
+                raise failure
+        assert done is not None
+        return done
 
     def abandon(self, pending: PendingTurn, reason: str) -> PendingTurn:
         """Give up the pending turn: it stays in the ledger for audit (with ``reason``), and
@@ -1026,6 +1179,9 @@ class AsyncLedgerMethods:
     #: :attr:`LedgerMethods.ledger_lease`.
     ledger_lease: float = DEFAULT_LEASE
 
+    #: :attr:`LedgerMethods.ledger_outcome`.
+    ledger_outcome: ClassVar[type[Outcome]] = Outcome
+
     if TYPE_CHECKING:
 
         async def open(self) -> Any: ...
@@ -1039,9 +1195,11 @@ class AsyncLedgerMethods:
         *,
         idempotency_key: str | None = None,
         expected_seq: int | None = None,
+        start: int | ToolCall | None = None,
     ) -> PendingTurn:
         """:meth:`ConversationStore.begin <fsm.store.ConversationStore.begin>`, awaited."""
         single, calls = plan_begin(conversation_id, turn, idempotency_key)
+        first = _start_position(calls, start)
         lease = _check_lease(self.ledger_lease)
         owner = secrets.token_hex(16)
         await self.open()
@@ -1060,6 +1218,7 @@ class AsyncLedgerMethods:
                                 expected_seq,
                                 owner,
                                 lease,
+                                first,
                             )
                         )
             except CommitOutcomeUnknownError:
@@ -1124,15 +1283,22 @@ class AsyncLedgerMethods:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
-    async def started(self, pending: PendingTurn, call: int | ToolCall | LedgerCall) -> PendingTurn:
+    async def started(
+        self,
+        pending: PendingTurn,
+        call: int | ToolCall | LedgerCall,
+        *,
+        recording: Outcome | None = None,
+    ) -> PendingTurn:
         """:meth:`ConversationStore.started <fsm.store.ConversationStore.started>`, awaited."""
         position = _position(pending, call)
         lease = _check_lease(self.ledger_lease)
+        outcome = None if recording is None else _recording(pending, recording)
         await self.open()
         with self._core.translate():
             async with self._write() as conn:
                 return await conn.run_sync(
-                    lambda c: started_body(self._core, c, pending, position, lease)
+                    lambda c: started_body(self._core, c, pending, position, lease, outcome)
                 )
 
     async def succeeded(
@@ -1164,12 +1330,23 @@ class AsyncLedgerMethods:
                     lambda c: finished_body(self._core, c, pending, position, "failed", text, None)
                 )
 
-    async def commit(self, pending: PendingTurn) -> CommittedTurn:
+    async def commit(
+        self, pending: PendingTurn, *, recording: Outcome | None = None
+    ) -> CommittedTurn:
         """:meth:`ConversationStore.commit <fsm.store.ConversationStore.commit>`, awaited."""
+        outcome = None if recording is None else _recording(pending, recording)
         await self.open()
         with self._core.translate():
             async with self._write() as conn:
-                return await conn.run_sync(lambda c: commit_body(self._core, c, pending))
+                if outcome is None:
+                    return await conn.run_sync(lambda c: commit_body(self._core, c, pending))
+                done, failure = await conn.run_sync(
+                    lambda c: commit_recording_body(self._core, c, pending, outcome)
+                )
+            if failure is not None:
+                raise failure
+        assert done is not None
+        return done
 
     async def abandon(self, pending: PendingTurn, reason: str) -> PendingTurn:
         """:meth:`ConversationStore.abandon <fsm.store.ConversationStore.abandon>`, awaited."""

@@ -132,20 +132,18 @@ def test_a_pending_turn_blocks_other_writes(store: ConversationStore) -> None:
 
 
 def test_claim_is_compare_and_set_on_the_owner(store: ConversationStore) -> None:
-    import time
-
-    store.ledger_lease = 0.3
+    store.ledger_lease = 5.0
     cid = _conv(store)
     first = store.begin(cid, make_turn(CALLS))
     first = store.started(first, 0)
-    time.sleep(0.4)  # the first owner is gone: its lease ran out
+    store.release(first)  # the first owner is gone (as when its lease runs out)
     seen_by_a = store.pending(cid)
     seen_by_b = store.pending(cid)
     assert seen_by_a is not None and seen_by_b is not None
     a = store.claim(seen_by_a)
     with pytest.raises(TurnInProgressError):  # a holds it now
         store.claim(seen_by_b)
-    time.sleep(0.4)  # a's lease ran out too, but b read the turn before a claimed it
+    store.release(a)  # a's lease ended too, but b read the turn before a claimed it
     with pytest.raises(PendingTurnError, match="claimed by another process"):
         store.claim(seen_by_b)
     # the old owner (a crashed process that came back) may no longer record
@@ -264,7 +262,7 @@ def test_the_async_store_has_the_same_ledger(db_url: sa.URL) -> None:
         async with AsyncConversationStore(url) as store:
             cid = await store.create_conversation("a1")
             await store.append(cid, [{"role": "user", "content": "go"}])
-            store.ledger_lease = 0.3
+            store.ledger_lease = 5.0
             pending = await store.begin(cid, turn)
             with pytest.raises(TurnInProgressError):
                 await store.begin(cid, turn)
@@ -277,7 +275,7 @@ def test_the_async_store_has_the_same_ledger(db_url: sa.URL) -> None:
             assert seen is not None
             with pytest.raises(TurnInProgressError):  # started() renewed the lease
                 await store.claim(seen)
-            await asyncio.sleep(0.4)
+            await store.release(pending)  # the owner is gone (as when its lease runs out)
             pending = await store.claim(seen)
             done = await store.commit(pending)
             assert done.created
