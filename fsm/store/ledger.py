@@ -707,7 +707,7 @@ def renew_body(
     core: StoreCore, conn: Connection, pending: PendingTurn, lease: float = DEFAULT_LEASE
 ) -> datetime:
     """Move the owner's lease on to now + ``lease``; the new end of the lease."""
-    stored = _owned(core, conn, pending)
+    stored = _owned(core, conn, pending, conversation_lock=False)
     _set_lease(core, conn, stored, stored.owner, lease)
     p = PendingTurnRow
     until = conn.execute(
@@ -722,7 +722,7 @@ def renew_body(
 
 def release_body(core: StoreCore, conn: Connection, pending: PendingTurn) -> PendingTurn:
     """End the owner's lease now (it stays the owner until someone claims the turn)."""
-    stored = _owned(core, conn, pending)
+    stored = _owned(core, conn, pending, conversation_lock=False)
     p = PendingTurnRow
     conn.execute(
         sa.update(p)
