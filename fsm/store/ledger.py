@@ -43,6 +43,7 @@ import math
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import (
     AbstractAsyncContextManager,
@@ -973,6 +974,88 @@ def abandon_body(
 
 
 # -- the stores' methods -------------------------------------------------------------------------
+class _Heartbeats:
+    """One daemon thread per store renews the leases of the turns registered with it (a
+    thread per turn would cost more than the turn's transactions): each every third of its
+    lease. The thread ends after a while with nothing to renew; the next turn starts it
+    again. It holds the store weakly."""
+
+    #: seconds the thread waits with nothing to renew before it ends
+    LINGER = 30.0
+
+    def __init__(self, renew: Any) -> None:
+        self._renew = weakref.WeakMethod(renew)
+        self._cond = threading.Condition()
+        self._due: dict[int, tuple[PendingTurn, float, float]] = {}  # key: turn, every, next
+        self._busy: set[int] = set()  # keys whose renewal is running
+        self._thread: threading.Thread | None = None
+        self._key = 0
+        self._until = 0.0  # when the thread wakes up next (it is woken only to come sooner)
+
+    def add(self, pending: PendingTurn, every: float) -> int:
+        with self._cond:
+            self._key += 1
+            at = time.monotonic() + every
+            self._due[self._key] = (pending, every, at)
+            if self._thread is None or not self._thread.is_alive():  # (none yet; or forked)
+                self._until = at
+                self._thread = threading.Thread(
+                    target=self._run, name="fsm-ledger-heartbeat", daemon=True
+                )
+                self._thread.start()
+            elif at < self._until:
+                self._cond.notify_all()
+            return self._key
+
+    def remove(self, key: int) -> None:
+        """Stop renewing ``key``; returns once no renewal of it is running (a renewal that
+        ended after the owner released its lease would take the lease back)."""
+        with self._cond:
+            self._due.pop(key, None)
+            while key in self._busy:
+                self._cond.wait()
+
+    def _run(self) -> None:
+        idle = time.monotonic()
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                if not self._due:
+                    if now - idle > self.LINGER:
+                        self._thread = None
+                        return
+                    self._until = now + self.LINGER
+                    self._cond.wait(self.LINGER)
+                    continue
+                due = [(k, p, e) for k, (p, e, at) in self._due.items() if at <= now]
+                if not due:
+                    self._until = min(at for _, _, at in self._due.values())
+                    self._cond.wait(self._until - now)
+                    continue
+                for key, turn, every in due:
+                    self._due[key] = (turn, every, now + every)
+                    self._busy.add(key)
+            renew = self._renew()
+            for key, turn, _every in due:
+                try:
+                    if renew is not None:
+                        renew(turn)
+                except (PendingTurnError, LedgerStateError, ConversationNotFoundError):
+                    with self._cond:
+                        self._due.pop(key, None)  # taken over or resolved: nothing to keep
+                except Exception:  # a brief fault: the next beat tries again
+                    pass
+                finally:
+                    with self._cond:
+                        self._busy.discard(key)
+                        self._cond.notify_all()
+            del renew
+            idle = time.monotonic()
+
+
+_HEARTBEATS_LOCK = threading.Lock()
+
+
 #: how often a begin whose COMMIT's answer was lost is tried again (with its owner token).
 _BEGIN_TRIES = 3
 _BEGIN_PAUSE = 0.2
@@ -1081,31 +1164,20 @@ class LedgerMethods:
 
     @contextmanager
     def heartbeat(self, pending: PendingTurn) -> Iterator[None]:
-        """Keep ``pending`` while the body runs (its tools): a background thread renews the
-        lease every third of ``ledger_lease``. A renewal that fails on a brief fault is tried
-        at the next beat; the thread stops when the turn is taken over or resolved (the
-        owner's next step then raises), and when the body ends."""
+        """Keep ``pending`` while the body runs (its tools): the store's heartbeat thread
+        renews the lease every third of ``ledger_lease``. A renewal that fails on a brief fault
+        is tried at the next beat; renewing stops when the turn is taken over or resolved (the
+        owner's next step then raises), and when the body ends (after a renewal in flight)."""
         lease = _check_lease(self.ledger_lease)
-        stop = threading.Event()
-
-        def beat() -> None:
-            while not stop.wait(lease / 3):
-                try:
-                    self.renew(pending)
-                except (PendingTurnError, LedgerStateError, ConversationNotFoundError):
-                    return  # taken over or resolved: nothing to keep
-                except Exception:  # a brief fault: the next beat tries again
-                    continue
-
-        thread = threading.Thread(
-            target=beat, name=f"fsm-ledger-heartbeat-{pending.id}", daemon=True
-        )
-        thread.start()
+        with _HEARTBEATS_LOCK:
+            beats = self.__dict__.get("_fsm_heartbeats")
+            if beats is None:
+                beats = self.__dict__["_fsm_heartbeats"] = _Heartbeats(self.renew)
+        key = beats.add(pending, lease / 3)
         try:
             yield
         finally:
-            stop.set()
-            thread.join()
+            beats.remove(key)
 
     def started(
         self,
