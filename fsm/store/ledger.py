@@ -410,6 +410,86 @@ def _live_owner(core: StoreCore, conn: Connection, stored: PendingTurn) -> None:
     )
 
 
+# -- the steps' statements, built once (building a statement costs more than running it) ------
+_TURNS_T = cast(sa.Table, PendingTurnRow.__table__)
+_EXEC_T = cast(sa.Table, ToolExecution.__table__)
+_STATEMENTS: dict[tuple[str, bool], Any] = {}
+
+
+def _statement(name: str, postgres: bool = False) -> Any:
+    """The step's statement ``name`` (for PostgreSQL or SQLite where they differ), with bind
+    parameters ``c`` (the conversation), ``p`` (the pending turn), ``pos``, ..."""
+    key = (name, postgres)
+    found = _STATEMENTS.get(key)
+    if found is None:
+        found = _STATEMENTS[key] = _build(name, postgres)
+    return found
+
+
+def _build(name: str, postgres: bool) -> Any:
+    t, e = _TURNS_T.c, _EXEC_T.c
+    turn = sa.and_(t.conversation_id == sa.bindparam("c"), t.id == sa.bindparam("p"))
+    call = sa.and_(
+        e.conversation_id == sa.bindparam("c"),
+        e.pending_id == sa.bindparam("p"),
+        e.position == sa.bindparam("pos"),
+    )
+    if name == "lease":
+        if postgres:
+            until: Any = sa.func.clock_timestamp() + sa.func.make_interval(
+                0, 0, 0, 0, 0, 0, sa.bindparam("lease", type_=sa.Float())
+            )
+        else:
+            until = sa.func.strftime("%Y-%m-%d %H:%M:%f", "now", sa.bindparam("modifier"))
+        return (
+            sa.update(_TURNS_T)
+            .where(turn)
+            .values(lease_expires_at=until)
+            .returning(t.lease_expires_at)
+        )
+    if name in ("turn", "turn_locked"):
+        query = sa.select(_TURNS_T).where(turn)
+        return query.with_for_update() if name == "turn_locked" else query
+    if name == "executions":
+        return (
+            sa.select(_EXEC_T)
+            .where(e.conversation_id == sa.bindparam("c"), e.pending_id == sa.bindparam("p"))
+            .order_by(e.position)
+        )
+    if name == "start":
+        return (
+            sa.update(_EXEC_T)
+            .where(call)
+            .values(
+                state="started",
+                starts=e.starts + 1,
+                started_at=_now(),
+                started_by=sa.bindparam("owner", type_=e.started_by.type),
+            )
+            .returning(*_EXEC_T.c)
+        )
+    if name == "finish":
+        return (
+            sa.update(_EXEC_T)
+            .where(call)
+            .values(
+                state=sa.bindparam("state", type_=e.state.type),
+                finished_at=_now(),
+                result=sa.bindparam("result", type_=e.result.type),
+                result_parts=sa.bindparam("parts", type_=e.result_parts.type),
+                error=sa.bindparam("error", type_=e.error.type),
+            )
+            .returning(*_EXEC_T.c)
+        )
+    raise AssertionError(name)  # pragma: no cover
+
+
+def _lease_params(core: StoreCore, lease: float) -> dict[str, Any]:
+    if core.postgres:
+        return {"lease": float(lease)}
+    return {"modifier": f"+{lease:.3f} seconds"}
+
+
 def _set_lease(
     core: StoreCore, conn: Connection, pending: PendingTurn, owner: str, lease: float
 ) -> None:
@@ -426,22 +506,19 @@ def _load(
 ) -> PendingTurn | None:
     """A pending turn by id (``None``: the conversation's pending one), with its executions."""
     p = PendingTurnRow
-    query = sa.select(PendingTurnRow.__table__).where(p.conversation_id == conversation_id)
     if pending_id is None:
-        query = query.where(p.state == "pending")
+        query = sa.select(PendingTurnRow.__table__).where(
+            p.conversation_id == conversation_id, p.state == "pending"
+        )
+        row = conn.execute(query.with_for_update() if lock else query).first()
     else:
-        query = query.where(p.id == pending_id)
-    if lock:
-        query = query.with_for_update()
-    row = conn.execute(query).first()
+        statement = _statement("turn_locked" if lock else "turn")
+        row = conn.execute(statement, {"c": conversation_id, "p": pending_id}).first()
     if row is None:
         return None
     values = row._mapping
-    e = ToolExecution
     executions = conn.execute(
-        sa.select(ToolExecution.__table__)
-        .where(e.conversation_id == conversation_id, e.pending_id == values["id"])
-        .order_by(e.position)
+        _statement("executions"), {"c": conversation_id, "p": values["id"]}
     ).all()
     return _built(conversation_id, values, executions)
 
@@ -769,28 +846,15 @@ def _start(
             f"call {position} ({ex.call.name}) of pending turn {stored.id} already {ex.state}: "
             "it is not started again; its recorded outcome is reused"
         )
-    p = PendingTurnRow
+    keys = {"c": stored.conversation_id, "p": stored.id}
     until = _utc(
         conn.execute(
-            sa.update(p)
-            .where(p.conversation_id == stored.conversation_id, p.id == stored.id)
-            .values(lease_expires_at=_lease_until(core, lease))
-            .returning(p.lease_expires_at)
+            _statement("lease", core.postgres), {**keys, **_lease_params(core, lease)}
         ).scalar()
     )
     if ex.state == "started" and ex.started_by == stored.owner:
         return replace(stored, lease_expires_at=until)  # a retry after a lost acknowledgement
-    row = conn.execute(
-        sa.update(ToolExecution)
-        .where(_where(stored, position))
-        .values(
-            state="started",
-            starts=ToolExecution.starts + 1,
-            started_at=_now(),
-            started_by=stored.owner,
-        )
-        .returning(*cast(sa.Table, ToolExecution.__table__).c)
-    ).one()
+    row = conn.execute(_statement("start"), {**keys, "pos": position, "owner": stored.owner}).one()
     return _with(stored, position, row, until)
 
 
@@ -813,16 +877,18 @@ def _finish(conn: Connection, stored: PendingTurn, recording: Recording) -> Pend
             f"call {position} ({ex.call.name}) of pending turn {stored.id} was never started: "
             "record started() before the tool runs"
         )
-    values: dict[str, Any] = {"state": outcome, "finished_at": _now()}
-    if outcome == "succeeded":
-        values.update(result=text, result_parts=parts)
-    else:
-        values.update(error=text)
+    succeeded = outcome == "succeeded"
     row = conn.execute(
-        sa.update(ToolExecution)
-        .where(_where(stored, position))
-        .values(**values)
-        .returning(*cast(sa.Table, ToolExecution.__table__).c)
+        _statement("finish"),
+        {
+            "c": stored.conversation_id,
+            "p": stored.id,
+            "pos": position,
+            "state": outcome,
+            "result": text if succeeded else None,
+            "parts": parts if succeeded else None,
+            "error": None if succeeded else text,
+        },
     ).one()
     return _with(stored, position, row)
 
