@@ -328,3 +328,30 @@ def test_a_commit_that_fails_keeps_the_outcome_it_recorded(store: ConversationSt
     assert stored is not None and stored.executions[0].result == "paid"  # kept
     with pytest.raises(LedgerStateError, match=r"begin\(start=\.\.\.\)"):
         store.begin(_conv(store, "c2"), make_turn(CALLS), start=5)
+
+
+def test_one_heartbeat_thread_keeps_every_turn_of_the_store(store: ConversationStore) -> None:
+    """Two requests of one process (two conversations) hold their turns at once: the store's
+    heartbeat renews both; each turn's lease ends on its own once its body ends."""
+    import threading
+
+    store.ledger_lease = 1.0
+    first = store.started(store.begin(_conv(store, "a"), make_turn(CALLS)), 0)
+    second = store.started(store.begin(_conv(store, "b"), make_turn(CALLS)), 0)
+    before = set(threading.enumerate())  # (other stores' heartbeats linger a while)
+    with store.heartbeat(first):
+        with store.heartbeat(second):
+            time.sleep(2.5)
+            for cid in ("a", "b"):
+                seen = store.pending(cid)
+                assert seen is not None
+                with pytest.raises(TurnInProgressError):
+                    store.claim(seen)
+        beats = set(threading.enumerate()) - before
+        assert [t.name for t in beats] == ["fsm-ledger-heartbeat"]  # one for both turns
+        time.sleep(1.2)  # b's body ended: its lease runs out; a's is still renewed
+        seen_b, seen_a = store.pending("b"), store.pending("a")
+        assert seen_b is not None and seen_a is not None
+        assert store.claim(seen_b).owner == seen_b.claim_token
+        with pytest.raises(TurnInProgressError):
+            store.claim(seen_a)
