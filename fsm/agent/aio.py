@@ -7,21 +7,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
+from fsm.agent.errors import UnknownOutcomeError, arelease_lease
 from fsm.agent.events import AgentEvent, AgentResult, AttemptRecorded
 from fsm.agent.step import (
     AgentLoop,
     Commit,
     Record,
+    RecordingFailed,
     StreamFormat,
     abort,
     build_request,
     executed,
+    forget_in_hand,
+    heartbeat,
+    in_hand,
+    keep_in_hand,
     ledger_plan,
     no_stream,
+    record_budget,
     store_operation,
+    transient,
     uses_ledger,
 )
 from fsm.agent.tools import Tool, arun_tool, refusal
@@ -37,6 +46,8 @@ if TYPE_CHECKING:
     from fsm.store.store import CommittedTurn, Results
 
 __all__ = ["AsyncStoreLike", "aopen_stream", "arun_agent_loop"]
+
+T = TypeVar("T")
 
 _Emit = Callable[[AgentEvent], Awaitable[None]]
 
@@ -152,10 +163,25 @@ async def arun_agent_loop(
         with store_operation("pending", 0):
             found = await book.pending(conversation)
         if found is not None:  # an earlier run crashed while its tools ran: resume it
-            with store_operation("claim", 0):
-                pending = await book.claim(found)
-            await _aledger_tools(book, pending, tools, emit, 0)
-            await emit(loop.resumed(await book.commit(pending)))
+            with store_operation("claim", 0):  # TurnInProgressError while its owner lives
+                pending = await _aretried(lambda: book.claim(found), record_budget(book))
+            try:
+                async with heartbeat(book, pending):
+                    await _aledger_tools(book, pending, tools, emit, 0)
+                resumed = await book.commit(pending)
+            except UnknownOutcomeError:  # this run owns the turn: the error's holder decides
+                raise
+            except RecordingFailed as failed:
+                await arelease_lease(book, pending)  # the next run resumes at once
+                failed.cause.add_note(
+                    "fsm: a resumed tool ran but its outcome could not be recorded; it is kept "
+                    f"in hand and the next run on this store records it: {failed.contents!r}"
+                )
+                raise failed.cause from None
+            except BaseException:
+                await arelease_lease(book, pending)
+                raise
+            await emit(loop.resumed(resumed))
     if messages:
         with store_operation("append", 0):
             await store.append(conversation, list(messages))
@@ -267,10 +293,21 @@ async def _aledger_commit(
         )
     except BaseException as exc:  # nothing ran
         await _arecord(ledger, action.failed(contents, exc), emit)
-    contents = await _aledger_tools(ledger, pending, tools, emit, action.loop.step)
+    try:
+        async with heartbeat(ledger, pending):
+            contents = await _aledger_tools(ledger, pending, tools, emit, action.loop.step)
+    except UnknownOutcomeError:  # (a same turn begun by an owner that is gone)
+        raise
+    except RecordingFailed as failed:  # a tool ran; its outcome is on the error, and kept
+        await arelease_lease(ledger, pending)  # the next run resumes at once
+        await _arecord(ledger, action.failed(failed.contents, failed.cause), emit)
+    except BaseException:
+        await arelease_lease(ledger, pending)
+        raise
     try:
         done: CommittedTurn = await ledger.commit(pending)
     except BaseException as exc:  # the tools ran and their outcomes are in the ledger
+        await arelease_lease(ledger, pending)
         await _arecord(ledger, action.failed(contents, exc), emit)
     return done
 
@@ -279,22 +316,61 @@ async def _aledger_tools(
     ledger: Any, pending: Any, tools: Mapping[str, Tool], emit: _Emit, step: int
 ) -> list[str]:
     """The async twin of :func:`fsm.agent.loop._ledger_tools`."""
+    budget = record_budget(ledger)
+    for position, (kept, failed) in in_hand(ledger, pending).items():
+        pending = await _arecord_outcome(ledger, pending, position, kept, failed, budget)
+        forget_in_hand(ledger, pending, position)
 
     async def one(position: int, call: Any, known: str | None) -> str:
         if known is not None:
             return known
-        await ledger.started(pending, position)
+        await _aretried(lambda: ledger.started(pending, position), budget)
         content, error = await arun_tool(tools, call)
-        if error:
-            await ledger.failed(pending, position, content)
-        else:
-            await ledger.succeeded(pending, position, content)
         refused = refusal(tools, call) is not None
-        await emit(executed(step, position, call, content, error, refused))
+        event = executed(step, position, call, content, error, refused)
+        try:
+            await _arecord_outcome(ledger, pending, position, content, error, budget)
+        except Exception as exc:
+            keep_in_hand(ledger, pending, position, content, error)
+            await emit(event)
+            raise RecordingFailed([content], exc) from exc
+        await emit(event)
         return content
 
     plan = ledger_plan(ledger, pending, tools)
-    return list(await asyncio.gather(*(one(p, c, k) for p, c, k in plan)))
+    # every tool ends before anything is raised (the lease is released on the way out, and a
+    # tool still running must not be taken over)
+    done = await asyncio.gather(*(one(p, c, k) for p, c, k in plan), return_exceptions=True)
+    failures = [d for d in done if isinstance(d, BaseException)]
+    if failures:
+        recorded = [d for d in done if isinstance(d, str)]
+        first = failures[0]
+        if isinstance(first, RecordingFailed):
+            raise RecordingFailed(recorded + first.contents, first.cause) from first.cause
+        raise first
+    return [d for d in done if isinstance(d, str)]
+
+
+async def _arecord_outcome(
+    ledger: Any, pending: Any, position: int, content: str, error: bool, budget: float
+) -> Any:
+    """The async twin of :func:`fsm.agent.loop._record_outcome`."""
+    record = ledger.failed if error else ledger.succeeded
+    return await _aretried(lambda: record(pending, position, content), budget)
+
+
+async def _aretried(step: Callable[[], Awaitable[T]], budget: float) -> T:
+    """The async twin of :func:`fsm.agent.loop._retried`."""
+    deadline = time.monotonic() + budget
+    pause = 0.05
+    while True:
+        try:
+            return await step()
+        except Exception as exc:
+            if not transient(exc) or time.monotonic() + pause > deadline:
+                raise
+        await asyncio.sleep(pause)
+        pause = min(1.0, pause * 2)
 
 
 async def _arecord(store: AsyncStoreLike, record: Record, emit: _Emit) -> NoReturn:

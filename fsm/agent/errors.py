@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fsm.clients import CANCELLED
@@ -210,14 +212,18 @@ def describe(exc: BaseException) -> str:
 
 
 class UnknownOutcomeError(AgentError):
-    """A pending turn's call was started before a crash and has no recorded outcome, and its
-    tool is not declared idempotent: it may or may not have run, and the loop never runs it
-    twice.
+    """A pending turn's call was started before its owner went away and has no recorded
+    outcome, and its tool is not declared idempotent: it may or may not have run, and the loop
+    never runs it twice. Raised only once the owner is gone: its lease ran out (no heartbeat
+    for ``ledger_lease`` seconds, by the database's clock); while the owner lives the loop
+    raises :class:`~fsm.store.errors.TurnInProgressError` instead. This run now owns the turn.
 
     Decide, then run the loop again (it resumes the turn): ``error.resolve(call, result)``
     records the call's outcome (what the tool did, looked up by you: a string, or
     ``error=True`` for an error result), ``error.abandon(reason)`` gives the turn up (kept for
     audit; the next run asks the model again). With the async store, await what they return.
+    Decide inside ``with error.hold():`` (``async with`` for the async store): it keeps the
+    turn (renews this run's lease) while you look, so no other process takes it over.
 
     Attributes: ``conversation``, ``pending`` (the store's pending turn, owned by this run),
     ``call`` (the call: ``position``, ``id``, ``name``, ``arguments``), ``store``.
@@ -236,11 +242,61 @@ class UnknownOutcomeError(AgentError):
         )
 
     def resolve(self, call: Any, result: Any, *, error: bool = False) -> Any:
-        """Record ``call``'s outcome as found by the caller (``error``: an error result)."""
-        if error:
-            return self.store.failed(self.pending, call, result)
-        return self.store.succeeded(self.pending, call, result)
+        """Record ``call``'s outcome as found by the caller (``error``: an error result), then
+        end this run's lease (``store.release``) so that the next run resumes the turn at
+        once."""
+        record = self.store.failed if error else self.store.succeeded
+        done = record(self.pending, call, result)
+        if inspect.isawaitable(done):
+            return self._aresolve(done)
+        release_lease(self.store, self.pending)
+        return done
+
+    async def _aresolve(self, done: Awaitable[Any]) -> Any:
+        out = await done
+        await arelease_lease(self.store, self.pending)
+        return out
 
     def abandon(self, reason: str) -> Any:
         """Give the pending turn up (kept in the ledger for audit with ``reason``)."""
         return self.store.abandon(self.pending, reason)
+
+    def hold(self) -> Any:
+        """A context (``with``; ``async with`` for the async store) that keeps the pending
+        turn while the body decides: the store's heartbeat renews this run's lease, and ends
+        it when the body is done (so the next run resumes at once)."""
+        beat = getattr(self.store, "heartbeat", None)
+        if not callable(beat):
+            return contextlib.nullcontext()
+        if inspect.iscoroutinefunction(getattr(self.store, "renew", None)):
+            return self._aheld(beat)
+        return self._held(beat)
+
+    @contextlib.contextmanager
+    def _held(self, beat: Any) -> Iterator[None]:
+        with beat(self.pending):
+            yield
+        release_lease(self.store, self.pending)
+
+    @contextlib.asynccontextmanager
+    async def _aheld(self, beat: Any) -> AsyncIterator[None]:
+        async with beat(self.pending):
+            yield
+        await arelease_lease(self.store, self.pending)
+
+
+def release_lease(store: Any, pending: Any) -> None:
+    """End ``pending``'s lease (``store.release``) if the store has leases, so that the next
+    run resumes the turn at once; a failure only leaves the lease to run out."""
+    release = getattr(store, "release", None)
+    if callable(release):
+        with contextlib.suppress(Exception):
+            release(pending)
+
+
+async def arelease_lease(store: Any, pending: Any) -> None:
+    """The async twin of :func:`_release`."""
+    release = getattr(store, "release", None)
+    if callable(release):
+        with contextlib.suppress(Exception):
+            await release(pending)

@@ -4,21 +4,32 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
+from fsm.agent.errors import UnknownOutcomeError, release_lease
 from fsm.agent.events import AgentEvent, AgentResult, AttemptRecorded
 from fsm.agent.step import (
     AgentLoop,
     Commit,
     Record,
+    RecordingFailed,
     StreamFormat,
     abort,
     build_request,
     executed,
+    forget_in_hand,
+    heartbeat,
+    in_hand,
+    keep_in_hand,
     ledger_plan,
     no_stream,
+    record_budget,
+    started_here,
     store_operation,
+    transient,
     uses_ledger,
 )
 from fsm.agent.tools import Tool, refusal, run_tool
@@ -33,6 +44,8 @@ if TYPE_CHECKING:
     from fsm.store.store import CommittedTurn, Results
 
 __all__ = ["StoreLike", "open_stream", "run_agent_loop"]
+
+T = TypeVar("T")
 
 
 class StoreLike(Protocol):
@@ -123,7 +136,13 @@ def run_agent_loop(
             resumes it first: recorded outcomes are reused, calls never started run, a call
             started with no outcome runs again only if its tool is declared idempotent
             (:func:`~fsm.agent.tool`), else :class:`~fsm.agent.UnknownOutcomeError` is raised.
-            A non-idempotent tool never runs twice.
+            A non-idempotent tool never runs twice. The pending turn is resumed only once its
+            owner is gone (its lease, renewed by a heartbeat while its tools run, ran out):
+            while the owner lives, the run raises
+            :class:`~fsm.store.errors.TurnInProgressError` (retryable: ``retry_after``) before
+            appending or sending anything. A brief store fault while recording a step is
+            retried (each step is idempotent); a tool's outcome that still could not be
+            recorded is kept in hand, and the next run on the same store records it.
         format: the API to speak: ``"chat"`` (``chat.completions``), ``"responses"``
             (``client.responses``: the history goes as ``input`` items) or ``"anthropic"``
             (``client.messages`` of the ``anthropic`` SDK). Each request carries the store's
@@ -175,10 +194,25 @@ def run_agent_loop(
         with store_operation("pending", 0):
             found = book.pending(conversation)
         if found is not None:  # an earlier run crashed while its tools ran: resume it
-            with store_operation("claim", 0):
-                pending = book.claim(found)
-            _ledger_tools(book, pending, tools, emit, 0)
-            emit(loop.resumed(book.commit(pending)))
+            with store_operation("claim", 0):  # TurnInProgressError while its owner lives
+                pending = _retried(lambda: book.claim(found), record_budget(book))
+            try:
+                with heartbeat(book, pending):
+                    resumed = _ledger_run(book, pending, tools, emit, 0)[1]
+            except UnknownOutcomeError:  # this run owns the turn: the error's holder decides
+                raise
+            except RecordingFailed as failed:
+                release_lease(book, pending)  # the next run resumes at once
+                failed.cause.add_note(
+                    "fsm: the resumed turn could not be recorded or committed; a tool's outcome "
+                    "that was not recorded is kept in hand and the next run on this store "
+                    f"records it; its results: {failed.contents!r}"
+                )
+                raise failed.cause from None
+            except BaseException:
+                release_lease(book, pending)
+                raise
+            emit(loop.resumed(resumed))
     if messages:
         with store_operation("append", 0):
             store.append(conversation, list(messages))
@@ -222,49 +256,131 @@ def run_agent_loop(
 def _ledger_commit(
     ledger: Any, action: Commit, tools: Mapping[str, Tool], emit: Callable[[AgentEvent], object]
 ) -> CommittedTurn:
-    """Run ``action``'s tools through the ledger: begin (the turn stored pending), each tool
-    between ``started`` and ``succeeded``/``failed``, then commit. A failed begin or commit is
-    recorded as the commit of the plain path is (the pending turn, if begun, stays for the
-    next run to resume)."""
+    """Run ``action``'s tools through the ledger: begin (the turn stored pending, its first
+    call started), each tool between its start and its outcome, then commit (with the last
+    outcome). A failed begin or commit is recorded as the commit of the plain path is (the
+    pending turn, if begun, stays for the next run to resume)."""
     contents: list[str] = []
+    first = {"start": 0} if action.calls and _merges(ledger) else {}
     try:
         pending = ledger.begin(
-            action.loop.conversation, action.turn, expected_seq=action.expected_seq
+            action.loop.conversation, action.turn, expected_seq=action.expected_seq, **first
         )
     except BaseException as exc:  # nothing ran
         _record(ledger, action.failed(contents, exc), emit)
-    contents = _ledger_tools(ledger, pending, tools, emit, action.loop.step)
     try:
-        done: CommittedTurn = ledger.commit(pending)
-    except BaseException as exc:  # the tools ran and their outcomes are in the ledger
-        _record(ledger, action.failed(contents, exc), emit)
+        with heartbeat(ledger, pending):
+            contents, done = _ledger_run(ledger, pending, tools, emit, action.loop.step)
+    except UnknownOutcomeError:  # (a same turn begun by an owner that is gone)
+        raise
+    except RecordingFailed as failed:  # the tools ran; their results are on the error
+        release_lease(ledger, pending)  # the next run resumes at once
+        _record(ledger, action.failed(failed.contents, failed.cause), emit)
+    except BaseException:
+        release_lease(ledger, pending)
+        raise
     return done
 
 
-def _ledger_tools(
+def _merges(ledger: Any) -> bool:
+    """Whether ``ledger`` records an outcome with the next step (fsm's stores: ``begin(...,
+    start=)``, ``started(..., recording=)``, ``commit(..., recording=)``)."""
+    return callable(getattr(ledger, "ledger_outcome", None))
+
+
+def _ledger_run(
     ledger: Any,
     pending: Any,
     tools: Mapping[str, Tool],
     emit: Callable[[AgentEvent], object],
     step: int,
-) -> list[str]:
-    """Each call's content: its recorded outcome, or its tool run now between ``started`` and
-    ``succeeded``/``failed`` (raises :class:`~fsm.agent.UnknownOutcomeError` before running
-    anything if a started call of a tool that is not idempotent has no outcome)."""
+) -> tuple[list[str], CommittedTurn]:
+    """Each call's content (its recorded outcome, or its tool run now), then the commit.
+
+    Outcomes kept in hand by an earlier run on this store are recorded first. A call is
+    started before its tool runs; its outcome is recorded with the next call's start, and the
+    last one with the commit (one transaction per call, plus the commit). Raises
+    :class:`~fsm.agent.UnknownOutcomeError` before running anything if a started call of a
+    tool that is not idempotent has no outcome. Each step is retried through brief store
+    faults; an outcome that still cannot be recorded is kept in hand, and that failure, or the
+    commit's, raises :class:`~fsm.agent.step.RecordingFailed` with the contents so far."""
+    budget = record_budget(ledger)
+    merge = _merges(ledger)
+    for position, (content, error) in in_hand(ledger, pending).items():
+        pending = _record_outcome(ledger, pending, position, content, error, budget)
+        forget_in_hand(ledger, pending, position)
     contents: list[str] = []
+    owed: tuple[int, str, bool] | None = None  # the last tool's outcome, not recorded yet
     for position, call, known in ledger_plan(ledger, pending, tools):
         if known is not None:
             contents.append(known)
             continue
-        ledger.started(pending, position)
+        if not started_here(pending, position):  # (begin(start=...) started the first)
+            try:
+                if owed is not None and merge:
+                    started = functools.partial(
+                        ledger.started, pending, position, recording=_outcome(ledger, owed)
+                    )
+                else:
+                    if owed is not None:
+                        pending = _record_outcome(ledger, pending, *owed, budget)
+                    started = functools.partial(ledger.started, pending, position)
+                pending = _retried(started, budget)
+            except Exception as exc:
+                if owed is None:
+                    raise
+                keep_in_hand(ledger, pending, *owed)
+                raise RecordingFailed(contents, exc) from exc
+            owed = None
         content, error = run_tool(tools, call)
-        if error:
-            ledger.failed(pending, position, content)
-        else:
-            ledger.succeeded(pending, position, content)
         contents.append(content)
         emit(executed(step, position, call, content, error, refusal(tools, call) is not None))
-    return contents
+        owed = (position, content, error)
+    try:
+        if owed is not None and merge:
+            commit = functools.partial(ledger.commit, pending, recording=_outcome(ledger, owed))
+        else:
+            if owed is not None:
+                pending = _record_outcome(ledger, pending, *owed, budget)
+            commit = functools.partial(ledger.commit, pending)
+        done: CommittedTurn = _retried(commit, budget)
+    except Exception as exc:
+        if owed is not None:
+            keep_in_hand(ledger, pending, *owed)
+        raise RecordingFailed(contents, exc) from exc
+    return contents, done
+
+
+def _outcome(ledger: Any, owed: tuple[int, str, bool]) -> Any:
+    """The store's ``ledger_outcome`` of call ``owed[0]``: its content as the result, or as the
+    error text of a tool that failed."""
+    position, content, error = owed
+    if error:
+        return ledger.ledger_outcome(position, error=content)
+    return ledger.ledger_outcome(position, result=content)
+
+
+def _record_outcome(
+    ledger: Any, pending: Any, position: int, content: str, error: bool, budget: float
+) -> Any:
+    """Record call ``position``'s outcome, retrying brief faults (the step is idempotent)."""
+    record = ledger.failed if error else ledger.succeeded
+    return _retried(lambda: record(pending, position, content), budget)
+
+
+def _retried(step: Callable[[], T], budget: float) -> T:
+    """``step()``, tried again after a brief store fault (:func:`~fsm.agent.step.transient`)
+    for up to ``budget`` seconds, with a growing pause (50 ms to 1 s)."""
+    deadline = time.monotonic() + budget
+    pause = 0.05
+    while True:
+        try:
+            return step()
+        except Exception as exc:
+            if not transient(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(1.0, pause * 2)
 
 
 @chat_span

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -63,12 +64,20 @@ __all__ = [
     "AgentLoop",
     "Commit",
     "Record",
+    "RecordingFailed",
     "abort",
     "build_request",
     "executed",
+    "forget_in_hand",
+    "heartbeat",
+    "in_hand",
+    "keep_in_hand",
     "ledger_plan",
     "no_stream",
+    "record_budget",
+    "started_here",
     "store_operation",
+    "transient",
     "uses_ledger",
     "why_incomplete",
 ]
@@ -408,11 +417,108 @@ def ledger_plan(
         call = execution.call
         if execution.state in ("succeeded", "failed"):
             plan.append((position, call, execution.content))
-        elif execution.state == "not_started" or is_idempotent(tools.get(call.name)):
+        elif (
+            execution.state == "not_started"
+            or started_here(pending, position)
+            or is_idempotent(tools.get(call.name))
+        ):
             plan.append((position, call, None))
         else:
             raise UnknownOutcomeError(store, pending, call)
     return plan
+
+
+def started_here(pending: Any, position: int) -> bool:
+    """Whether call ``position`` was started by this very handle's owner with no outcome yet:
+    ``begin(..., start=position)`` started it before its tool ran (a claim always takes a new
+    owner token, so a call a crashed owner started never counts)."""
+    execution = pending.executions[position]
+    return execution.state == "started" and getattr(execution, "started_by", None) == getattr(
+        pending, "owner", object()
+    )
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a brief store fault that the same ledger step may simply retry: a
+    retryable fsm error (busy, unreachable, a COMMIT whose answer was lost) that is not a
+    conflict (a conflict, a pending turn, a turn in progress: retrying changes nothing). Every
+    ledger step is idempotent, so retrying one after a fault records it once."""
+    return (
+        isinstance(exc, FsmError)
+        and bool(getattr(exc, "retryable", False))
+        and not hasattr(exc, "expected_seq")
+    )
+
+
+def record_budget(store: Any) -> float:
+    """How long the loop retries recording a tool's outcome through brief store faults: two
+    thirds of the store's lease (at least 2 s, at most 20 s)."""
+    lease = getattr(store, "ledger_lease", 30.0)
+    lease = float(lease) if isinstance(lease, int | float) else 30.0
+    return min(20.0, max(2.0, lease * 2 / 3))
+
+
+def heartbeat(store: Any, pending: Any) -> Any:
+    """``store.heartbeat(pending)`` (the owner's lease renewed while the tools run), or a
+    context that does nothing for a store without one: ``with`` for the sync store, ``async
+    with`` for the async one."""
+    beat = getattr(store, "heartbeat", None)
+    return beat(pending) if callable(beat) else contextlib.nullcontext()
+
+
+class RecordingFailed(Exception):
+    """A tool ran but its outcome could not be recorded (the store's error is ``cause``):
+    ``contents`` are the turn's results in hand so far. The outcome is kept in hand
+    (:func:`keep_in_hand`) for the next run on the same store."""
+
+    def __init__(self, contents: Sequence[str], cause: BaseException) -> None:
+        self.contents = list(contents)
+        self.cause = cause
+        super().__init__(one_line(cause))
+
+
+#: outcomes of tools that ran but could not be recorded, per store (weakly): the next run on
+#: the store records them instead of raising UnknownOutcomeError for a result it had in hand
+_IN_HAND: weakref.WeakKeyDictionary[Any, dict[tuple[str, int, int, str], tuple[str, bool]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def keep_in_hand(store: Any, pending: Any, position: int, content: str, error: bool) -> None:
+    """Keep the outcome of call ``position`` of ``pending`` (its tool ran; recording it
+    failed) for the next run on ``store``."""
+    call = pending.executions[position].call
+    try:
+        kept = _IN_HAND.setdefault(store, {})
+    except TypeError:  # a store that cannot be referenced weakly: nothing kept
+        return
+    kept[(pending.conversation_id, pending.id, position, call.id)] = (content, error)
+
+
+def in_hand(store: Any, pending: Any) -> dict[int, tuple[str, bool]]:
+    """The outcomes kept in hand for ``pending``'s calls that are ``started`` with no recorded
+    outcome: position -> (content, error)."""
+    try:
+        kept = _IN_HAND.get(store) or {}
+    except TypeError:
+        return {}
+    out: dict[int, tuple[str, bool]] = {}
+    for position, execution in enumerate(pending.executions):
+        key = (pending.conversation_id, pending.id, position, execution.call.id)
+        if key in kept and execution.state == "started":
+            out[position] = kept[key]
+    return out
+
+
+def forget_in_hand(store: Any, pending: Any, position: int) -> None:
+    """Drop the outcome kept for call ``position`` of ``pending`` (it is recorded now)."""
+    try:
+        kept = _IN_HAND.get(store)
+    except TypeError:
+        return
+    if kept:
+        call = pending.executions[position].call
+        kept.pop((pending.conversation_id, pending.id, position, call.id), None)
 
 
 def executed(

@@ -270,7 +270,10 @@ def pending(
     """List the tool ledger's turns: pending ones (their tools ran or are running, or a
     process crashed while they ran) and abandoned ones, oldest first, with their age in
     seconds and their calls' executions (how many not started, started with no outcome,
-    succeeded, failed; the total of starts: more than the calls when a call ran again).
+    succeeded, failed; the total of starts: more than the calls when a call ran again), the
+    end of the owner's lease (lease_expires_at, the database's clock) and, for a pending turn,
+    whether its owner is alive (the lease holds: its tools may be running) or gone (the next
+    run resumes it).
 
     A pending turn blocks other writes to its conversation until the agent loop (ledger=True)
     resumes it, or it is abandoned. A started call with no outcome may have run: the loop runs
@@ -448,6 +451,8 @@ def check(
             finally:
                 if bar and bar[0] is not None:
                     bar[0].__exit__(None, None, None)
+            if "corrupt" not in counts:
+                _note_pending(engine)
     except FsmError as exc:
         # the store could not be checked: not "violations found" (1), so scripts can tell
         click.echo(f"error: {' '.join(str(exc).split())}", err=True)
@@ -459,6 +464,26 @@ def check(
         click.echo(f"{found} violation(s) in {seconds:.1f} s: {kinds}", err=True)
         sys.exit(EXIT_CORRUPT if "corrupt" in counts else EXIT_INCOMPLETE)
     click.echo(f"no violations ({seconds:.1f} s)", err=True)
+
+
+def _note_pending(engine: Any) -> None:
+    """A note on stderr about the tool ledger's pending turns (not violations): how many have
+    a live owner, how many an owner that is gone (they block their conversation until resumed
+    or abandoned)."""
+    from fsm.store import audit as audit_api
+
+    try:
+        rows = audit_api.pending_turns(engine, states=("pending",))
+    except Exception:  # a store older than the ledger (0005): nothing to say
+        return
+    gone = sum(1 for r in rows if r.owner == "gone")
+    if rows:
+        click.echo(
+            f"note: {len(rows)} pending turn(s) in the tool ledger: {len(rows) - gone} with a "
+            f"live owner (lease held), {gone} whose owner is gone (the next run resumes it, or "
+            "abandon it; see fsm audit pending)",
+            err=True,
+        )
 
 
 @audit.command(name="serve")

@@ -11,6 +11,8 @@ parser's own class. The audit's own errors (:mod:`fsm.store.audit`) derive from
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from fsm.errors import FsmError
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "StoreError",
     "StoreLayoutError",
     "StoreUnavailableError",
+    "TurnInProgressError",
     "UnknownRevisionError",
     "UnsupportedValueError",
     "ValueRejectedError",
@@ -350,6 +353,40 @@ class HostTransactionError(StoreError):
     transaction back and run the unit of work again (or run the statement that may fail in a
     savepoint, ``connection.begin_nested()``, so that its failure leaves the transaction
     usable)."""
+
+
+class TurnInProgressError(PendingTurnError):
+    """The conversation's pending turn has a live owner: its lease (renewed by the owner's
+    heartbeat while its tools run) has not run out, so its tools may be running right now and
+    it is not taken over.
+
+    Retryable: wait ``retry_after`` seconds (until the lease runs out, by the database's clock)
+    and run again, or answer "busy" to whoever asked; the owner commits the turn or its lease
+    runs out (the owner is gone) and the next claim takes it. ``owner`` is the owner's token,
+    ``lease_expires_at`` the end of its lease (an aware UTC datetime), ``pending_id`` the turn.
+    """
+
+    def __init__(
+        self,
+        conversation_id: str,
+        pending_id: int,
+        at_seq: int,
+        owner: str,
+        lease_expires_at: datetime,
+        retry_after: float,
+    ) -> None:
+        self.owner = owner
+        self.lease_expires_at = lease_expires_at
+        self.retry_after = max(0.0, retry_after)
+        super().__init__(
+            conversation_id,
+            pending_id,
+            at_seq,
+            f"pending turn {pending_id} is in progress: its owner ({owner[:8]}...) holds it "
+            f"until {lease_expires_at.isoformat(timespec='milliseconds')} (in "
+            f"{self.retry_after:.1f} s) and its tools may be running; retry after that (the "
+            "owner commits it, or it is gone and the turn can be resumed)",
+        )
 
 
 class LedgerStateError(StoreError):

@@ -14,7 +14,17 @@ After a crash, ``store.pending(cid)`` returns the pending turn with each call's 
 (``not_started``, ``started``, ``succeeded``, ``failed``) and result; ``store.claim(pending)``
 makes the caller its owner (compare-and-set on the owner token: of two processes resuming the
 same turn, one wins, the other gets :class:`~fsm.store.errors.PendingTurnError`). Only the
-owner records. While a turn is pending, ``append`` and ``commit_turn`` on its conversation raise
+owner records.
+
+**Leases** (issue 26). The owner holds the turn until ``lease_expires_at``, by the database's
+clock (PostgreSQL's ``clock_timestamp()``, SQLite's ``'now'``: one clock for every process
+that shares the database): ``begin`` and ``claim`` set it to now + :attr:`ledger_lease
+<LedgerMethods.ledger_lease>` seconds, ``started`` and :meth:`~LedgerMethods.renew` move it on,
+and :meth:`~LedgerMethods.heartbeat` renews it every third of the lease while the tools run.
+``claim`` takes a turn over only once its lease has run out (its owner is gone); before that it
+raises :class:`~fsm.store.errors.TurnInProgressError` (retryable, with ``retry_after``), so a
+live owner keeps its turn. A retried ``claim`` of the same handle (after a lost COMMIT reply)
+recognises its own claim: the handle carries the token it claims with. While a turn is pending, ``append`` and ``commit_turn`` on its conversation raise
 :class:`~fsm.store.errors.PendingTurnError`.
 
 Every step is its own short transaction and idempotent: repeating it after a lost
@@ -28,12 +38,22 @@ index) and what each state carries (checks: :mod:`fsm.store.models`).
 
 from __future__ import annotations
 
+import asyncio
+import math
 import secrets
-from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from dataclasses import dataclass, field
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -42,10 +62,14 @@ from fsm.parser import ParseResult, Turn
 from fsm.states import ToolCallState
 from fsm.store import plans
 from fsm.store.errors import (
+    CommitOutcomeUnknownError,
+    ConversationNotFoundError,
     IdempotencyMismatchError,
     LedgerStateError,
     PendingTurnError,
     ResultsError,
+    StoreError,
+    TurnInProgressError,
 )
 from fsm.store.models import PendingTurnRow, ToolExecution
 from fsm.store.render import stored_items
@@ -57,18 +81,26 @@ if TYPE_CHECKING:
     from fsm.store.store import CommittedTurn, StoreCore
 
 __all__ = [
+    "DEFAULT_LEASE",
     "AsyncLedgerMethods",
     "Execution",
     "ExecutionState",
     "LedgerCall",
     "LedgerMethods",
+    "Outcome",
     "PendingTurn",
     "check_no_pending",
     "pending_error",
 ]
 
+#: seconds an owner holds a pending turn without renewing it (``ledger_lease``'s default).
+DEFAULT_LEASE = 30.0
+
 #: the state of one call's execution.
 ExecutionState = Literal["not_started", "started", "succeeded", "failed"]
+
+#: an outcome to record: (position, "succeeded" or "failed", text, content parts)
+Recording = tuple[int, Literal["succeeded", "failed"], str | None, list[Any] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +197,14 @@ class PendingTurn:
     #: the stream's format and the assistant message's provider-only items (issue 17)
     format: str | None = None
     provider_items: list[Any] | None = None
+    #: until when the owner holds the turn (the database's clock; ``None``: a turn written
+    #: before leases, or resolved); changes with every renewal, so not compared
+    lease_expires_at: datetime | None = field(default=None, compare=False)
+    #: the owner token :meth:`~LedgerMethods.claim` takes with this handle: a claim retried
+    #: with the same handle recognises its own (a new one for every handle read)
+    claim_token: str = field(
+        default_factory=lambda: secrets.token_hex(16), compare=False, repr=False
+    )
 
     @property
     def calls(self) -> list[LedgerCall]:
@@ -196,6 +236,28 @@ class PendingTurn:
         elif calls:
             message["tool_calls"] = [c.to_dict() for c in calls]
         return message
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A call's outcome to record in the transaction of the next step (``started(...,
+    recording=...)`` of the next call, or ``commit(..., recording=...)``), which saves a
+    transaction per call: ``result`` for a tool that succeeded (a string, or a list of content
+    parts), or ``error`` (its text) for one that failed."""
+
+    call: int | ToolCall | LedgerCall
+    result: Any = None
+    error: str | None = None
+
+
+def _recording(pending: PendingTurn, outcome: object) -> Recording:
+    if not isinstance(outcome, Outcome):
+        raise TypeError(f"recording is an Outcome, not {type(outcome).__name__}")
+    position = _position(pending, outcome.call)
+    if outcome.error is not None:
+        return (position, "failed", _check_error(outcome.error), None)
+    text, parts = plan_result(pending.executions[position].call, outcome.result)
+    return (position, "succeeded", text, parts)
 
 
 def _position(pending: PendingTurn, call: object) -> int:
@@ -230,6 +292,20 @@ def plan_begin(
 def plan_result(call: LedgerCall, result: Any) -> tuple[str | None, list[Any] | None]:
     """A tool's result as ``commit_turn`` takes it: (text, parts)."""
     return plans._normalize_results([cast(ToolCall, call)], [result])[0]
+
+
+def _start_position(calls: Sequence[ToolCall], start: object) -> int | None:
+    """``begin``'s ``start``: a call's position in ``calls`` (or the call), or ``None``."""
+    if start is None:
+        return None
+    position = start if isinstance(start, int) and not isinstance(start, bool) else None
+    if isinstance(start, ToolCall):
+        position = next((p for p, c in enumerate(calls) if c is start), None)
+    if position is None or not 0 <= position < len(calls):
+        raise LedgerStateError(
+            f"begin(start=...) names a call of the turn (0 to {len(calls) - 1}), not {start!r}"
+        )
+    return position
 
 
 def _check_error(error: object) -> str:
@@ -281,28 +357,174 @@ def _utc(value: Any) -> datetime | None:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def _lease_until(core: StoreCore, lease: float) -> sa.ColumnElement[Any]:
+    """Now + ``lease`` seconds, by the database's clock."""
+    if core.postgres:
+        return sa.func.clock_timestamp() + sa.func.make_interval(
+            0, 0, 0, 0, 0, 0, sa.literal(float(lease), sa.Float())
+        )
+    return sa.func.strftime("%Y-%m-%d %H:%M:%f", "now", f"+{lease:.3f} seconds")
+
+
+def _lease_left(core: StoreCore) -> sa.ColumnElement[Any]:
+    """Seconds left on a pending turn's lease by the database's clock (negative: run out;
+    NULL: none)."""
+    lease = PendingTurnRow.lease_expires_at
+    if core.postgres:
+        return sa.func.extract("epoch", lease - sa.func.clock_timestamp())
+    return (sa.func.julianday(lease) - sa.func.julianday("now")) * 86400.0
+
+
+def _check_lease(value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0.05 <= value <= 86400
+    ):
+        raise ValueError(
+            f"ledger_lease is the seconds an owner holds a pending turn between renewals: a "
+            f"number from 0.05 to 86400, not {value!r}"
+        )
+    return float(value)
+
+
+def _live_owner(core: StoreCore, conn: Connection, stored: PendingTurn) -> None:
+    """Raise :class:`~fsm.store.errors.TurnInProgressError` if ``stored``'s lease has not run
+    out (its owner is alive)."""
+    p = PendingTurnRow
+    left = conn.execute(
+        sa.select(_lease_left(core)).where(
+            p.conversation_id == stored.conversation_id, p.id == stored.id
+        )
+    ).scalar()
+    if left is None or float(left) <= 0 or stored.lease_expires_at is None:
+        return
+    raise TurnInProgressError(
+        stored.conversation_id,
+        stored.id,
+        stored.at_seq,
+        stored.owner,
+        stored.lease_expires_at,
+        float(left),
+    )
+
+
+# -- the steps' statements, built once (building a statement costs more than running it) ------
+_TURNS_T = cast(sa.Table, PendingTurnRow.__table__)
+_EXEC_T = cast(sa.Table, ToolExecution.__table__)
+_STATEMENTS: dict[tuple[str, bool], Any] = {}
+
+
+def _statement(name: str, postgres: bool = False) -> Any:
+    """The step's statement ``name`` (for PostgreSQL or SQLite where they differ), with bind
+    parameters ``c`` (the conversation), ``p`` (the pending turn), ``pos``, ..."""
+    key = (name, postgres)
+    found = _STATEMENTS.get(key)
+    if found is None:
+        found = _STATEMENTS[key] = _build(name, postgres)
+    return found
+
+
+def _build(name: str, postgres: bool) -> Any:
+    t, e = _TURNS_T.c, _EXEC_T.c
+    turn = sa.and_(t.conversation_id == sa.bindparam("c"), t.id == sa.bindparam("p"))
+    call = sa.and_(
+        e.conversation_id == sa.bindparam("c"),
+        e.pending_id == sa.bindparam("p"),
+        e.position == sa.bindparam("pos"),
+    )
+    if name == "lease":
+        if postgres:
+            until: Any = sa.func.clock_timestamp() + sa.func.make_interval(
+                0, 0, 0, 0, 0, 0, sa.bindparam("lease", type_=sa.Float())
+            )
+        else:
+            until = sa.func.strftime("%Y-%m-%d %H:%M:%f", "now", sa.bindparam("modifier"))
+        return (
+            sa.update(_TURNS_T)
+            .where(turn)
+            .values(lease_expires_at=until)
+            .returning(t.lease_expires_at)
+        )
+    if name in ("turn", "turn_locked"):
+        query = sa.select(_TURNS_T).where(turn)
+        return query.with_for_update() if name == "turn_locked" else query
+    if name == "executions":
+        return (
+            sa.select(_EXEC_T)
+            .where(e.conversation_id == sa.bindparam("c"), e.pending_id == sa.bindparam("p"))
+            .order_by(e.position)
+        )
+    if name == "start":
+        return (
+            sa.update(_EXEC_T)
+            .where(call)
+            .values(
+                state="started",
+                starts=e.starts + 1,
+                started_at=_now(),
+                started_by=sa.bindparam("owner", type_=e.started_by.type),
+            )
+            .returning(*_EXEC_T.c)
+        )
+    if name == "finish":
+        return (
+            sa.update(_EXEC_T)
+            .where(call)
+            .values(
+                state=sa.bindparam("state", type_=e.state.type),
+                finished_at=_now(),
+                result=sa.bindparam("result", type_=e.result.type),
+                result_parts=sa.bindparam("parts", type_=e.result_parts.type),
+                error=sa.bindparam("error", type_=e.error.type),
+            )
+            .returning(*_EXEC_T.c)
+        )
+    raise AssertionError(name)  # pragma: no cover
+
+
+def _lease_params(core: StoreCore, lease: float) -> dict[str, Any]:
+    if core.postgres:
+        return {"lease": float(lease)}
+    return {"modifier": f"+{lease:.3f} seconds"}
+
+
+def _set_lease(
+    core: StoreCore, conn: Connection, pending: PendingTurn, owner: str, lease: float
+) -> None:
+    p = PendingTurnRow
+    conn.execute(
+        sa.update(p)
+        .where(p.conversation_id == pending.conversation_id, p.id == pending.id)
+        .values(owner=owner, lease_expires_at=_lease_until(core, lease))
+    )
+
+
 def _load(
     conn: Connection, conversation_id: str, pending_id: int | None, *, lock: bool = False
 ) -> PendingTurn | None:
     """A pending turn by id (``None``: the conversation's pending one), with its executions."""
     p = PendingTurnRow
-    query = sa.select(PendingTurnRow.__table__).where(p.conversation_id == conversation_id)
     if pending_id is None:
-        query = query.where(p.state == "pending")
+        query = sa.select(PendingTurnRow.__table__).where(
+            p.conversation_id == conversation_id, p.state == "pending"
+        )
+        row = conn.execute(query.with_for_update() if lock else query).first()
     else:
-        query = query.where(p.id == pending_id)
-    if lock:
-        query = query.with_for_update()
-    row = conn.execute(query).first()
+        statement = _statement("turn_locked" if lock else "turn")
+        row = conn.execute(statement, {"c": conversation_id, "p": pending_id}).first()
     if row is None:
         return None
     values = row._mapping
-    e = ToolExecution
     executions = conn.execute(
-        sa.select(ToolExecution.__table__)
-        .where(e.conversation_id == conversation_id, e.pending_id == values["id"])
-        .order_by(e.position)
+        _statement("executions"), {"c": conversation_id, "p": values["id"]}
     ).all()
+    return _built(conversation_id, values, executions)
+
+
+def _built(conversation_id: str, values: Any, executions: Sequence[Any]) -> PendingTurn:
+    """A :class:`PendingTurn` from its row's mapping and its executions' rows (in order)."""
     return PendingTurn(
         conversation_id=conversation_id,
         id=int(values["id"]),
@@ -325,6 +547,7 @@ def _load(
         executions=tuple(_execution(x._mapping) for x in executions),
         format=values.get("format"),
         provider_items=values.get("provider_items"),
+        lease_expires_at=_utc(values.get("lease_expires_at")),
     )
 
 
@@ -374,15 +597,29 @@ def begin_body(
     calls: Sequence[ToolCall],
     idempotency_key: str | None,
     expected_seq: int | None,
+    owner: str | None = None,
+    lease: float = DEFAULT_LEASE,
+    start: int | None = None,
 ) -> PendingTurn:
-    """Store ``turn`` as the conversation's pending turn (or return it if it already is)."""
+    """Store ``turn`` as the conversation's pending turn owned by ``owner`` (or return it if
+    this ``owner`` already began it; the same turn begun by an owner whose lease ran out is
+    taken over, one whose lease holds raises :class:`~fsm.store.errors.TurnInProgressError`),
+    and start call ``start`` in the same transaction (not on a turn taken over)."""
     from fsm.store import store as _store
 
+    owner = owner or secrets.token_hex(16)
     _store._require(conn, conversation_id, lock=core.postgres)
-    existing = _load(conn, conversation_id, None)
+    existing = _load(conn, conversation_id, None, lock=core.postgres)
     if existing is not None:
         if _same_turn(existing, turn, idempotency_key):
-            return existing
+            if existing.owner != owner:  # not this begin retried: another request's turn
+                _live_owner(core, conn, existing)
+                _set_lease(core, conn, existing, owner, lease)
+            found = _load(conn, conversation_id, existing.id)
+            assert found is not None
+            if existing.owner == owner and start is not None:
+                return _start(core, conn, found, start, lease)
+            return found
         raise PendingTurnError(
             conversation_id,
             existing.id,
@@ -417,10 +654,11 @@ def begin_body(
     with core.reading(conversation_id):
         seq = _store._next_seq(conn, conversation_id)
     _store._check_expected(conversation_id, expected_seq, seq)
-    owner = secrets.token_hex(16)
     n = len(calls)
-    pending_id = conn.execute(
-        sa.insert(PendingTurnRow).returning(PendingTurnRow.id),
+    inserted = conn.execute(
+        sa.insert(PendingTurnRow)
+        .values(lease_expires_at=_lease_until(core, lease))
+        .returning(*cast(sa.Table, PendingTurnRow.__table__).c),
         {
             "conversation_id": conversation_id,
             "state": "pending",
@@ -438,10 +676,14 @@ def begin_body(
             "n_calls": n,
             **dict(zip(("format", "provider_items"), stored_items(turn), strict=True)),
         },
-    ).scalar_one()
+    ).one()
+    pending_id = inserted._mapping["id"]
+    executions: Sequence[Any] = []
     if n:
-        conn.execute(
-            sa.insert(ToolExecution),
+        executions = conn.execute(
+            sa.insert(ToolExecution).returning(
+                *cast(sa.Table, ToolExecution.__table__).c, sort_by_parameter_order=True
+            ),
             [
                 {
                     "conversation_id": conversation_id,
@@ -455,10 +697,9 @@ def begin_body(
                 }
                 for p, call in enumerate(calls)
             ],
-        )
-    found = _load(conn, conversation_id, int(pending_id))
-    assert found is not None
-    return found
+        ).all()
+    found = _built(conversation_id, inserted._mapping, executions)
+    return found if start is None else _start(core, conn, found, start, lease)
 
 
 def pending_body(conn: Connection, conversation_id: str) -> PendingTurn | None:
@@ -472,19 +713,28 @@ def pending_body(conn: Connection, conversation_id: str) -> PendingTurn | None:
 
 
 def _owned(
-    core: StoreCore, conn: Connection, pending: PendingTurn, *, resolved_ok: bool = False
+    core: StoreCore,
+    conn: Connection,
+    pending: PendingTurn,
+    *,
+    resolved_ok: bool = False,
+    conversation_lock: bool = True,
 ) -> PendingTurn:
-    """The stored state of ``pending`` under the conversation's lock; raises unless it is
-    still pending and ``pending``'s owner still owns it."""
+    """The stored state of ``pending`` under the conversation's lock (``conversation_lock``;
+    else under its own row's lock: a step that records a call changes nothing the
+    conversation's other writers read); raises unless it is still pending and ``pending``'s
+    owner still owns it."""
     from fsm.store import store as _store
 
     if not isinstance(pending, PendingTurn):
         raise TypeError(
             f"a ledger step takes the PendingTurn of begin()/claim(), not {type(pending).__name__}"
         )
-    _store._require(conn, pending.conversation_id, lock=core.postgres)
+    if conversation_lock:
+        _store._require(conn, pending.conversation_id, lock=core.postgres)
     stored = _load(conn, pending.conversation_id, pending.id, lock=core.postgres)
     if stored is None:
+        _store._require(conn, pending.conversation_id)  # the conversation is gone: say so
         raise LedgerStateError(
             f"conversation {pending.conversation_id!r} has no pending turn {pending.id} (it was "
             "deleted with its conversation)"
@@ -506,29 +756,58 @@ def _owned(
     return stored
 
 
-def claim_body(core: StoreCore, conn: Connection, pending: PendingTurn) -> PendingTurn:
-    """Make the caller the owner of ``pending`` if nobody claimed it since it was read."""
+def claim_body(
+    core: StoreCore, conn: Connection, pending: PendingTurn, lease: float = DEFAULT_LEASE
+) -> PendingTurn:
+    """Make the caller the owner of ``pending`` (with ``pending.claim_token``) if nobody
+    claimed it since it was read and its owner's lease has run out; a claim retried with the
+    same handle returns the turn it claimed."""
     from fsm.store import store as _store
 
     if not isinstance(pending, PendingTurn):
         raise TypeError(f"claim() takes a PendingTurn, not {type(pending).__name__}")
     _store._require(conn, pending.conversation_id, lock=core.postgres)
-    owner = secrets.token_hex(16)
-    p = PendingTurnRow
-    claimed = conn.execute(
-        sa.update(p)
-        .where(
-            p.conversation_id == pending.conversation_id,
-            p.id == pending.id,
-            p.state == "pending",
-            p.owner == pending.owner,
-        )
-        .values(owner=owner)
-    ).rowcount
-    if not claimed:
-        _owned(core, conn, pending)  # raises: resolved, gone, or claimed by another
-        raise AssertionError("unreachable")  # pragma: no cover
+    stored = _load(conn, pending.conversation_id, pending.id, lock=core.postgres)
+    if stored is not None and stored.state == "pending" and stored.owner == pending.claim_token:
+        # this very claim, retried (its COMMIT's answer was lost): it is ours
+        _set_lease(core, conn, stored, stored.owner, lease)
+    else:
+        if stored is not None and stored.state == "pending":
+            _live_owner(core, conn, stored)  # its owner is alive: it keeps its turn
+        _owned(core, conn, pending)  # raises: resolved, gone, or claimed by another since
+        _set_lease(core, conn, pending, pending.claim_token, lease)
     found = _load(conn, pending.conversation_id, pending.id)
+    assert found is not None
+    return found
+
+
+def renew_body(
+    core: StoreCore, conn: Connection, pending: PendingTurn, lease: float = DEFAULT_LEASE
+) -> datetime:
+    """Move the owner's lease on to now + ``lease``; the new end of the lease."""
+    stored = _owned(core, conn, pending, conversation_lock=False)
+    _set_lease(core, conn, stored, stored.owner, lease)
+    p = PendingTurnRow
+    until = conn.execute(
+        sa.select(p.lease_expires_at).where(
+            p.conversation_id == stored.conversation_id, p.id == stored.id
+        )
+    ).scalar()
+    found = _utc(until)
+    assert found is not None
+    return found
+
+
+def release_body(core: StoreCore, conn: Connection, pending: PendingTurn) -> PendingTurn:
+    """End the owner's lease now (it stays the owner until someone claims the turn)."""
+    stored = _owned(core, conn, pending, conversation_lock=False)
+    p = PendingTurnRow
+    conn.execute(
+        sa.update(p)
+        .where(p.conversation_id == stored.conversation_id, p.id == stored.id)
+        .values(lease_expires_at=_lease_until(core, 0.0))
+    )
+    found = _load(conn, stored.conversation_id, stored.id)
     assert found is not None
     return found
 
@@ -542,45 +821,46 @@ def _where(pending: PendingTurn, position: int) -> sa.ColumnElement[bool]:
     )
 
 
-def started_body(
-    core: StoreCore, conn: Connection, pending: PendingTurn, position: int
+def _with(
+    stored: PendingTurn, position: int, row: Any, lease: datetime | None = None
 ) -> PendingTurn:
-    """Record that the owner starts call ``position`` (a no-op if this owner already did)."""
-    stored = _owned(core, conn, pending)
+    """``stored`` with call ``position``'s execution read from ``row`` (an UPDATE's
+    RETURNING), and its lease when given: no second read of the turn."""
+    executions = list(stored.executions)
+    executions[position] = _execution(row._mapping)
+    return replace(
+        stored,
+        executions=tuple(executions),
+        lease_expires_at=lease if lease is not None else stored.lease_expires_at,
+    )
+
+
+def _start(
+    core: StoreCore, conn: Connection, stored: PendingTurn, position: int, lease: float
+) -> PendingTurn:
+    """Mark call ``position`` started by ``stored``'s owner (a no-op if it already is) and
+    renew the lease."""
     ex = stored.executions[position]
     if ex.finished:
         raise LedgerStateError(
             f"call {position} ({ex.call.name}) of pending turn {stored.id} already {ex.state}: "
             "it is not started again; its recorded outcome is reused"
         )
-    if ex.state == "started" and ex.started_by == stored.owner:
-        return stored  # a retry after a lost acknowledgement
-    conn.execute(
-        sa.update(ToolExecution)
-        .where(_where(stored, position))
-        .values(
-            state="started",
-            starts=ToolExecution.starts + 1,
-            started_at=_now(),
-            started_by=stored.owner,
-        )
+    keys = {"c": stored.conversation_id, "p": stored.id}
+    until = _utc(
+        conn.execute(
+            _statement("lease", core.postgres), {**keys, **_lease_params(core, lease)}
+        ).scalar()
     )
-    found = _load(conn, stored.conversation_id, stored.id)
-    assert found is not None
-    return found
+    if ex.state == "started" and ex.started_by == stored.owner:
+        return replace(stored, lease_expires_at=until)  # a retry after a lost acknowledgement
+    row = conn.execute(_statement("start"), {**keys, "pos": position, "owner": stored.owner}).one()
+    return _with(stored, position, row, until)
 
 
-def finished_body(
-    core: StoreCore,
-    conn: Connection,
-    pending: PendingTurn,
-    position: int,
-    outcome: Literal["succeeded", "failed"],
-    text: str | None,
-    parts: list[Any] | None,
-) -> PendingTurn:
-    """Record call ``position``'s outcome (a no-op if the same one is recorded)."""
-    stored = _owned(core, conn, pending)
+def _finish(conn: Connection, stored: PendingTurn, recording: Recording) -> PendingTurn:
+    """Record an outcome on ``stored`` (a no-op if the same one is recorded)."""
+    position, outcome, text, parts = recording
     ex = stored.executions[position]
     given: str | list[Any] | None = parts if parts is not None else text
     if ex.finished:
@@ -597,22 +877,79 @@ def finished_body(
             f"call {position} ({ex.call.name}) of pending turn {stored.id} was never started: "
             "record started() before the tool runs"
         )
-    values: dict[str, Any] = {"state": outcome, "finished_at": _now()}
-    if outcome == "succeeded":
-        values.update(result=text, result_parts=parts)
-    else:
-        values.update(error=text)
-    conn.execute(sa.update(ToolExecution).where(_where(stored, position)).values(**values))
-    found = _load(conn, stored.conversation_id, stored.id)
-    assert found is not None
-    return found
+    succeeded = outcome == "succeeded"
+    row = conn.execute(
+        _statement("finish"),
+        {
+            "c": stored.conversation_id,
+            "p": stored.id,
+            "pos": position,
+            "state": outcome,
+            "result": text if succeeded else None,
+            "parts": parts if succeeded else None,
+            "error": None if succeeded else text,
+        },
+    ).one()
+    return _with(stored, position, row)
+
+
+def started_body(
+    core: StoreCore,
+    conn: Connection,
+    pending: PendingTurn,
+    position: int,
+    lease: float = DEFAULT_LEASE,
+    recording: Recording | None = None,
+) -> PendingTurn:
+    """Record that the owner starts call ``position`` (a no-op if this owner already did), and
+    renew its lease: the tool starts with a whole lease ahead. ``recording``: an outcome to
+    record first, in the same transaction (the previous tool's)."""
+    stored = _owned(core, conn, pending, conversation_lock=False)
+    if recording is not None:
+        stored = _finish(conn, stored, recording)
+    return _start(core, conn, stored, position, lease)
+
+
+def finished_body(
+    core: StoreCore,
+    conn: Connection,
+    pending: PendingTurn,
+    position: int,
+    outcome: Literal["succeeded", "failed"],
+    text: str | None,
+    parts: list[Any] | None,
+) -> PendingTurn:
+    """Record call ``position``'s outcome (a no-op if the same one is recorded)."""
+    stored = _owned(core, conn, pending, conversation_lock=False)
+    return _finish(conn, stored, (position, outcome, text, parts))
+
+
+def commit_recording_body(
+    core: StoreCore, conn: Connection, pending: PendingTurn, recording: Recording
+) -> tuple[CommittedTurn | None, BaseException | None]:
+    """Record ``recording`` (the last tool's outcome), then commit the turn in a savepoint of
+    the same transaction: the committed turn, or the commit's error with the outcome still
+    recorded (the caller commits the transaction, then raises it)."""
+    stored = _owned(core, conn, pending, resolved_ok=True)
+    if stored.state == "pending" and stored.owner == pending.owner:
+        stored = _finish(conn, stored, recording)
+    try:
+        with conn.begin_nested():
+            return _commit_stored(core, conn, pending, stored), None
+    except (StoreError, sa.exc.IntegrityError, sa.exc.DataError) as exc:
+        return None, exc
 
 
 def commit_body(core: StoreCore, conn: Connection, pending: PendingTurn) -> CommittedTurn:
     """Move the pending turn and its outcomes into history (or return the stored turn)."""
+    return _commit_stored(core, conn, pending, _owned(core, conn, pending, resolved_ok=True))
+
+
+def _commit_stored(
+    core: StoreCore, conn: Connection, pending: PendingTurn, stored: PendingTurn
+) -> CommittedTurn:
     from fsm.store import store as _store
 
-    stored = _owned(core, conn, pending, resolved_ok=True)
     if stored.state == "committed":
         assert stored.committed_seq is not None
         return _store.CommittedTurn(
@@ -703,10 +1040,107 @@ def abandon_body(
 
 
 # -- the stores' methods -------------------------------------------------------------------------
+class _Heartbeats:
+    """One daemon thread per store renews the leases of the turns registered with it (a
+    thread per turn would cost more than the turn's transactions): each every third of its
+    lease. The thread ends after a while with nothing to renew; the next turn starts it
+    again. It holds the store weakly."""
+
+    #: seconds the thread waits with nothing to renew before it ends
+    LINGER = 30.0
+
+    def __init__(self, renew: Any) -> None:
+        self._renew = weakref.WeakMethod(renew)
+        self._cond = threading.Condition()
+        self._due: dict[int, tuple[PendingTurn, float, float]] = {}  # key: turn, every, next
+        self._busy: set[int] = set()  # keys whose renewal is running
+        self._thread: threading.Thread | None = None
+        self._key = 0
+        self._until = 0.0  # when the thread wakes up next (it is woken only to come sooner)
+
+    def add(self, pending: PendingTurn, every: float) -> int:
+        with self._cond:
+            self._key += 1
+            at = time.monotonic() + every
+            self._due[self._key] = (pending, every, at)
+            if self._thread is None or not self._thread.is_alive():  # (none yet; or forked)
+                self._until = at
+                self._thread = threading.Thread(
+                    target=self._run, name="fsm-ledger-heartbeat", daemon=True
+                )
+                self._thread.start()
+            elif at < self._until:
+                self._cond.notify_all()
+            return self._key
+
+    def remove(self, key: int) -> None:
+        """Stop renewing ``key``; returns once no renewal of it is running (a renewal that
+        ended after the owner released its lease would take the lease back)."""
+        with self._cond:
+            self._due.pop(key, None)
+            while key in self._busy:
+                self._cond.wait()
+
+    def _run(self) -> None:
+        idle = time.monotonic()
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                if not self._due:
+                    if now - idle > self.LINGER:
+                        self._thread = None
+                        return
+                    self._until = now + self.LINGER
+                    self._cond.wait(self.LINGER)
+                    continue
+                due = [(k, p, e) for k, (p, e, at) in self._due.items() if at <= now]
+                if not due:
+                    self._until = min(at for _, _, at in self._due.values())
+                    self._cond.wait(self._until - now)
+                    continue
+                for key, turn, every in due:
+                    self._due[key] = (turn, every, now + every)
+                    self._busy.add(key)
+            renew = self._renew()
+            for key, turn, _every in due:
+                try:
+                    if renew is not None:
+                        renew(turn)
+                except (PendingTurnError, LedgerStateError, ConversationNotFoundError):
+                    with self._cond:
+                        self._due.pop(key, None)  # taken over or resolved: nothing to keep
+                except Exception:  # a brief fault: the next beat tries again
+                    pass
+                finally:
+                    with self._cond:
+                        self._busy.discard(key)
+                        self._cond.notify_all()
+            del renew
+            idle = time.monotonic()
+
+
+_HEARTBEATS_LOCK = threading.Lock()
+
+
+#: how often a begin whose COMMIT's answer was lost is tried again (with its owner token).
+_BEGIN_TRIES = 3
+_BEGIN_PAUSE = 0.2
+
+
 class LedgerMethods:
     """The ledger's methods of :class:`~fsm.store.ConversationStore` (see the module)."""
 
     _core: StoreCore
+
+    #: seconds an owner holds a pending turn without renewing it (``begin``, ``claim``,
+    #: ``started``, ``renew`` and the heartbeat each give it this long, by the database's
+    #: clock); set it on the store (``store.ledger_lease = 10``). A crashed owner's turn can be
+    #: claimed this long after its last renewal; a tool that runs longer needs the heartbeat.
+    ledger_lease: float = DEFAULT_LEASE
+
+    #: :class:`Outcome`, the type of ``started``'s and ``commit``'s ``recording`` (here for
+    #: callers that do not import the store's modules, such as the agent loop)
+    ledger_outcome: ClassVar[type[Outcome]] = Outcome
 
     if TYPE_CHECKING:
 
@@ -720,20 +1154,44 @@ class LedgerMethods:
         *,
         idempotency_key: str | None = None,
         expected_seq: int | None = None,
+        start: int | ToolCall | None = None,
     ) -> PendingTurn:
         """Store a complete ``turn`` as the conversation's pending turn, before its tools run.
 
-        Returns the :class:`PendingTurn` (its calls ``not_started``; the caller owns it). The
-        same turn begun again (a retry) returns the stored one. Another pending turn raises
-        :class:`~fsm.store.errors.PendingTurnError`; an incomplete turn
-        :class:`~fsm.errors.IncompleteTurnError`; a stale ``expected_seq``
+        Returns the :class:`PendingTurn` (its calls ``not_started``; the caller owns it and
+        holds its lease). ``start`` (a call's position): also record that this call starts, in
+        the same transaction (one transaction less before the first tool runs). A begin whose
+        COMMIT's answer was lost is retried here with the same owner token. The same turn
+        begun again elsewhere raises :class:`~fsm.store.errors.TurnInProgressError` while its
+        owner's lease holds, and takes it over once the lease ran out (as :meth:`claim`).
+        Another pending turn raises :class:`~fsm.store.errors.PendingTurnError`; an incomplete
+        turn :class:`~fsm.errors.IncompleteTurnError`; a stale ``expected_seq``
         :class:`~fsm.store.errors.ConflictError`.
         """
         single, calls = plan_begin(conversation_id, turn, idempotency_key)
-        with self._core.translate(), self._write() as conn:
-            return begin_body(
-                self._core, conn, conversation_id, single, calls, idempotency_key, expected_seq
-            )
+        first = _start_position(calls, start)
+        lease = _check_lease(self.ledger_lease)
+        owner = secrets.token_hex(16)  # kept across tries: a retry recognises its own begin
+        for tried in range(1, _BEGIN_TRIES + 1):
+            try:
+                with self._core.translate(), self._write() as conn:
+                    return begin_body(
+                        self._core,
+                        conn,
+                        conversation_id,
+                        single,
+                        calls,
+                        idempotency_key,
+                        expected_seq,
+                        owner,
+                        lease,
+                        first,
+                    )
+            except CommitOutcomeUnknownError:
+                if tried == _BEGIN_TRIES:
+                    raise
+                time.sleep(_BEGIN_PAUSE * tried)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def pending(self, conversation_id: str) -> PendingTurn | None:
         """The conversation's pending turn with each call's recorded state and result, or
@@ -743,18 +1201,66 @@ class LedgerMethods:
             return pending_body(conn, conversation_id)
 
     def claim(self, pending: PendingTurn) -> PendingTurn:
-        """Become the owner of ``pending`` (read by :meth:`pending`) to resume it. Raises
-        :class:`~fsm.store.errors.PendingTurnError` if another process claimed it since, and
-        :class:`~fsm.store.errors.LedgerStateError` if it was committed or abandoned."""
+        """Become the owner of ``pending`` (read by :meth:`pending`) to resume it, once its
+        owner is gone. Raises :class:`~fsm.store.errors.TurnInProgressError` while the owner's
+        lease holds (it is alive: retry after ``error.retry_after``),
+        :class:`~fsm.store.errors.PendingTurnError` if another process claimed it since it was
+        read, and :class:`~fsm.store.errors.LedgerStateError` if it was committed or abandoned.
+        Retrying with the same ``pending`` (after a lost answer) returns the claimed turn."""
+        lease = _check_lease(self.ledger_lease)
         with self._core.translate(), self._write() as conn:
-            return claim_body(self._core, conn, pending)
+            return claim_body(self._core, conn, pending, lease)
 
-    def started(self, pending: PendingTurn, call: int | ToolCall | LedgerCall) -> PendingTurn:
-        """Record that ``call`` (a position, or the call) starts, before its tool runs; the
-        ledger's new state. A retry by the same owner changes nothing."""
-        position = _position(pending, call)
+    def renew(self, pending: PendingTurn) -> datetime:
+        """Renew the owner's lease on ``pending`` (``ledger_lease`` seconds from now, by the
+        database's clock); the new end of the lease. Raises
+        :class:`~fsm.store.errors.PendingTurnError` if another process took the turn over,
+        :class:`~fsm.store.errors.LedgerStateError` if it was resolved."""
+        lease = _check_lease(self.ledger_lease)
         with self._core.translate(), self._write() as conn:
-            return started_body(self._core, conn, pending, position)
+            return renew_body(self._core, conn, pending, lease)
+
+    def release(self, pending: PendingTurn) -> PendingTurn:
+        """End the owner's lease on ``pending`` now, without resolving it: the next
+        :meth:`claim` (this process's next run, or another's) takes it at once. For an owner
+        that stops working on the turn while it stays pending (the agent loop does this when
+        it raises after ``begin``/``claim``). Raises as :meth:`renew` does."""
+        with self._core.translate(), self._write() as conn:
+            return release_body(self._core, conn, pending)
+
+    @contextmanager
+    def heartbeat(self, pending: PendingTurn) -> Iterator[None]:
+        """Keep ``pending`` while the body runs (its tools): the store's heartbeat thread
+        renews the lease every third of ``ledger_lease``. A renewal that fails on a brief fault
+        is tried at the next beat; renewing stops when the turn is taken over or resolved (the
+        owner's next step then raises), and when the body ends (after a renewal in flight)."""
+        lease = _check_lease(self.ledger_lease)
+        with _HEARTBEATS_LOCK:
+            beats = self.__dict__.get("_fsm_heartbeats")
+            if beats is None:
+                beats = self.__dict__["_fsm_heartbeats"] = _Heartbeats(self.renew)
+        key = beats.add(pending, lease / 3)
+        try:
+            yield
+        finally:
+            beats.remove(key)
+
+    def started(
+        self,
+        pending: PendingTurn,
+        call: int | ToolCall | LedgerCall,
+        *,
+        recording: Outcome | None = None,
+    ) -> PendingTurn:
+        """Record that ``call`` (a position, or the call) starts, before its tool runs, and
+        renew the owner's lease; the ledger's new state. A retry by the same owner changes
+        nothing. ``recording``: the previous tool's :class:`Outcome`, recorded first in the
+        same transaction (one transaction per call instead of two)."""
+        position = _position(pending, call)
+        lease = _check_lease(self.ledger_lease)
+        outcome = None if recording is None else _recording(pending, recording)
+        with self._core.translate(), self._write() as conn:
+            return started_body(self._core, conn, pending, position, lease, outcome)
 
     def succeeded(
         self, pending: PendingTurn, call: int | ToolCall | LedgerCall, result: Any
@@ -777,12 +1283,23 @@ class LedgerMethods:
         with self._core.translate(), self._write() as conn:
             return finished_body(self._core, conn, pending, position, "failed", text, None)
 
-    def commit(self, pending: PendingTurn) -> CommittedTurn:
+    def commit(self, pending: PendingTurn, *, recording: Outcome | None = None) -> CommittedTurn:
         """Move the pending turn and every call's outcome into history in one transaction
         (``commit_turn``'s contract); a committed turn committed again returns the stored one
-        (``created=False``). Every call must have an outcome first."""
-        with self._core.translate(), self._write() as conn:
-            return commit_body(self._core, conn, pending)
+        (``created=False``). Every call must have an outcome first. ``recording``: the last
+        tool's :class:`Outcome`, recorded in the same transaction; it stays recorded when the
+        commit itself fails (that error is raised once the outcome is stored)."""
+        if recording is None:
+            with self._core.translate(), self._write() as conn:
+                return commit_body(self._core, conn, pending)
+        outcome = _recording(pending, recording)
+        with self._core.translate():
+            with self._write() as conn:
+                done, failure = commit_recording_body(self._core, conn, pending, outcome)
+            if failure is not None:
+                raise failure
+        assert done is not None
+        return done
 
     def abandon(self, pending: PendingTurn, reason: str) -> PendingTurn:
         """Give up the pending turn: it stays in the ledger for audit (with ``reason``), and
@@ -797,6 +1314,12 @@ class AsyncLedgerMethods:
 
     _core: StoreCore
 
+    #: :attr:`LedgerMethods.ledger_lease`.
+    ledger_lease: float = DEFAULT_LEASE
+
+    #: :attr:`LedgerMethods.ledger_outcome`.
+    ledger_outcome: ClassVar[type[Outcome]] = Outcome
+
     if TYPE_CHECKING:
 
         async def open(self) -> Any: ...
@@ -810,23 +1333,37 @@ class AsyncLedgerMethods:
         *,
         idempotency_key: str | None = None,
         expected_seq: int | None = None,
+        start: int | ToolCall | None = None,
     ) -> PendingTurn:
         """:meth:`ConversationStore.begin <fsm.store.ConversationStore.begin>`, awaited."""
         single, calls = plan_begin(conversation_id, turn, idempotency_key)
+        first = _start_position(calls, start)
+        lease = _check_lease(self.ledger_lease)
+        owner = secrets.token_hex(16)
         await self.open()
-        with self._core.translate():
-            async with self._write() as conn:
-                return await conn.run_sync(
-                    lambda c: begin_body(
-                        self._core,
-                        c,
-                        conversation_id,
-                        single,
-                        calls,
-                        idempotency_key,
-                        expected_seq,
-                    )
-                )
+        for tried in range(1, _BEGIN_TRIES + 1):
+            try:
+                with self._core.translate():
+                    async with self._write() as conn:
+                        return await conn.run_sync(
+                            lambda c: begin_body(
+                                self._core,
+                                c,
+                                conversation_id,
+                                single,
+                                calls,
+                                idempotency_key,
+                                expected_seq,
+                                owner,
+                                lease,
+                                first,
+                            )
+                        )
+            except CommitOutcomeUnknownError:
+                if tried == _BEGIN_TRIES:
+                    raise
+                await asyncio.sleep(_BEGIN_PAUSE * tried)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def pending(self, conversation_id: str) -> PendingTurn | None:
         """:meth:`ConversationStore.pending <fsm.store.ConversationStore.pending>`, awaited."""
@@ -838,18 +1375,69 @@ class AsyncLedgerMethods:
 
     async def claim(self, pending: PendingTurn) -> PendingTurn:
         """:meth:`ConversationStore.claim <fsm.store.ConversationStore.claim>`, awaited."""
+        lease = _check_lease(self.ledger_lease)
         await self.open()
         with self._core.translate():
             async with self._write() as conn:
-                return await conn.run_sync(lambda c: claim_body(self._core, c, pending))
+                return await conn.run_sync(lambda c: claim_body(self._core, c, pending, lease))
 
-    async def started(self, pending: PendingTurn, call: int | ToolCall | LedgerCall) -> PendingTurn:
+    async def renew(self, pending: PendingTurn) -> datetime:
+        """:meth:`ConversationStore.renew <fsm.store.ConversationStore.renew>`, awaited."""
+        lease = _check_lease(self.ledger_lease)
+        await self.open()
+        with self._core.translate():
+            async with self._write() as conn:
+                return await conn.run_sync(lambda c: renew_body(self._core, c, pending, lease))
+
+    async def release(self, pending: PendingTurn) -> PendingTurn:
+        """:meth:`ConversationStore.release <fsm.store.ConversationStore.release>`, awaited."""
+        await self.open()
+        with self._core.translate():
+            async with self._write() as conn:
+                return await conn.run_sync(lambda c: release_body(self._core, c, pending))
+
+    @asynccontextmanager
+    async def heartbeat(self, pending: PendingTurn) -> AsyncIterator[None]:
+        """:meth:`ConversationStore.heartbeat <fsm.store.ConversationStore.heartbeat>`, as a
+        task of the running event loop (``async with``). A tool that blocks the event loop
+        (a plain function doing I/O) blocks the heartbeat too: make long tools ``async`` (or
+        run them with ``asyncio.to_thread``), or raise ``ledger_lease`` above their run time."""
+        lease = _check_lease(self.ledger_lease)
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(lease / 3)
+                try:
+                    await self.renew(pending)
+                except (PendingTurnError, LedgerStateError, ConversationNotFoundError):
+                    return
+                except Exception:  # a brief fault: the next beat tries again
+                    continue
+
+        task = asyncio.ensure_future(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def started(
+        self,
+        pending: PendingTurn,
+        call: int | ToolCall | LedgerCall,
+        *,
+        recording: Outcome | None = None,
+    ) -> PendingTurn:
         """:meth:`ConversationStore.started <fsm.store.ConversationStore.started>`, awaited."""
         position = _position(pending, call)
+        lease = _check_lease(self.ledger_lease)
+        outcome = None if recording is None else _recording(pending, recording)
         await self.open()
         with self._core.translate():
             async with self._write() as conn:
-                return await conn.run_sync(lambda c: started_body(self._core, c, pending, position))
+                return await conn.run_sync(
+                    lambda c: started_body(self._core, c, pending, position, lease, outcome)
+                )
 
     async def succeeded(
         self, pending: PendingTurn, call: int | ToolCall | LedgerCall, result: Any
@@ -880,12 +1468,23 @@ class AsyncLedgerMethods:
                     lambda c: finished_body(self._core, c, pending, position, "failed", text, None)
                 )
 
-    async def commit(self, pending: PendingTurn) -> CommittedTurn:
+    async def commit(
+        self, pending: PendingTurn, *, recording: Outcome | None = None
+    ) -> CommittedTurn:
         """:meth:`ConversationStore.commit <fsm.store.ConversationStore.commit>`, awaited."""
+        outcome = None if recording is None else _recording(pending, recording)
         await self.open()
         with self._core.translate():
             async with self._write() as conn:
-                return await conn.run_sync(lambda c: commit_body(self._core, c, pending))
+                if outcome is None:
+                    return await conn.run_sync(lambda c: commit_body(self._core, c, pending))
+                done, failure = await conn.run_sync(
+                    lambda c: commit_recording_body(self._core, c, pending, outcome)
+                )
+            if failure is not None:
+                raise failure
+        assert done is not None
+        return done
 
     async def abandon(self, pending: PendingTurn, reason: str) -> PendingTurn:
         """:meth:`ConversationStore.abandon <fsm.store.ConversationStore.abandon>`, awaited."""

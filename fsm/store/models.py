@@ -879,6 +879,10 @@ class PendingTurnRow(Base):
     #: (migration 0007; checked by ``messages`` when the turn is committed)
     format: Mapped[str | None] = mapped_column(sa.Text)
     provider_items: Mapped[list[Any] | None] = mapped_column()
+    #: until when the owner holds the turn (the database's clock; migration 0008): ``begin``,
+    #: ``claim``, ``started`` and the owner's heartbeat (``renew``) move it on; ``claim`` takes
+    #: the turn over only after it (NULL: written before 0008, claimable at once)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
 
     __table_args__ = (
         sa.PrimaryKeyConstraint("conversation_id", "id"),

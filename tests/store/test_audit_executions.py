@@ -43,6 +43,7 @@ def _seed(store: ConversationStore) -> None:
     first = store.started(first, 0)
     first = store.succeeded(first, 0, "paid")
     first = store.started(first, 1)
+    store.release(first)  # the owner crashed, as its lease's end would show
     seen = store.pending("c1")
     assert seen is not None
     resumed = store.claim(seen)

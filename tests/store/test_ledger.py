@@ -17,6 +17,7 @@ from fsm.store import (
     ConversationStore,
     LedgerStateError,
     PendingTurnError,
+    TurnInProgressError,
 )
 from fsm.store.aio import AsyncConversationStore
 from tests.helpers.store import make_turn
@@ -78,7 +79,11 @@ def test_every_step_is_idempotent(store: ConversationStore) -> None:
     cid = _conv(store)
     turn = make_turn(CALLS)
     pending = store.begin(cid, turn)
-    assert store.begin(cid, turn) == pending  # begin retried after a lost acknowledgement
+    # the same turn begun by another request while its owner holds it: not taken over (a begin
+    # retried after a lost acknowledgement retries inside begin, with its own owner token)
+    with pytest.raises(TurnInProgressError) as caught:
+        store.begin(cid, turn)
+    assert caught.value.owner == pending.owner and caught.value.pending_id == pending.id
     pending = store.started(pending, 0)
     assert store.started(pending, 0) == pending  # a retry: not a second start
     assert pending.executions[0].starts == 1
@@ -127,13 +132,18 @@ def test_a_pending_turn_blocks_other_writes(store: ConversationStore) -> None:
 
 
 def test_claim_is_compare_and_set_on_the_owner(store: ConversationStore) -> None:
+    store.ledger_lease = 5.0
     cid = _conv(store)
     first = store.begin(cid, make_turn(CALLS))
     first = store.started(first, 0)
+    store.release(first)  # the first owner is gone (as when its lease runs out)
     seen_by_a = store.pending(cid)
     seen_by_b = store.pending(cid)
     assert seen_by_a is not None and seen_by_b is not None
     a = store.claim(seen_by_a)
+    with pytest.raises(TurnInProgressError):  # a holds it now
+        store.claim(seen_by_b)
+    store.release(a)  # a's lease ended too, but b read the turn before a claimed it
     with pytest.raises(PendingTurnError, match="claimed by another process"):
         store.claim(seen_by_b)
     # the old owner (a crashed process that came back) may no longer record
@@ -252,8 +262,10 @@ def test_the_async_store_has_the_same_ledger(db_url: sa.URL) -> None:
         async with AsyncConversationStore(url) as store:
             cid = await store.create_conversation("a1")
             await store.append(cid, [{"role": "user", "content": "go"}])
+            store.ledger_lease = 5.0
             pending = await store.begin(cid, turn)
-            assert await store.begin(cid, turn) == pending
+            with pytest.raises(TurnInProgressError):
+                await store.begin(cid, turn)
             with pytest.raises(PendingTurnError):
                 await store.append(cid, [{"role": "user", "content": "x"}])
             for call in pending.calls:
@@ -261,6 +273,9 @@ def test_the_async_store_has_the_same_ledger(db_url: sa.URL) -> None:
                 pending = await store.succeeded(pending, call, f"did {call.name}")
             seen = await store.pending(cid)
             assert seen is not None
+            with pytest.raises(TurnInProgressError):  # started() renewed the lease
+                await store.claim(seen)
+            await store.release(pending)  # the owner is gone (as when its lease runs out)
             pending = await store.claim(seen)
             done = await store.commit(pending)
             assert done.created

@@ -29,7 +29,13 @@ class PendingRow(_Row):
     """A turn of the tool ledger: its state, when it was begun and resolved, its age in seconds
     (now less ``created_at``), the abandon reason, the seq it goes to (``at_seq``) or went to
     (``committed_seq``), its model, and its calls' executions: how many are in each state
-    and the total number of starts (more starts than calls: a call ran again after a crash)."""
+    and the total number of starts (more starts than calls: a call ran again after a crash).
+
+    ``lease_expires_at`` is when its owner's lease ends (the database's clock; renewed by the
+    owner's heartbeat while its tools run) and ``owner``, for a pending turn, whether that owner
+    is ``alive`` (the lease holds: its tools may be running, nobody takes the turn over) or
+    ``gone`` (the lease ran out, or the turn predates leases: the next run resumes it);
+    ``None`` for a resolved turn."""
 
     conversation_id: str
     pending_id: int
@@ -47,11 +53,28 @@ class PendingRow(_Row):
     succeeded: int
     failed: int
     starts: int
+    lease_expires_at: datetime | None = None
+    owner: str | None = None
 
     @property
     def key(self) -> tuple[str, int]:
         """``(conversation_id, pending_id)``."""
         return (self.conversation_id, self.pending_id)
+
+
+def _lease_columns(conn: sa.Connection) -> list[sa.Label[Any]]:
+    """The end of a turn's lease, and whether it holds by the database's clock (as the
+    ledger's ``claim`` decides it); NULLs on a store older than migration 0008."""
+    schema = (conn.get_execution_options().get("schema_translate_map") or {}).get(None)
+    names = {c["name"] for c in sa.inspect(conn).get_columns(_TURNS.name, schema=schema)}
+    if "lease_expires_at" not in names:
+        return [sa.null().label("lease_expires_at"), sa.literal(0).label("lease_holds")]
+    lease = _TURNS.c.lease_expires_at
+    if conn.dialect.name == "postgresql":
+        holds = sa.case((lease > sa.func.clock_timestamp(), 1), else_=0)
+    else:
+        holds = sa.case((sa.func.julianday(lease) > sa.func.julianday("now"), 1), else_=0)
+    return [_raw(conn, lease).label("lease_expires_at"), holds.label("lease_holds")]
 
 
 def pending_turns(
@@ -102,6 +125,7 @@ def pending_turns(
                 count("succeeded"),
                 count("failed"),
                 starts,
+                *_lease_columns(conn),
             )
             .where(t.state.in_(list(states)))
             .order_by(t.created_at, t.conversation_id, t.id)
@@ -129,6 +153,8 @@ def pending_turns(
                     succeeded=int(row[12]),
                     failed=int(row[13]),
                     starts=int(row[14]),
+                    lease_expires_at=as_utc(row[15]),
+                    owner=None if _text(row[2]) != "pending" else ("alive" if row[16] else "gone"),
                 )
             )
         return out
