@@ -13,7 +13,7 @@ from packaging.version import Version
 from tests.helpers import REPO
 
 #: the extras CI installs (``.[test]``) and the ones users choose; ``bench`` pins peers exactly
-EXTRAS = ("postgres", "clients", "async", "test")
+EXTRAS = ("postgres", "openai", "async", "test")
 #: test tools: not the package's dependencies, left to float (anthropic: only its request
 #: types, to validate rendered messages; playwright: the viewer's browser tests)
 TOOLS = {"pytest", "pytest-cov", "hypothesis", "atheris", "mypy", "ruff", "anthropic", "playwright"}

@@ -45,7 +45,7 @@ TRUNCATED = "openai-python/finish_length_max_tokens_1__gpt-4o-2024-08-06__4cc50a
 HEAD = head_revision()
 BIG = str(10**20)
 TIMEOUT = 60.0
-#: runs ``fsm`` with the psycopg module hidden, as after ``pip install 'fsm[clients]'`` alone
+#: runs ``fsm`` with the psycopg module hidden, as after ``pip install 'fsm-toolcalls[openai]'`` alone
 NO_PSYCOPG = (
     "import sys; sys.modules['psycopg'] = None; from fsm.cli.main import main; main(sys.argv[1:])"
 )
@@ -360,7 +360,7 @@ CATALOG: list[Mistake] = [
         ),
         2,
         "error: the database driver psycopg is not installed, and "
-        "postgresql+psycopg://app@localhost/app needs it: pip install 'fsm[postgres]'",
+        "postgresql+psycopg://app@localhost/app needs it: pip install 'fsm-toolcalls[postgres]'",
         code=NO_PSYCOPG,
         needs_corpus=True,
     ),
@@ -922,7 +922,7 @@ def test_a_missing_driver_names_the_package(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     message = (
         "the database driver psycopg is not installed, and postgresql+psycopg://app@localhost/app "
-        "needs it: pip install 'fsm[postgres]'"
+        "needs it: pip install 'fsm-toolcalls[postgres]'"
     )
     assert proc.stdout.splitlines() == [message, message]
 
