@@ -258,6 +258,7 @@ PATHOLOGICAL = {
 }
 
 
+@pytest.mark.slow  # a timing
 @pytest.mark.parametrize("name", list(PATHOLOGICAL))
 def test_time_is_linear(name: str) -> None:
     make = PATHOLOGICAL[name]

@@ -16,7 +16,17 @@ from tests.helpers import REPO
 EXTRAS = ("postgres", "openai", "async", "test")
 #: test tools: not the package's dependencies, left to float (anthropic: only its request
 #: types, to validate rendered messages; playwright: the viewer's browser tests)
-TOOLS = {"pytest", "pytest-cov", "hypothesis", "atheris", "mypy", "ruff", "anthropic", "playwright"}
+TOOLS = {
+    "pytest",
+    "pytest-cov",
+    "pytest-xdist",
+    "hypothesis",
+    "atheris",
+    "mypy",
+    "ruff",
+    "anthropic",
+    "playwright",
+}
 
 
 def lower_bounds() -> dict[str, Version]:

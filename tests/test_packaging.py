@@ -16,7 +16,8 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +73,14 @@ def _imports() -> Iterator[tuple[str, str, bool]]:
                     yield path.relative_to(REPO).as_posix(), name, top
 
 
+@cache
+def _providers() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
 def _distributions(module: str) -> set[str]:
     """The installed distributions that provide the top-level ``module``."""
-    provided = importlib.metadata.packages_distributions().get(module, [])
+    provided = _providers().get(module, [])
     assert provided, f"fsm imports {module}, which no installed distribution provides"
     return {canonicalize_name(d) for d in provided}
 
@@ -200,6 +206,7 @@ def _installed_from_here() -> importlib.metadata.Distribution | None:
     return None
 
 
+@pytest.mark.slow  # a mypy run
 def test_the_editable_install_is_one_mypy_follows(tmp_path: Path) -> None:
     """The README's ``pip install -e '.[test]'`` puts the checkout on the path by a static .pth
     line (not an import hook that only the interpreter runs), so ``mypy --strict`` on a user's

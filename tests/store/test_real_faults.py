@@ -71,6 +71,10 @@ TOOL_RESULTS = ["5", "20"]
 #: the deadline of the stores under a network fault (seconds)
 DEADLINE = 2.0
 
+#: real faults (a black-holed network, a full disk, a server of its own killed): CI runs them
+#: in its own step (pytest -m slow)
+pytestmark = pytest.mark.slow
+
 
 # -- the results table ---------------------------------------------------------------------------
 @dataclass
