@@ -660,6 +660,7 @@ def ctx(engine_name: str, db_url: sa.URL, tmp_path: Path) -> Iterator[Ctx]:
         yield make_ctx(tmp_path, engine_name, db_url, empty)
 
 
+@pytest.mark.slow  # the catalog: a command-line process per mistake and engine
 @pytest.mark.parametrize(("engine_name", "mistake"), list(_params()), indirect=["engine_name"])
 def test_a_mistake_gets_one_line(engine_name: str, mistake: Mistake, ctx: Ctx) -> None:
     if mistake.needs_corpus:

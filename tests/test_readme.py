@@ -131,6 +131,7 @@ def test_every_python_example_has_a_prelude() -> None:
     assert len({_prelude_key(e) for e in examples}) == len(examples)
 
 
+@pytest.mark.slow  # two Python processes and a replay server per example
 @pytest.mark.parametrize("number", range(len(_python_examples())))
 def test_readme_example_runs_twice(number: int, tmp_path: Path) -> None:
     """Each example, as written (after the prelude of the names the reader supplies), in a
