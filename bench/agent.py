@@ -50,7 +50,7 @@ from typing import Any
 try:
     import openai
 except ImportError:  # pragma: no cover
-    sys.exit("bench/agent.py needs the openai SDK: pip install -e '.[clients]'")
+    sys.exit("bench/agent.py needs the openai SDK: pip install -e '.[openai]'")
 
 from fsm.agent import run_agent_loop
 from fsm.clients import iter_openai_events

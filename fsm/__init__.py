@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from fsm.__about__ import __version__
 from fsm.api import aparse, parse
 from fsm.completion import parse_completion
 from fsm.errors import (
@@ -36,8 +37,6 @@ from fsm.events import (
 from fsm.parser import Anomaly, Limits, ParseResult, StreamParser, Turn
 from fsm.states import ToolCallState
 from fsm.toolcall import ToolCall
-
-__version__ = "0.1.0"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # no output unless configured
 

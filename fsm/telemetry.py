@@ -18,9 +18,9 @@ logging):
 Records at ``INFO`` and above carry ids, counts, seqs and reasons, never message content, tool
 arguments or results.
 
-**Tracing (OpenTelemetry).** With ``opentelemetry-api`` installed (``pip install 'fsm[otel]'``),
-the agent loop and the store emit spans through the global tracer provider, following the
-OpenTelemetry semantic conventions for generative AI:
+**Tracing (OpenTelemetry).** With ``opentelemetry-api`` installed
+(``pip install 'fsm-toolcalls[otel]'``), the agent loop and the store emit spans through the
+global tracer provider, following the OpenTelemetry semantic conventions for generative AI:
 
 * ``invoke_agent`` (kind ``INTERNAL``): a whole run of the agent loop, the parent of the spans
   below: ``gen_ai.operation.name`` ``invoke_agent``, ``gen_ai.provider.name``,

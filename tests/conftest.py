@@ -35,6 +35,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.import_plugin("fsm.pytest_plugin")
 
 
+@pytest.fixture(autouse=True)
+def _no_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command line fits its tables to ``$COLUMNS``: the runner's own must not decide a
+    test's output (a developer's shell may export one; pytest-xdist's workers set 80). A test
+    that wants a width sets it."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 @pytest.fixture
 def corpus_dir() -> Path:
     require_corpus()

@@ -34,7 +34,7 @@ from fsm.parser import StreamParser
 from fsm.store import ConversationStore
 from fsm.store.aio import AsyncConversationStore
 from fsm.testing import EXAMPLES_DIR, ReplayServer, ReplayTurn
-from tests.helpers import REPO
+from tests.helpers import REPO, require_recording
 from tests.helpers.agent import bounded
 
 SHARED = Path(os.environ.get("FSM_SHARED_DIR", REPO.parent / "shared"))
@@ -160,9 +160,10 @@ def test_a_custom_tool_call_is_reported_never_executed(store: ConversationStore)
     """xAI-style: the server reports a free-text call. Even with a tool of that name
     registered, nothing runs; the call gets an error result that says why, and the loop goes
     on with a follow-up the server accepts (custom_tool_call_output by call_id)."""
-    recording = SHARED / "corpus-responses" / "vercel-ai__hw_custom_tool_call_free_text.sse"
-    if not recording.exists():
-        pytest.skip(f"no recording at {recording}")
+    recording = require_recording(
+        SHARED / "corpus-responses" / "vercel-ai__hw_custom_tool_call_free_text.sse",
+        "responses recording",
+    )
     calls: list[str] = []
 
     def write_sql(query: str) -> str:

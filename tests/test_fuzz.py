@@ -326,6 +326,7 @@ def expected_order(calls: list[Call]) -> list[Call]:
     return sorted(calls, key=lambda c: (c.index is None, c.index or 0))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(stream=streams(), points=st.lists(st.integers(0, 1 << 20), max_size=30))
 def test_random_streams_reassemble_exactly(stream: Stream, points: list[int]) -> None:
@@ -364,6 +365,7 @@ def test_random_streams_reassemble_exactly(stream: Stream, points: list[int]) ->
     assert kinds <= {"delta_after_finish", "no_tool_calls", "blank_id"}, kinds
 
 
+@pytest.mark.slow
 @FUZZ
 @given(stream=streams())
 def test_random_streams_whole_and_bytewise_agree(stream: Stream) -> None:
@@ -426,6 +428,7 @@ def mutated(draw: st.DrawFn) -> bytes:
     return bytes(data)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=200,
     deadline=None,
@@ -489,6 +492,7 @@ def test_anomalies_after_the_end_do_not_depend_on_splits() -> None:
     assert kinds([head[:-1], head[-1:] + tail]) == whole
 
 
+@pytest.mark.slow
 def test_the_generator_covers_the_quirks() -> None:
     """Guard against a generator that silently stopped producing the provider quirks."""
     seen: set[str] = set()
@@ -567,6 +571,7 @@ def run_harness(name: str, cwd: Path, *args: str) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_ATHERIS, reason="atheris is not installed (pip install atheris)")
 @pytest.mark.parametrize("name", HARNESSES)
 def test_atheris_harness_runs(name: str, tmp_path: Path) -> None:
@@ -576,6 +581,7 @@ def test_atheris_harness_runs(name: str, tmp_path: Path) -> None:
     assert not list(tmp_path.glob("crash-*"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", HARNESSES)
 def test_harness_runs_without_atheris(name: str, tmp_path: Path) -> None:
     """The plain-Python fallback loop (for where atheris does not build) runs the same checks."""

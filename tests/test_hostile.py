@@ -309,7 +309,9 @@ def run_big(case_id: str) -> dict[str, Any]:
 
 def big_params() -> list[Any]:
     return [
-        pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.slow else []) for c in catalog.BIG
+        # each in a process of its own, 1 MB to 100 MB: slow (CI runs them: pytest -m slow)
+        pytest.param(c, id=c.id, marks=[pytest.mark.slow])
+        for c in catalog.BIG
     ]
 
 

@@ -258,6 +258,8 @@ PATHOLOGICAL = {
 }
 
 
+@pytest.mark.slow
+@pytest.mark.serial  # a timing: alone on the machine
 @pytest.mark.parametrize("name", list(PATHOLOGICAL))
 def test_time_is_linear(name: str) -> None:
     make = PATHOLOGICAL[name]

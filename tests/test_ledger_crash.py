@@ -33,6 +33,9 @@ from fsm.store import ConversationStore
 
 REPO = Path(__file__).resolve().parents[1]
 
+#: real processes killed at every point: CI runs them in its own step (pytest -m slow)
+pytestmark = pytest.mark.slow
+
 CHILD = r"""
 import json, os, signal, sys, time
 import openai

@@ -143,6 +143,8 @@ def test_lowered_name_limit() -> None:
     assert states(parser) == [("aborted", "limit:max_name_bytes")]
 
 
+@pytest.mark.slow
+@pytest.mark.serial  # a timing: alone on the machine
 def test_many_calls_of_one_byte_name_fragments_stay_linear() -> None:
     """512 one-byte name fragments for each of 256 calls: every append copies at most 512
     bytes, every update event holds at most 512 bytes (whole-buffer parsing)."""
@@ -455,6 +457,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a process each, measuring its memory
 @pytest.mark.parametrize("worst", ["many-calls", "name-fragments", "tiny-content", "wide-text",
                                    "deep-arguments"])  # fmt: skip
 def test_peak_rss_at_the_default_limits(worst: str) -> None:

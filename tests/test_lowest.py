@@ -20,6 +20,7 @@ EXTRAS = ("postgres", "openai", "async", "test")
 TOOLS = {
     "pytest",
     "pytest-cov",
+    "pytest-xdist",
     "hypothesis",
     "atheris",
     "mypy",

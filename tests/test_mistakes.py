@@ -45,7 +45,7 @@ TRUNCATED = "openai-python/finish_length_max_tokens_1__gpt-4o-2024-08-06__4cc50a
 HEAD = head_revision()
 BIG = str(10**20)
 TIMEOUT = 60.0
-#: runs ``fsm`` with the psycopg module hidden, as after ``pip install 'fsm[clients]'`` alone
+#: runs ``fsm`` with the psycopg module hidden, as after ``pip install 'fsm-toolcalls[openai]'`` alone
 NO_PSYCOPG = (
     "import sys; sys.modules['psycopg'] = None; from fsm.cli.main import main; main(sys.argv[1:])"
 )
@@ -393,7 +393,7 @@ CATALOG: list[Mistake] = [
         ),
         2,
         "error: the database driver psycopg is not installed, and "
-        "postgresql+psycopg://app@localhost/app needs it: pip install 'fsm[postgres]'",
+        "postgresql+psycopg://app@localhost/app needs it: pip install 'fsm-toolcalls[postgres]'",
         code=NO_PSYCOPG,
         needs_corpus=True,
     ),
@@ -722,6 +722,7 @@ def ctx(engine_name: str, db_url: sa.URL, tmp_path: Path) -> Iterator[Ctx]:
         yield make_ctx(tmp_path, engine_name, db_url, empty)
 
 
+@pytest.mark.slow  # the catalog: a command-line process per mistake and engine
 @pytest.mark.parametrize(("engine_name", "mistake"), list(_params()), indirect=["engine_name"])
 def test_a_mistake_gets_one_line(engine_name: str, mistake: Mistake, ctx: Ctx) -> None:
     if mistake.needs_corpus:
@@ -1006,7 +1007,7 @@ def test_a_missing_driver_names_the_package(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     message = (
         "the database driver psycopg is not installed, and postgresql+psycopg://app@localhost/app "
-        "needs it: pip install 'fsm[postgres]'"
+        "needs it: pip install 'fsm-toolcalls[postgres]'"
     )
     assert proc.stdout.splitlines() == [message, message]
 

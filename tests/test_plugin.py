@@ -112,6 +112,7 @@ def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
         os.environ.update(env_free)
 
 
+@pytest.mark.slow  # a pytest process of its own
 def test_sqlite_runs_and_postgresql_skips_with_a_reason(user_project: pytest.Pytester) -> None:
     result = run(user_project)
     result.assert_outcomes(passed=5, skipped=2)
@@ -120,12 +121,14 @@ def test_sqlite_runs_and_postgresql_skips_with_a_reason(user_project: pytest.Pyt
     )
 
 
+@pytest.mark.slow  # a pytest process of its own
 def test_postgresql_required_but_missing_fails(user_project: pytest.Pytester) -> None:
     result = run(user_project, "--fsm-require-postgres")
     result.assert_outcomes(passed=5, errors=2)
     result.stdout.fnmatch_lines(["*PostgreSQL is required here*"])
 
 
+@pytest.mark.slow  # a pytest process of its own
 def test_the_ini_option_keeps_only_the_listed_engines(user_project: pytest.Pytester) -> None:
     user_project.makeini("[pytest]\nfsm_engines = sqlite\n")
     result = run(user_project, "--fsm-postgres-url", "postgresql://nobody@127.0.0.1:1/none")
@@ -133,6 +136,7 @@ def test_the_ini_option_keeps_only_the_listed_engines(user_project: pytest.Pytes
     result.stdout.fnmatch_lines(["*postgresql is not in the fsm_engines ini option (sqlite)*"])
 
 
+@pytest.mark.slow  # a pytest process of its own
 @pytest.mark.postgres
 @pytest.mark.skipif(not POSTGRES_URL, reason="FSM_TEST_POSTGRES_URL is not set")
 def test_postgresql_from_the_option(user_project: pytest.Pytester) -> None:
@@ -154,6 +158,7 @@ def test_postgresql_from_the_option(user_project: pytest.Pytester) -> None:
     assert used not in schemas()  # its own schema, dropped at the end
 
 
+@pytest.mark.slow  # a pytest process of its own
 def test_disabled_with_p_no(user_project: pytest.Pytester) -> None:
     if not entry_point_installed():
         pytest.skip("fsm was installed before the entry point existed: pip install -e .")

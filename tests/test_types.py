@@ -97,6 +97,7 @@ def misuse(client: OpenAI, store: ConversationStore, data: bytes) -> None:
 """
 
 
+@pytest.mark.slow  # a mypy run
 def test_a_user_module_passing_fsm_messages_to_the_sdk_passes_mypy_strict(
     tmp_path: Path,
 ) -> None:

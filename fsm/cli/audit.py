@@ -517,8 +517,8 @@ def serve(url: str | None, host: str, port: int, token: str | None, quiet: bool)
 
     The store is opened read-only and no page writes; only GET and HEAD are answered. Pages hold
     no script; every stored value is shown escaped. The first line of stdout is the URL; it
-    serves until Ctrl-C (exit status 130). Needs nothing beyond fsm itself (pip install
-    'fsm[web]' is the same install).
+    serves until Ctrl-C (exit status 130). Needs nothing beyond fsm itself: no extra, the viewer
+    runs on the standard library.
 
     \b
     Examples:

@@ -70,7 +70,7 @@ def multiply(a: int, b: int) -> int:
     default="chat",
     show_default=True,
     help="The API the loop speaks: Chat Completions, the Responses API (openai client), or "
-    "Anthropic Messages (anthropic client, pip install 'fsm[anthropic]').",
+    "Anthropic Messages (anthropic client, pip install 'fsm-toolcalls[anthropic]').",
 )
 def demo(url: str | None, delay: float, stream_format: str) -> None:
     """Run a real tool-calling agent loop end to end, with nothing to set up.
@@ -91,13 +91,13 @@ def demo(url: str | None, delay: float, stream_format: str) -> None:
       fsm demo --format anthropic
     """
     fmt: Any = stream_format
-    package, extra = ("anthropic", "anthropic") if fmt == "anthropic" else ("openai", "openai")
+    package = "anthropic" if fmt == "anthropic" else "openai"  # the extra is named for it
     try:
         sdk = importlib.import_module(package)
     except ModuleNotFoundError:
         click.echo(
             f"error: fsm demo --format {fmt} needs the {package} package: "
-            f"pip install 'fsm[{extra}]'",
+            f"pip install 'fsm-toolcalls[{package}]'",
             err=True,
         )
         sys.exit(2)

@@ -745,9 +745,9 @@ def _build(url: URL, profile: _Profile, kwargs: dict[str, Any], busy_timeout: fl
 
 #: the package that provides each driver fsm uses, for :class:`DriverMissingError`.
 _DRIVER_PACKAGES: Final = {
-    "psycopg": ("psycopg", "pip install 'fsm[postgres]'"),
-    "psycopg_async": ("psycopg", "pip install 'fsm[postgres]'"),
-    "aiosqlite": ("aiosqlite", "pip install 'fsm[async]'"),
+    "psycopg": ("psycopg", "pip install 'fsm-toolcalls[postgres]'"),
+    "psycopg_async": ("psycopg", "pip install 'fsm-toolcalls[postgres]'"),
+    "aiosqlite": ("aiosqlite", "pip install 'fsm-toolcalls[async]'"),
 }
 
 

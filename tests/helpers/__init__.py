@@ -75,6 +75,17 @@ def require_corpus() -> None:
     pytest.skip(message)
 
 
+def require_recording(path: Path, what: str = "recording") -> Path:
+    """``path``, a file under ``../shared`` (a recording of another corpus, read in place); skips
+    (or fails, under FSM_REQUIRE_CORPUS=1) when it is not there, like :func:`require_corpus`."""
+    if path.is_file():
+        return path
+    message = f"the {what} {path.name} is not at {path.parent} (check out shared/ beside fsm)"
+    if os.environ.get("FSM_REQUIRE_CORPUS") == "1":
+        pytest.fail(message + "; FSM_REQUIRE_CORPUS=1 makes this an error")
+    pytest.skip(message)
+
+
 def corpus_params() -> list[Any]:
     """Parametrize values for every corpus file; one skipping placeholder without the corpus."""
     files = corpus_files()

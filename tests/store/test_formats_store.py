@@ -30,7 +30,7 @@ from fsm.store.aio import AsyncConversationStore
 from fsm.store.audit import check, tool_calls
 from fsm.store.models import PG_CALL_ARGUMENTS_CHECK
 from fsm.store.render import CALL_REF
-from tests.helpers import REPO
+from tests.helpers import REPO, require_recording
 from tests.helpers.store import assert_openai_accepts, call_row, make_turn, result_row, user_row
 
 SHARED = Path(os.environ.get("FSM_SHARED_DIR", REPO.parent / "shared"))
@@ -61,10 +61,16 @@ def _parsed(fmt: str | None, name: str | None) -> Turn | None:
             pytest.fail(message + "; FSM_REQUIRE_CORPUS=1 makes this an error")
         pytest.skip(message)
     parser = StreamParser(format=fmt)  # type: ignore[arg-type]
-    parser.receive_data((CORPORA[fmt] / name).read_bytes())
+    parser.receive_data(_recording(fmt, name).read_bytes())
     parser.receive_eof()
     result = parser.result()
     return result.turns[0] if result.turns else None
+
+
+def _recording(fmt: str, name: str) -> Path:
+    """The recording ``name`` of issue 17's ``fmt`` corpus; skips (fails under
+    FSM_REQUIRE_CORPUS=1) when ``../shared`` does not hold it."""
+    return require_recording(CORPORA[fmt] / name, f"{fmt} recording")
 
 
 def _turn(fmt: str | None, name: str | None) -> Turn:
@@ -329,7 +335,9 @@ def test_audit_lists_and_filters_calls_of_every_format(store: ConversationStore)
         assert [r.conversation_id for r in tool_calls(store.engine, format=fmt)] == [fmt]
     # an attempt keeps its stream's format
     parser = StreamParser()
-    data = CORPORA["anthropic"] / "anthropic-sdk-python__claude-3-7-sonnet_max_tokens_mid_call.sse"
+    data = _recording(
+        "anthropic", "anthropic-sdk-python__claude-3-7-sonnet_max_tokens_mid_call.sse"
+    )
     parser.receive_data(data.read_bytes())
     parser.receive_eof()
     store.record_attempt("anthropic", parser.result())

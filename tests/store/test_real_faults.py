@@ -71,6 +71,10 @@ TOOL_RESULTS = ["5", "20"]
 #: the deadline of the stores under a network fault (seconds)
 DEADLINE = 2.0
 
+#: real faults (a black-holed network, a full disk, a server of its own killed), timed against
+#: deadlines: CI runs them in one process, alone (pytest -n 0 -m serial)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
+
 
 # -- the results table ---------------------------------------------------------------------------
 @dataclass

@@ -122,6 +122,7 @@ def test_commit_writes_the_columns_and_the_backfill_computes_the_same(
     assert _stats(empty_url).totals == totals
 
 
+@pytest.mark.serial  # VACUUM marks the pages all-visible only when no other snapshot is older
 def test_stats_reads_the_index_alone(db_url: sa.URL, engine_name: str) -> None:
     """Unfiltered, the turns query of stats() is a scan of ix_messages_stats: on SQLite with no
     sort (the index is in group order); on PostgreSQL an index-only scan."""

@@ -84,6 +84,7 @@ def _bare_turn(conn: psycopg.Connection[Any], seq: int) -> None:
 
 
 @pytest.mark.postgres
+@pytest.mark.serial  # other sessions' DDL can reset the plan cache of the control session
 def test_foreign_key_checks_stay_index_probes_on_a_grown_table(pg_url: sa.URL) -> None:
     with _connect(pg_url) as admin, _connect(pg_url) as bare:
         relations = admin.execute(
