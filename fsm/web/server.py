@@ -202,6 +202,13 @@ class App:
             body = resources.files("fsm.web").joinpath("static", name).read_bytes()
             return Response(HTTPStatus.OK, body, {"Content-Type": content_type})
         try:
+            if query.get("format") == "csv" and path not in EXPORTS:
+                return self._error(
+                    HTTPStatus.BAD_REQUEST,
+                    "format=csv exports a listing: /, /calls or /failures.",
+                    path,
+                    query,
+                )
             if path.startswith("/c/") and len(path) > 3:
                 raw = unquote_to_bytes(path[3:])
                 try:
@@ -217,13 +224,6 @@ class App:
                 if function is None:
                     return self._error(HTTPStatus.NOT_FOUND, f"No page {path}.", path, query)
                 if query.get("format") == "csv":
-                    if path not in EXPORTS:
-                        return self._error(
-                            HTTPStatus.BAD_REQUEST,
-                            "format=csv exports a listing: /, /calls or /failures.",
-                            path,
-                            query,
-                        )
                     return self._export(path, function, query)
                 view = function(query)
         except InvalidFilterError as exc:

@@ -241,6 +241,8 @@ def test_csv_export_holds_the_filtered_rows_with_a_header(app: App) -> None:
     assert "format=json" in html.split('class="export"')[1].split("</p>")[0]
     assert "Export" in get(app, "/") and "Export" in get(app, "/failures")
     assert "format=csv exports a listing" in get(app, "/stats?format=csv", 400)
+    assert "format=csv exports a listing" in get(app, "/c/plain?format=csv", 400)
+    assert "format=csv exports a listing" in get(app, "/nowhere?format=csv", 400)
 
 
 def test_csv_export_is_bounded_and_continues_from_its_cursor(
