@@ -175,6 +175,8 @@ def test_search_finds_conversation_ids_case_insensitively_wildcards_literal(app:
     assert ids("SCRIPT%3Ealert") == [HOSTILE_ID]
     assert ids("%27)%3B%20DROP%20TABLE%20messages%3B--") == []
     assert counted(app, "/?format=json&q=bulk-2")["total"] == 10
+    assert "cannot be searched for" in get(app, "/?format=json&q=a%00b", 400)["error"]
+    assert "cannot be searched for" in get(app, "/calls?format=json&q=%00", 400)["error"]
     html = get(app, "/?q=%3Cimg%20src%3Dx%3E")
     assert 'name="q" value="&lt;img src=x&gt;"' in html and "<img src=x>" not in html
 
