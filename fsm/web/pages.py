@@ -11,24 +11,27 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import csv
+import io
 import json
 import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, cast
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from fsm.states import ToolCallState
 from fsm.store import audit
 from fsm.store.audit import browse
 from fsm.store.audit.calls import Source
-from fsm.store.errors import InvalidFilterError
+from fsm.store.errors import InvalidFilterError, StoreError
 from fsm.web import charts
 from fsm.web.html import attr, href, json_block, path_of, text, when
 
@@ -49,6 +52,19 @@ MAX_VIOLATIONS: Final = 1000
 #: JSON says how many there are in all (``tools_total``, ``models_total``, ``counts_groups``)
 MAX_GROUPS: Final = 500
 _STATES: Final = tuple(s.value for s in ToolCallState)
+#: the APIs a conversation may use (``api=``), as the pages name them
+APIS: Final = {"chat": "Chat Completions", "responses": "Responses", "anthropic": "Anthropic"}
+#: a listing's total is counted exactly up to this many rows (then shown "10,000+")
+TOTAL_CAP: Final = 10_000
+#: the seconds a count may take (on a scan worker); beyond, the total is not shown
+TOTAL_SECONDS: Final = 30.0
+#: the seconds one page with a text search (``q=``) may take before it is refused
+SEARCH_SECONDS: Final = 5.0
+#: the rows one export (``?format=csv``) holds at most; the cursor of the rest is in the
+#: ``X-Fsm-Next-Cursor`` header
+EXPORT_ROWS: Final = 10_000
+#: the listings that export (their rows as CSV)
+EXPORTS: Final = ("/", "/calls", "/failures")
 
 
 class Query:
@@ -278,10 +294,12 @@ def _select(name: str, label: str, value: str | None, options: Sequence[str]) ->
     return f'<label>{label} <select name="{name}">{choices}</select></label>'
 
 
-def _next_link(path: str, query: Query, next_cursor: str | None, shown: int) -> str:
-    kept = [(k, v) for k, v in query.pairs if k not in ("after", "format")]
+def _next_link(
+    path: str, query: Query, next_cursor: str | None, shown: int, total: str = ""
+) -> str:
+    kept = [(k, v) for k, v in query.pairs if k not in ("after", "format", "refresh")]
     first = href(path, kept)
-    parts = [f'<span class="count">{shown} row{"s" if shown != 1 else ""}</span>']
+    parts = [f'<span class="count">{shown} row{"s" if shown != 1 else ""} {total}</span>']
     if any(k == "after" for k, _ in query.pairs):
         parts.append(f'<a href="{first}">first page</a>')
     if next_cursor is not None:
@@ -399,6 +417,139 @@ def _cut_row(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _api(query: Query) -> str | None:
+    """``api=``: ``chat``, ``responses`` or ``anthropic`` (``format=`` is the JSON twin's)."""
+    given = query.get("api")
+    if given is not None and given not in APIS:
+        raise InvalidFilterError(f"api must be chat, responses or anthropic, not {given!r}")
+    return given
+
+
+def _api_badge(fmt: str | None) -> str:
+    """An API as a page shows it (``-`` for unknown)."""
+    if fmt is None:
+        return '<span class="none">-</span>'
+    name = APIS.get(fmt, fmt)
+    return f'<span class="api api-{attr(fmt) if fmt in APIS else "other"}">{text(name)}</span>'
+
+
+def _api_select(value: str | None) -> str:
+    choices = "".join(
+        f'<option value="{key}"{" selected" if key == value else ""}>{name}</option>'
+        for key, name in (("", "any"), *APIS.items())
+    )
+    return f'<label>API <select name="api">{choices}</select></label>'
+
+
+class SearchTooSlow(InvalidFilterError):
+    """A text search (``q=``) that took longer than its time cap."""
+
+
+@contextlib.contextmanager
+def bounded(engine: Engine, seconds: float, what: str) -> Iterator[Connection]:
+    """A read-only snapshot connection whose statements may run ``seconds`` in all: PostgreSQL's
+    ``statement_timeout`` (per statement), SQLite's progress handler (interrupts past the
+    deadline). A statement cut there raises :class:`SearchTooSlow` naming ``what``."""
+    with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if not sqlite:
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        raw: Any = conn.connection.dbapi_connection
+        deadline = time.monotonic() + seconds
+        try:
+            with conn.begin():
+                if sqlite:
+                    raw.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+                else:
+                    conn.exec_driver_sql(
+                        f"SET LOCAL statement_timeout = {max(1, int(seconds * 1000))}"
+                    )
+                yield conn
+        except (sa.exc.OperationalError, StoreError) as exc:
+            if _interrupted(exc):
+                raise SearchTooSlow(
+                    f"{what} took more than {seconds:g} s: narrow it with other filters "
+                    "(since=, until=, model=, tool=, conversation=)"
+                ) from None
+            raise
+        finally:
+            if sqlite:
+                raw.set_progress_handler(None, 0)
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) is a statement cut by its time cap:
+    PostgreSQL's query_canceled (57014), SQLite's "interrupted"."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if getattr(current, "sqlstate", None) == "57014" or str(current) == "interrupted":
+            return True
+        todo += [current.__cause__, current.__context__, getattr(current, "orig", None)]
+    return False
+
+
+def _total_note(data: Mapping[str, Any]) -> str:
+    """The total of a listing's rows as its pager shows it."""
+    if data.get("total_computing"):
+        return '<span class="total computing">of \u2026 (counting\u2026; this page reloads)</span>'
+    total = data.get("total")
+    if total is None:
+        why = data.get("total_refused") or "not counted"
+        return f'<span class="total none" title="{attr(why)}">(total not counted)</span>'
+    return f'<span class="total">of {total:,}{"+" if data.get("total_capped") else ""}</span>'
+
+
+def _export_links(path: str, query: Query) -> str:
+    kept = [(k, v) for k, v in query.pairs if k not in ("after", "format", "limit", "refresh")]
+    csv_link = href(path, [*kept, ("format", "csv")])
+    json_link = href(path, [*kept, ("limit", str(MAX_LIMIT)), ("format", "json")])
+    return (
+        f'<p class="export">Export <a href="{csv_link}">CSV</a> (up to {EXPORT_ROWS:,} rows) / '
+        f'<a href="{json_link}">JSON</a> (a page of up to {MAX_LIMIT} rows)</p>'
+    )
+
+
+#: characters that make a spreadsheet read a cell as a formula (OWASP: CSV injection)
+_FORMULA_STARTS: Final = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> str:
+    """A value as a CSV cell: text that starts like a formula gets a leading ``'`` (so that
+    spreadsheets show it as text); JSON values as JSON; times ISO 8601; ``None`` empty."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    if shown.startswith(_FORMULA_STARTS):
+        return "'" + shown
+    return shown
+
+
+def as_csv(rows: Sequence[Mapping[str, Any]]) -> bytes:
+    """Rows (dicts with the same keys) as CSV with a header row (UTF-8, CRLF line ends, lone
+    surrogates as ``\\uXXXX``)."""
+    from fsm.cli.output import escape_surrogates
+
+    out = io.StringIO()
+    writer = csv.writer(out)
+    if rows:
+        names = list(rows[0])
+        writer.writerow(names)
+        for row in rows:
+            writer.writerow([csv_cell(row.get(name)) for name in names])
+    return escape_surrogates(out.getvalue()).encode("utf-8")
+
+
 # -- the viewer --------------------------------------------------------------------------------
 class Viewer:
     """The pages over one read-only engine (see :func:`fsm.store.audit.open_readonly`)."""
@@ -408,6 +559,47 @@ class Viewer:
         self.scans = Scans()
         self._stats = _Cache(self.scans)
         self._check = _Cache(self.scans, size=2)
+        # the listings' totals: a short wait (the page shows "counting" and reloads)
+        self._totals = _Cache(self.scans, size=64, budget=1.0)
+
+    @contextlib.contextmanager
+    def _bind(self, search: str | None) -> Iterator[Engine | Connection]:
+        """The engine, or with a text search a connection whose statements are cut at
+        :data:`SEARCH_SECONDS`."""
+        if search is None:
+            yield self.engine
+            return
+        with bounded(self.engine, SEARCH_SECONDS, f"the search q={search!r}") as conn:
+            yield conn
+
+    def _total(
+        self,
+        path: str,
+        filters: Mapping[str, Any],
+        count: Callable[[Connection], tuple[int, bool]],
+        query: Query,
+    ) -> dict[str, Any]:
+        """The total of a listing's rows (``total``, ``total_capped``), counted on a scan
+        worker up to :data:`TOTAL_CAP` within :data:`TOTAL_SECONDS`; ``total_computing`` while
+        it runs (past the page's short wait), ``total_refused`` why it was not counted."""
+        if query.get("format") == "csv":
+            return {}
+        key = ("total", path, json.dumps(sorted(filters.items()), default=str))
+
+        def compute() -> tuple[int, bool]:
+            with bounded(self.engine, TOTAL_SECONDS, "counting the rows") as conn:
+                return count(conn)
+
+        out: dict[str, Any] = {"total": None, "total_capped": False, "total_computing": False}
+        try:
+            (total, capped), _, _ = self._totals.get(key, compute, query.get("refresh") == "1")
+        except Pending:
+            out["total_computing"] = True
+        except (Busy, SearchTooSlow) as exc:
+            out["total_refused"] = str(exc)
+        else:
+            out.update(total=total, total_capped=capped)
+        return out
 
     # routes: path -> (current nav entry, function)
     def route(self, path: str) -> tuple[str, Callable[[Query], View]] | tuple[str, None]:
@@ -425,7 +617,8 @@ class Viewer:
 
     # -- / -------------------------------------------------------------------------------------
     def conversations(self, query: Query) -> View:
-        """Conversations newest first, filtered by id prefix, model and time range."""
+        """Conversations newest first, filtered by id prefix, model, API, time range and a
+        text in their id (``q=``)."""
         limit = query.limit(LIMITS["conversations"])
         after = uncursor(query.get("after"), 2)
         filters: dict[str, Any] = {
@@ -433,26 +626,33 @@ class Viewer:
             "model": query.get("model"),
             "since": query.get("since"),
             "until": query.get("until"),
+            "api": _api(query),
+            "search": query.get("q"),
         }
-        rows = browse.conversations(
-            self.engine,
-            **filters,
-            limit=limit,
-            after=after,
-        )
+        with self._bind(filters["search"]) as bind:
+            rows = browse.conversations(bind, **filters, limit=limit, after=after)
         next_cursor = cursor(rows[-1].key) if len(rows) == limit else None
-        data = {"filters": filters, "rows": _dicts(rows), "next": next_cursor}
+        total = self._total(
+            "/",
+            filters,
+            lambda conn: browse.count_conversations(conn, **filters, cap=TOTAL_CAP),
+            query,
+        )
+        data = {"filters": filters, "rows": _dicts(rows), "next": next_cursor, **total}
+        form = _form(
+            "/",
+            [
+                ("q", "id contains", filters["search"], "search"),
+                ("prefix", "id starts with", filters["prefix"], "demo-"),
+                ("model", "model", filters["model"], "gpt-4o"),
+                ("since", "since", filters["since"], "2026-11-01"),
+                ("until", "until", filters["until"], "2026-12-01"),
+            ],
+        ).replace('<button type="submit">', f'{_api_select(filters["api"])}<button type="submit">')
         body = [
-            _form(
-                "/",
-                [
-                    ("prefix", "id starts with", filters["prefix"], "demo-"),
-                    ("model", "model", filters["model"], "gpt-4o"),
-                    ("since", "since", filters["since"], "2026-11-01"),
-                    ("until", "until", filters["until"], "2026-12-01"),
-                ],
-            ),
-            '<table class="rows"><thead><tr><th>conversation</th><th>created</th>'
+            form,
+            _export_links("/", query),
+            '<table class="rows"><thead><tr><th>conversation</th><th>API</th><th>created</th>'
             "<th>last activity</th><th>messages</th><th>calls</th><th>failed attempts</th>"
             "</tr></thead><tbody>",
         ]
@@ -465,14 +665,15 @@ class Viewer:
             )
             body.append(
                 f'<tr><td><a class="id" href="{_conversation_link(row.id)}">{text(row.id)}</a></td>'
-                f"<td>{when(row.created_at)}</td><td>{when(row.last_activity)}</td>"
+                f"<td>{_api_badge(row.format)}</td><td>{when(row.created_at)}</td><td>{when(row.last_activity)}</td>"
                 f'<td class="n">{row.messages}</td>'
                 f'<td class="n">{row.calls:,}{"+" if row.calls_capped else ""}</td>'
                 f'<td class="n">{failed}</td></tr>'
             )
         body.append("</tbody></table>")
-        body.append(_next_link("/", query, next_cursor, len(rows)))
-        return View("Conversations", "".join(body), data)
+        body.append(_next_link("/", query, next_cursor, len(rows), _total_note(data)))
+        refresh = 2 if data.get("total_computing") else None
+        return View("Conversations", "".join(body), data, refresh=refresh)
 
     # -- /c/{id} -------------------------------------------------------------------------------
     def timeline(self, conversation_id: str, query: Query) -> View:
@@ -565,6 +766,8 @@ class Viewer:
         ]
         if m.model:
             head.append(f'<span class="model">{text(m.model)}</span>')
+        if m.format is not None:
+            head.append(_api_badge(m.format))
         if m.finish_reason:
             head.append(f'<span class="finish">finish_reason {text(m.finish_reason)}</span>')
         head.append(when(m.created_at))
@@ -651,6 +854,8 @@ class Viewer:
         ]
         if a.model:
             head.append(f'<span class="model">{text(a.model)}</span>')
+        if a.format is not None:
+            head.append(_api_badge(a.format))
         head.append(when(a.created_at))
         parts = [
             f'<li class="msg attempt" id="attempt-{a.id}"><header>{" ".join(head)}</header>',
@@ -713,25 +918,44 @@ class Viewer:
             "since": query.get("since"),
             "until": query.get("until"),
             "args_contains": query.get("args_contains"),
+            "format": _api(query),
+            "search": query.get("q"),
         }
-        rows = list(
-            audit.tool_calls(
-                self.engine,
-                **filters,
-                args=args,
-                source=cast(Source, source),
-                limit=limit,
-                after=after,
+        with self._bind(filters["search"]) as bind:
+            rows = list(
+                audit.tool_calls(
+                    bind,
+                    **filters,
+                    args=args,
+                    source=cast(Source, source),
+                    limit=limit,
+                    after=after,
+                )
             )
-        )
         next_cursor = cursor(rows[-1].key) if len(rows) == limit else None
+
+        def count(conn: Connection) -> tuple[int, bool]:
+            found = sum(
+                1
+                for _ in audit.tool_calls(
+                    conn, **filters, args=args, source=cast(Source, source), limit=TOTAL_CAP + 1
+                )
+            )
+            return min(found, TOTAL_CAP), found > TOTAL_CAP
+
+        shown_filters = {**filters, "args": [list(a) for a in args], "source": source}
+        total = self._total("/calls", shown_filters, count, query)
         data = {
-            "filters": {**filters, "args": [list(a) for a in args], "source": source},
+            "filters": shown_filters,
             "rows": [_cut_row(row) for row in _dicts(rows)],
             "next": next_cursor,
+            **total,
         }
         form = (
             '<form class="filters" method="get" action="/calls">'
+            f'<label>search <input name="q" value="{attr(filters["search"])}" '
+            'placeholder="tool, call id, conversation, arguments"></label>'
+            f"{_api_select(filters['format'])}"
             f'<label>tool <input name="tool" value="{attr(filters["name"])}" placeholder="get_weather"></label>'
             f"{_select('state', 'state', filters['state'], _STATES)}"
             f"{_select('source', 'source', source if source != 'all' else None, ('history', 'attempts'))}"
@@ -748,9 +972,10 @@ class Viewer:
         )
         body = [
             form,
+            _export_links("/calls", query),
             '<table class="rows"><thead><tr><th>conversation</th><th>seq</th><th>#</th>'
             "<th>tool</th><th>call id</th><th>state</th><th>arguments</th><th>result / reason</th>"
-            "<th>model</th><th>created</th></tr></thead><tbody>",
+            "<th>model</th><th>API</th><th>created</th></tr></thead><tbody>",
         ]
         for row in rows:
             if row.attempt_id is None:
@@ -771,11 +996,13 @@ class Viewer:
                 f'<td class="mono">{text(row.call_id)}</td>'
                 f'<td><span class="state state-{state}">{text(row.state)}</span></td>'
                 f'<td class="mono">{_short(row.arguments)}</td><td>{outcome}</td>'
-                f"<td>{text(row.model)}</td><td>{when(row.created_at)}</td></tr>"
+                f"<td>{text(row.model)}</td><td>{_api_badge(row.format)}</td>"
+                f"<td>{when(row.created_at)}</td></tr>"
             )
         body.append("</tbody></table>")
-        body.append(_next_link("/calls", query, next_cursor, len(rows)))
-        return View("Calls", "".join(body), data)
+        body.append(_next_link("/calls", query, next_cursor, len(rows), _total_note(data)))
+        refresh = 2 if data.get("total_computing") else None
+        return View("Calls", "".join(body), data, refresh=refresh)
 
     # -- /failures -----------------------------------------------------------------------------
     def failures(self, query: Query) -> View:
@@ -797,12 +1024,19 @@ class Viewer:
         refused: Busy | None = None
         counts: list[audit.FailureCount] = []
         computed, seconds = datetime.now(UTC), 0.0
+
+        def count(conn: Connection) -> tuple[int, bool]:
+            found = sum(1 for _ in audit.failures(conn, **filters, limit=TOTAL_CAP + 1))
+            return min(found, TOTAL_CAP), found > TOTAL_CAP
+
+        total = self._total("/failures", filters, count, query)
         try:
-            counts, computed, seconds = self._stats.get(
-                ("failure_counts", *sorted(filters.items())),
-                lambda: audit.failure_counts(self.engine, **filters),
-                query.get("refresh") == "1",
-            )
+            if query.get("format") != "csv":  # an export holds the rows only
+                counts, computed, seconds = self._stats.get(
+                    ("failure_counts", *sorted(filters.items())),
+                    lambda: audit.failure_counts(self.engine, **filters),
+                    query.get("refresh") == "1",
+                )
         except Pending as still:
             pending = still
         except Busy as busy:  # the rows still show; the counts on a later visit
@@ -818,6 +1052,7 @@ class Viewer:
             "counts_refused": None if refused is None else str(refused),
             "rows": [_cut_row(row) for row in _dicts(rows)],
             "next": next_cursor,
+            **total,
         }
         by_reason: dict[str, int] = {}
         for c in counts:
@@ -834,6 +1069,7 @@ class Viewer:
             f'<label>since <input name="since" value="{attr(filters["since"])}"></label>'
             f'<label>until <input name="until" value="{attr(filters["until"])}"></label>'
             '<button type="submit">Filter</button> <a href="/failures">clear</a></form>',
+            _export_links("/failures", query),
             (
                 f'<p class="computing">The counts are being computed (started '
                 f"{when(pending.started)}); this page reloads itself.</p>"
@@ -888,8 +1124,9 @@ class Viewer:
                 f"<td>{text(row.model)}</td><td>{when(row.created_at)}</td></tr>"
             )
         body.append("</tbody></table>")
-        body.append(_next_link("/failures", query, next_cursor, len(rows)))
-        return View("Failures", "".join(body), data, refresh=2 if pending else None)
+        body.append(_next_link("/failures", query, next_cursor, len(rows), _total_note(data)))
+        reload = pending is not None or bool(data.get("total_computing"))
+        return View("Failures", "".join(body), data, refresh=2 if reload else None)
 
     # -- /stats --------------------------------------------------------------------------------
     def stats(self, query: Query) -> View:

@@ -29,6 +29,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -40,8 +41,18 @@ from sqlalchemy.engine import Engine
 
 from fsm.errors import FsmError
 from fsm.store.errors import InvalidFilterError
+from fsm.web import pages
 from fsm.web.html import href, page, text
-from fsm.web.pages import Busy, Query, View, Viewer, _json_twin, as_json
+from fsm.web.pages import (
+    EXPORTS,
+    Busy,
+    Query,
+    View,
+    Viewer,
+    _json_twin,
+    as_csv,
+    as_json,
+)
 
 __all__ = ["CSP", "App", "Response", "Serving", "is_loopback", "serve"]
 
@@ -191,6 +202,13 @@ class App:
             body = resources.files("fsm.web").joinpath("static", name).read_bytes()
             return Response(HTTPStatus.OK, body, {"Content-Type": content_type})
         try:
+            if query.get("format") == "csv" and path not in EXPORTS:
+                return self._error(
+                    HTTPStatus.BAD_REQUEST,
+                    "format=csv exports a listing: /, /calls or /failures.",
+                    path,
+                    query,
+                )
             if path.startswith("/c/") and len(path) > 3:
                 raw = unquote_to_bytes(path[3:])
                 try:
@@ -205,6 +223,8 @@ class App:
                 current, function = self.viewer.route(path)
                 if function is None:
                     return self._error(HTTPStatus.NOT_FOUND, f"No page {path}.", path, query)
+                if query.get("format") == "csv":
+                    return self._export(path, function, query)
                 view = function(query)
         except InvalidFilterError as exc:
             return self._error(HTTPStatus.BAD_REQUEST, " ".join(str(exc).split()), path, query)
@@ -234,6 +254,36 @@ class App:
                 {"Retry-After": "2"},
             )
         return self._render(view, path, query, current)
+
+    def _export(self, path: str, function: Callable[[Query], View], query: Query) -> Response:
+        """The rows of a listing with its filters as CSV: pages of ``pages.MAX_LIMIT`` from the
+        query's ``after=``, at most ``pages.EXPORT_ROWS`` rows; the cursor of the rest in the
+        ``X-Fsm-Next-Cursor`` header (and a ``Link: rel="next"``)."""
+        kept = [(k, v) for k, v in query.pairs if k not in ("after", "limit", "format")]
+        after = query.get("after")
+        rows: list[dict[str, Any]] = []
+        while True:
+            size = min(pages.MAX_LIMIT, pages.EXPORT_ROWS - len(rows))
+            pairs = [*kept, ("limit", str(size))]
+            pairs += [("format", "csv"), *([("after", after)] if after else [])]
+            data = function(Query(pairs)).data
+            rows += data["rows"]
+            after = data.get("next")
+            if after is None or len(rows) >= pages.EXPORT_ROWS:
+                break
+        name = "conversations" if path == "/" else path.strip("/")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        headers = {
+            "Content-Type": "text/csv; charset=utf-8",
+            "Content-Disposition": f'attachment; filename="fsm-{name}-{stamp}.csv"',
+            "X-Fsm-Rows": str(len(rows)),
+        }
+        if after is not None:
+            headers["X-Fsm-Next-Cursor"] = after
+            headers["Link"] = (
+                f'<{href(path, [*kept, ("after", after), ("format", "csv")])}>; rel="next"'
+            )
+        return Response(HTTPStatus.OK, as_csv(rows), headers)
 
     def _render(self, view: View, path: str, query: Query, current: str) -> Response:
         if query.get("format") == "json":

@@ -28,6 +28,7 @@ from fsm.store.audit.filters import (
     _time_column,
     _time_filters,
     row_key,
+    search_condition,
 )
 from fsm.store.audit.read import (
     _ATTEMPT_CALLS,
@@ -55,6 +56,7 @@ __all__ = [
     "TimelineCall",
     "TimelineMessage",
     "conversations",
+    "count_conversations",
     "failed_calls_per_day",
     "timeline",
 ]
@@ -75,6 +77,10 @@ class ConversationRow(_Row):
     messages: int
     calls: int
     attempts: int
+    #: the API of its latest turn: its newest assistant message's format (``chat``,
+    #: ``responses``, ``anthropic``; one written before migration 0007 is ``chat``), else its
+    #: newest attempt's (``None``: neither, or an attempt of unknown format)
+    format: str | None = None
     #: whether the conversation has more than :data:`COUNT_CAP` calls (``calls`` is the cap)
     calls_capped: bool = False
     #: whether it has more than :data:`COUNT_CAP` attempts (``attempts`` is the cap)
@@ -101,6 +107,8 @@ def conversations(
     model: str | None = None,
     since: datetime | date | str | None = None,
     until: datetime | date | str | None = None,
+    api: str | None = None,
+    search: str | None = None,
     limit: int = 50,
     after: tuple[str, str] | None = None,
 ) -> list[ConversationRow]:
@@ -108,19 +116,17 @@ def conversations(
 
     ``prefix``: ids that start with it (case-sensitive, no wildcards); ``model``: conversations
     with an assistant message or an attempt of that model; ``since`` <= created_at < ``until``
-    (the conversation's creation; datetimes, dates or ISO strings, naive means UTC). ``after``:
-    the :attr:`~ConversationRow.key` of the last row of the previous page.
+    (the conversation's creation; datetimes, dates or ISO strings, naive means UTC); ``api``:
+    conversations with an assistant message or an attempt of that format (``chat``,
+    ``responses``, ``anthropic``); ``search``: ids that contain it (case-insensitive, ``%``
+    and ``_`` literal). ``after``: the :attr:`~ConversationRow.key` of the last row of the
+    previous page.
     """
     if type(limit) is not int or not 0 <= limit <= MAX_PAGE:
         raise InvalidFilterError(f"limit must be an integer from 0 to {MAX_PAGE}, not {limit!r}")
     if after is not None and (len(after) != 2 or not all(isinstance(part, str) for part in after)):
         raise InvalidFilterError("after must be a conversation row's key (two strings)")
-    f = Filters.of(model=model, since=since, until=until)
-    if prefix and _UNSENDABLE.search(prefix):
-        raise InvalidFilterError(
-            f"prefix {prefix!r} starts no conversation id (ids are text without U+0000 or "
-            "surrogates)"
-        )
+    f = _conversation_filters(prefix, model, since, until, api, search)
     c = _CONVERSATIONS.alias("c")
     m = _MESSAGES.alias("m")
     a = _ATTEMPTS.alias("a")
@@ -128,26 +134,7 @@ def conversations(
     with _connect(bind, snapshot=True) as conn:
         # the order: SQLite's stored text (it orders as time does); PostgreSQL's timestamp
         order = _time_column(conn, c.c.created_at)
-        conditions: list[sa.ColumnElement[bool]] = []
-        if prefix:
-            conditions.append(sa.func.substr(c.c.id, 1, len(prefix)) == sa.literal(prefix))
-        if f.model is not None:
-            # probed per conversation, newest first, until the page is full (a scalar subquery
-            # the planner keeps per row: a semi join would read every message of the model)
-            conditions.append(
-                sa.or_(
-                    _probe(
-                        m.c.conversation_id == c.c.id, m.c.role == "assistant", m.c.model == f.model
-                    ),
-                    # model || '': by the conversation's attempts, not the model's index
-                    # (which would read every attempt of the model for each conversation)
-                    _probe(
-                        a.c.conversation_id == c.c.id,
-                        sa.type_coerce(a.c.model, sa.String) + "" == encode_text(f.model),
-                    ),
-                )
-            )
-        conditions += _time_filters(conn, c.c.created_at, f.since, f.until)
+        conditions = _conversation_conditions(conn, c, prefix, f)
         if after is not None:
             bound = _after_bound(conn, after[0])
             conditions.append(sa.or_(order < bound, sa.and_(order == bound, c.c.id < after[1])))
@@ -186,6 +173,19 @@ def conversations(
             .order_by(a.c.at_seq.desc(), a.c.id.desc())
             .limit(1)
         )
+        # the API of the latest turn: the newest assistant message's, else the newest attempt's
+        last_format = (
+            sa.select(sa.func.coalesce(m.c.format, sa.literal("chat", sa.Text)))
+            .where(m.c.conversation_id == page.c.id, m.c.role == "assistant")
+            .order_by(m.c.seq.desc())
+            .limit(1)
+        )
+        attempt_format = (
+            sa.select(a.c.format)
+            .where(a.c.conversation_id == page.c.id)
+            .order_by(a.c.at_seq.desc(), a.c.id.desc())
+            .limit(1)
+        )
         query = sa.select(
             _raw(conn, page.c.id),
             _raw(conn, page.c.created_at),
@@ -195,10 +195,11 @@ def conversations(
             n_attempts.scalar_subquery(),
             last_message.scalar_subquery(),
             last_attempt.scalar_subquery(),
+            sa.func.coalesce(last_format.scalar_subquery(), attempt_format.scalar_subquery()),
         ).order_by(page.c.ordered.desc(), page.c.id.desc())
         rows = conn.execute(query).all()
     out = []
-    for cid, created_at, key, seq, calls, attempts, at_m, at_a in rows:
+    for cid, created_at, key, seq, calls, attempts, at_m, at_a, fmt in rows:
         created_time = as_utc(created_at)
         times = [x for x in (as_utc(at_m), as_utc(at_a)) if x is not None]
         out.append(
@@ -211,10 +212,93 @@ def conversations(
                 attempts=min(int(attempts or 0), COUNT_CAP),
                 calls_capped=int(calls or 0) > COUNT_CAP,
                 attempts_capped=int(attempts or 0) > COUNT_CAP,
+                format=_opt_text(fmt),
                 created_key=_opt_text(key),
             )
         )
     return out
+
+
+def count_conversations(
+    bind: Bind,
+    *,
+    prefix: str | None = None,
+    model: str | None = None,
+    since: datetime | date | str | None = None,
+    until: datetime | date | str | None = None,
+    api: str | None = None,
+    search: str | None = None,
+    cap: int = 10_000,
+) -> tuple[int, bool]:
+    """How many conversations :func:`conversations` lists with these filters, counted up to
+    ``cap`` (at most ``cap + 1`` rows read): ``(count, capped)``, ``capped`` when there are
+    more than ``cap`` (then ``count`` is ``cap``)."""
+    f = _conversation_filters(prefix, model, since, until, api, search)
+    c = _CONVERSATIONS.alias("c")
+    with _connect(bind, snapshot=True) as conn:
+        conditions = _conversation_conditions(conn, c, prefix, f)
+        rows = sa.select(c.c.id).where(*conditions).limit(cap + 1).subquery()
+        found = int(conn.execute(sa.select(sa.func.count()).select_from(rows)).scalar() or 0)
+    return min(found, cap), found > cap
+
+
+def _conversation_filters(
+    prefix: str | None,
+    model: str | None,
+    since: datetime | date | str | None,
+    until: datetime | date | str | None,
+    api: str | None,
+    search: str | None,
+) -> Filters:
+    if prefix and _UNSENDABLE.search(prefix):
+        raise InvalidFilterError(
+            f"prefix {prefix!r} starts no conversation id (ids are text without U+0000 or "
+            "surrogates)"
+        )
+    return Filters.of(model=model, since=since, until=until, format=api, search=search)
+
+
+def _conversation_conditions(
+    conn: Connection, c: sa.FromClause, prefix: str | None, f: Filters
+) -> list[sa.ColumnElement[bool]]:
+    """The conditions of :func:`conversations` (but its cursor) on the alias ``c``."""
+    m = _MESSAGES.alias("m")
+    a = _ATTEMPTS.alias("a")
+    conditions: list[sa.ColumnElement[bool]] = []
+    if prefix:
+        conditions.append(sa.func.substr(c.c.id, 1, len(prefix)) == sa.literal(prefix))
+    if f.search is not None:
+        conditions.append(search_condition(f.search, c.c.id))
+    if f.model is not None:
+        # probed per conversation, newest first, until the page is full (a scalar subquery
+        # the planner keeps per row: a semi join would read every message of the model)
+        conditions.append(
+            sa.or_(
+                _probe(
+                    m.c.conversation_id == c.c.id, m.c.role == "assistant", m.c.model == f.model
+                ),
+                # model || '': by the conversation's attempts, not the model's index
+                # (which would read every attempt of the model for each conversation)
+                _probe(
+                    a.c.conversation_id == c.c.id,
+                    sa.type_coerce(a.c.model, sa.String) + "" == encode_text(f.model),
+                ),
+            )
+        )
+    if f.format is not None:
+        # probed per conversation as the model is; an assistant message written before
+        # migration 0007 (format NULL) is chat
+        fmt = m.c.format == f.format
+        if f.format == "chat":
+            fmt = sa.or_(fmt, m.c.format.is_(None))
+        conditions.append(
+            sa.or_(
+                _probe(m.c.conversation_id == c.c.id, m.c.role == "assistant", fmt),
+                _probe(a.c.conversation_id == c.c.id, a.c.format == f.format),
+            )
+        )
+    conditions += _time_filters(conn, c.c.created_at, f.since, f.until)
+    return conditions
 
 
 #: the most calls or attempts :func:`conversations` counts per conversation (a row with more
@@ -299,6 +383,9 @@ class TimelineMessage(_Row):
     cut: list[str] = field(default_factory=list)
     #: whether the message has more than :data:`CALLS_PER_TURN` calls (not shown)
     more_calls: bool = False
+    #: an assistant message's API (``chat``, ``responses``, ``anthropic``; one written before
+    #: migration 0007 is ``chat``); ``None`` for the other roles
+    format: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -323,6 +410,8 @@ class TimelineAttempt(_Row):
     calls: list[TimelineCall] = field(default_factory=list)
     #: whether the attempt has more than :data:`CALLS_PER_TURN` calls (not shown)
     more_calls: bool = False
+    #: the API of the attempt's stream (``None``: unknown)
+    format: str | None = None
     #: the fields cut at :data:`VALUE_CHARS` characters
     cut: list[str] = field(default_factory=list)
 
@@ -435,6 +524,7 @@ def timeline(
                 cut(m.c.tool_call_id),
                 raw(m.c.assistant_seq),
                 raw(m.c.call_position),
+                raw(m.c.format),
             )
             .where(m.c.conversation_id == conversation_id, m.c.seq > low)
             .order_by(m.c.seq)
@@ -503,6 +593,7 @@ def timeline(
                         a.c.anomalies,
                     )
                 ),
+                raw(a.c.format),
             )
             .where(*attempt_bounds)
             .order_by(a.c.at_seq, a.c.id)
@@ -550,7 +641,7 @@ def timeline(
     messages: list[TimelineMessage] = []
     more_calls = {row[0] for row in calls if row[1] >= CALLS_PER_TURN}
     for (seq, role, content, parts, reasoning, refusal, name, model, finish, usage, created,
-         tool_call_id, assistant_seq, call_position) in map(tuple, rows):  # fmt: skip
+         tool_call_id, assistant_seq, call_position, fmt) in map(tuple, rows):  # fmt: skip
         cuts = _Cuts()
         value = cuts.json("content", parts) if parts is not None else cuts.text("content", content)
         message = TimelineMessage(
@@ -569,6 +660,7 @@ def timeline(
             call_position=_int(_number(call_position)),
             cut=cuts.names,
             more_calls=seq in more_calls,
+            format=(_opt_text(fmt) or "chat") if _text(role) == "assistant" else _opt_text(fmt),
         )
         messages.append(message)
         if message.assistant_seq is not None and message.call_position is not None:
@@ -642,6 +734,7 @@ def timeline(
                 reasoning=cuts.text("reasoning", row[10]),
                 refusal=cuts.text("refusal", row[11]),
                 anomalies=cuts.json("anomalies", row[12]),
+                format=_opt_text(row[13]),
                 calls=by_attempt.get(row[0], []),
                 more_calls=row[0] in attempt_more_calls,
                 cut=cuts.names,

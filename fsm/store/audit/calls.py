@@ -29,6 +29,7 @@ from fsm.store.audit.filters import (
     _time_filters,
     parse_json_path,
     row_key,
+    search_condition,
 )
 from fsm.store.audit.read import (
     _ATTEMPT_CALLS,
@@ -115,6 +116,7 @@ def tool_calls(
     args: Iterable[ArgFilter] = (),
     args_contains: str | None = None,
     format: str | None = None,
+    search: str | None = None,
     source: Source = "all",
     limit: int | None = 100,
     offset: int = 0,
@@ -128,8 +130,10 @@ def tool_calls(
     must hold, with the value compared as JSON: ``("city", "Paris")``, ``("n", 3)``,
     ``("dry_run", True)``; only finished calls match), ``args_contains`` (a substring of the raw
     arguments), ``format`` (the stream's API: ``chat``, ``responses`` or ``anthropic``; the
-    calls of history written before it was recorded are ``chat``). ``source`` picks history,
-    attempts or both.
+    calls of history written before it was recorded are ``chat``), ``search`` (a text found,
+    case-insensitively and without wildcards, in the tool name, the call id, the conversation id
+    or the raw arguments; a substring search reads every row the other filters leave: bound its
+    time with the connection you pass). ``source`` picks history, attempts or both.
 
     ``limit`` rows at most (``None``: all of them, read a page at a time), after skipping
     ``offset`` rows, starting after the key ``after`` (keyset pagination: give the last row's
@@ -145,6 +149,7 @@ def tool_calls(
         args=args,
         args_contains=args_contains,
         format=format,
+        search=search,
     )
     if source not in ("all", "history", "attempts"):
         raise InvalidFilterError(f"source must be all, history or attempts, not {source!r}")
@@ -374,6 +379,10 @@ def _history_keys(
         )
     if f.contains is not None:
         conditions.append(_contains(conn, t.c.arguments, f.contains))
+    if f.search is not None:
+        conditions.append(
+            search_condition(f.search, t.c.name, t.c.call_id, t.c.conversation_id, t.c.arguments)
+        )
     if after is not None:
         c, s, rank, _attempt, p = after
         if rank == 1:
@@ -418,7 +427,17 @@ def _attempt_keys(
         )
     if f.contains is not None:
         conditions.append(_contains(conn, c_.c.arguments, f.contains))
-    drive_from_attempts = f.name is None and f.state is None and not f.args and f.contains is None
+    if f.search is not None:
+        conditions.append(
+            search_condition(f.search, c_.c.name, c_.c.call_id, a.c.conversation_id, c_.c.arguments)
+        )
+    drive_from_attempts = (
+        f.name is None
+        and f.state is None
+        and not f.args
+        and f.contains is None
+        and f.search is None
+    )
     if after is not None:
         c, s, rank, attempt, p = after
         if rank == 0:

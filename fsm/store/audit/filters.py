@@ -306,6 +306,22 @@ def _contains(conn: Connection, arguments: sa.ColumnElement[str], text: str) -> 
     return plain if escaped == text else sa.or_(plain, marked)
 
 
+def like_pattern(text: str) -> str:
+    """``%text%`` for ``LIKE ... ESCAPE '\\'``: the user's ``%``, ``_`` and ``\\`` are literal."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def search_condition(text: str, *columns: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
+    """``text`` occurs in one of ``columns``, case-insensitively (both sides lowered by the
+    engine: SQLite's ``lower`` folds ASCII letters only, PostgreSQL's every letter), with the
+    LIKE wildcards ``%`` and ``_`` of ``text`` taken literally."""
+    pattern = sa.func.lower(sa.literal(like_pattern(text), sa.Text))
+    return sa.or_(
+        *(sa.func.lower(sa.cast(column, sa.Text)).like(pattern, escape="\\") for column in columns)
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Filters:
     """What an audit query is narrowed to: the one filters type of
@@ -325,6 +341,9 @@ class Filters:
     contains: str | None = None
     #: the stream format of the call's message or attempt (migration 0007)
     format: str | None = None
+    #: text searched case-insensitively in the call's tool name, call id, conversation id and
+    #: arguments (:func:`search_condition`)
+    search: str | None = None
     #: PostgreSQL: whether ``fsm_try_jsonb`` exists (migration 0003)
     try_jsonb: bool = False
 
@@ -342,12 +361,18 @@ class Filters:
         args: Iterable[ArgFilter] = (),
         args_contains: str | None = None,
         format: str | None = None,
+        search: str | None = None,
     ) -> Filters:
         """The filters given as the audit functions take them: ``state`` one of the states
         (:class:`InvalidFilterError` otherwise); ``since`` <= created_at < ``until`` as
         datetimes, dates or ISO strings (naive means UTC); ``args`` ``(json_path, value)``
         pairs; ``args_contains`` a substring of the raw arguments; ``format`` ``chat``,
-        ``responses`` or ``anthropic``."""
+        ``responses`` or ``anthropic``; ``search`` a text searched case-insensitively (see
+        :func:`search_condition`)."""
+        if search is not None and (not isinstance(search, str) or _NOT_AN_ID.search(search)):
+            raise InvalidFilterError(
+                f"search {search!r} cannot be searched for (text without U+0000 or surrogates)"
+            )
         if format not in (None, "chat", "responses", "anthropic"):
             raise InvalidFilterError(f"format must be chat, responses or anthropic, not {format!r}")
         if conversation is not None and (
@@ -368,4 +393,5 @@ class Filters:
             args=tuple((path, value) for path, value in args),
             contains=args_contains,
             format=format,
+            search=search or None,
         )
