@@ -1,18 +1,21 @@
 """Exactly-once tools: with ``ledger=True`` each turn is stored pending before its tools run,
 every tool's outcome is recorded as it finishes, and a run after a crash resumes the pending
-turn without running a non-idempotent tool twice.
+turn without running a non-idempotent tool twice. While the turn's owner lives (its lease
+holds) another run gets ``TurnInProgressError`` and waits; once the owner is gone, a call it
+started with no recorded outcome is decided here, holding the turn meanwhile.
 
 Offline: run ``fsm replay`` in another terminal and paste the ``export`` lines it prints into
 this one; then ``python tool_ledger.py``.
 """
 
 import json
+import time
 from pathlib import Path
 
 from openai import OpenAI
 
 from fsm.agent import UnknownOutcomeError, run_agent_loop, tool
-from fsm.store import ConversationStore
+from fsm.store import ConversationStore, TurnInProgressError
 
 EFFECTS = Path("effects.jsonl")  # the system add acts on (say, your payments), by call id
 
@@ -51,13 +54,16 @@ while True:
             client, store, cid, tools, model="gpt-4o-mini", messages=messages, ledger=True
         )
         break
-    except UnknownOutcomeError as error:  # add started, but its outcome was not recorded
+    except TurnInProgressError as error:  # another request's tools are running: its owner lives
+        time.sleep(error.retry_after)  # nothing was appended: send the question again
+    except UnknownOutcomeError as error:  # its owner is gone: add started, no outcome recorded
         messages = []  # the question is stored already: the next run resumes the turn
-        done = find_effect(error.call.arguments)  # ask the system it acts on
-        if done is not None:
-            error.resolve(error.call, done)  # it ran: record what it did
-        else:
-            error.abandon("no effect found")  # or run it yourself, then resolve()
+        with error.hold():  # keep the turn while you look: nobody else takes it over
+            done = find_effect(error.call.arguments)  # ask the system it acts on
+            if done is not None:
+                error.resolve(error.call, done)  # it ran: record what it did
+            else:
+                error.abandon("no effect found")  # or run it yourself, then resolve()
 print(result.status, result.content)
 print(store.pending(cid))  # None: nothing left pending
 store.close()

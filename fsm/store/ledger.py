@@ -200,7 +200,7 @@ class PendingTurn:
     #: until when the owner holds the turn (the database's clock; ``None``: a turn written
     #: before leases, or resolved); changes with every renewal, so not compared
     lease_expires_at: datetime | None = field(default=None, compare=False)
-    #: the owner token :meth:`~LedgerMethods.claim` takes with this handle: a claim retried
+    #: the owner token the store's ``claim()`` takes with this handle: a claim retried
     #: with the same handle recognises its own (a new one for every handle read)
     claim_token: str = field(
         default_factory=lambda: secrets.token_hex(16), compare=False, repr=False
