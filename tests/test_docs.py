@@ -15,22 +15,17 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import pytest
 from click.testing import CliRunner
 
 from fsm.cli.main import EXIT_BY_CLASS, cli
-from tests.helpers import REPO
+from tests.helpers import REPO, docs_extension, require_docs
 
 DOCS = REPO / "docs"
 
 
 def _fsmdocs() -> ModuleType:
-    sys.path.insert(0, str(DOCS / "_ext"))
-    try:
-        import fsmdocs
-    finally:
-        sys.path.remove(str(DOCS / "_ext"))
-    return fsmdocs
+    module: ModuleType = docs_extension()
+    return module
 
 
 def test_exit_status_page_names_every_status_and_every_typed_error() -> None:
@@ -108,8 +103,7 @@ def test_build_script_turns_warnings_into_errors() -> None:
 
 def _build(tmp_path: Path, page: str) -> subprocess.CompletedProcess[str]:
     """A one-page Sphinx project configured as the manual is (its conf.py, its extension)."""
-    pytest.importorskip("sphinx")
-    pytest.importorskip("myst_parser")
+    require_docs()
     source = tmp_path / "src"
     source.mkdir()
     conf = (DOCS / "conf.py").read_text()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -36,6 +35,7 @@ from fsm.states import (
     mermaid_diagram,
 )
 from fsm.toolcall import ToolCall
+from tests.helpers import docs_extension
 
 S = ToolCallState
 # the whole table, written out independently of TRANSITIONS: (state, trigger) -> next state
@@ -97,12 +97,7 @@ def test_manual_diagram_is_generated_from_the_machine() -> None:
     page = (docs / "reference" / "states.md").read_text()
     assert "```{include} ../_generated/state-diagram.md" in page
     assert "stateDiagram-v2" not in page  # no hand-made copy beside it
-    sys.path.insert(0, str(docs / "_ext"))
-    try:
-        import fsmdocs
-    finally:
-        sys.path.remove(str(docs / "_ext"))
-    assert fsmdocs.generated_pages()["state-diagram.md"] == (
+    assert docs_extension().generated_pages()["state-diagram.md"] == (
         f"```{{mermaid}}\n{mermaid_diagram()}```\n"
     )
 
@@ -256,12 +251,7 @@ def test_manual_ending_table_is_generated_from_the_table() -> None:
     page = (docs / "reference" / "states.md").read_text()
     assert "```{include} ../_generated/ending-table.md" in page
     assert ending_table().splitlines()[2] not in page  # no hand-made copy beside it
-    sys.path.insert(0, str(docs / "_ext"))
-    try:
-        import fsmdocs
-    finally:
-        sys.path.remove(str(docs / "_ext"))
-    assert fsmdocs.generated_pages()["ending-table.md"] == ending_table() + "\n"
+    assert docs_extension().generated_pages()["ending-table.md"] == ending_table() + "\n"
 
 
 def test_machine_callbacks_take_transitions_own_path() -> None:

@@ -401,6 +401,9 @@ class _Server(ThreadingHTTPServer):
     log: Callable[[str], None] | None
     read_timeout: float = READ_TIMEOUT
     slots: threading.BoundedSemaphore
+    #: the requests (by id) that hold a slot, so that each gives it back once
+    held: set[int]
+    held_lock: threading.Lock
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.slots.acquire(blocking=False):
@@ -411,17 +414,28 @@ class _Server(ThreadingHTTPServer):
                 pass
             self.shutdown_request(request)
             return
+        with self.held_lock:
+            self.held.add(id(request))
         try:
             super().process_request(request, client_address)
-        except BaseException:
-            self.slots.release()
+        except BaseException:  # the thread did not start, or Ctrl-C landed right after it did
+            self._free(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.slots.release()
+            self._free(request)
+
+    def _free(self, request: Any) -> None:
+        """Give back the slot of ``request``, once (its thread and a failed start may both
+        try: releasing twice would raise in the thread and lose a slot's count)."""
+        with self.held_lock:
+            if id(request) not in self.held:
+                return
+            self.held.discard(id(request))
+        self.slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if isinstance(sys.exc_info()[1], OSError):
@@ -496,5 +510,7 @@ def serve(
     server.log = log
     server.read_timeout = read_timeout
     server.slots = threading.BoundedSemaphore(max_connections)
+    server.held = set()
+    server.held_lock = threading.Lock()
     url = f"http://{shown_host}:{bound_port}/" + (f"?token={token}" if token else "")
     return Serving(url, server)

@@ -108,6 +108,34 @@ def corpus_bytes(name: str) -> bytes:
     return (CORPUS / name).read_bytes()
 
 
+# -- the manual's tools ------------------------------------------------------------------------
+
+
+def require_docs() -> None:
+    """Skip (or fail, under FSM_REQUIRE_DOCS=1, as .ci/run's manual step sets) without the
+    manual's tools (the ``docs`` extra: Sphinx, docutils, MyST)."""
+    import importlib.util
+
+    for module in ("docutils", "sphinx", "myst_parser"):
+        if importlib.util.find_spec(module) is None:
+            message = f"needs the manual's tools ({module}): pip install -e '.[docs]'"
+            if os.environ.get("FSM_REQUIRE_DOCS") == "1":
+                pytest.fail(message + "; FSM_REQUIRE_DOCS=1 makes this an error")
+            pytest.skip(message)
+
+
+def docs_extension() -> Any:
+    """docs/_ext/fsmdocs.py, the manual's generated pages (:func:`require_docs` first)."""
+    require_docs()
+    ext = REPO / "docs" / "_ext"
+    sys.path.insert(0, str(ext))
+    try:
+        import fsmdocs
+    finally:
+        sys.path.remove(str(ext))
+    return fsmdocs
+
+
 # -- cutting bytes -----------------------------------------------------------------------------
 
 

@@ -330,3 +330,28 @@ def test_whole_store_pages_list_at_most_max_groups(
     assert len(failures["counts"]) == 1 and failures["counts_groups"] == 2
     html, _ = _get(app, "/stats")
     assert "1 of 4 shown" in html
+
+
+def test_a_connection_gives_its_slot_back_once(db_url: sa.URL) -> None:
+    """Ctrl-C landing just after a connection's thread started made both the main thread and
+    the handler thread give the slot back: "Semaphore released too many times" in the thread,
+    and a server that did not stop. Each request gives its slot back once."""
+    from fsm.store.engine import create_readonly_engine
+    from fsm.web.server import serve
+
+    engine = create_readonly_engine(db_url)
+    serving = serve(engine, label=str(db_url), port=0, max_connections=1)
+    server: Any = serving.server
+    try:
+        request = socket.socket()
+        assert server.slots.acquire(blocking=False)
+        server.held.add(id(request))
+        server._free(request)
+        server._free(request)  # the second is a no-op, not a ValueError
+        assert server.slots.acquire(blocking=False)  # the one slot is free again, once
+        assert not server.slots.acquire(blocking=False)
+        server.slots.release()
+        request.close()
+    finally:
+        serving.server.server_close()
+        engine.dispose()
