@@ -11,7 +11,6 @@ types first.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +23,19 @@ from fsm.cli.main import cli
 from fsm.parser import ParseResult
 from fsm.states import ToolCallState
 from fsm.store import ConversationStore
-from tests.helpers import CORPUS, REPO, corpus_bytes, corpus_params, need, require_corpus
+from tests.helpers import (
+    CORPUS,
+    FORMAT_CORPORA,
+    corpus_bytes,
+    corpus_params,
+    need,
+    recordings_of,
+    require_corpus,
+    require_recording,
+)
 
-SHARED = Path(os.environ.get("FSM_SHARED_DIR", REPO.parent / "shared"))
-RESPONSES = SHARED / "corpus-responses"
-ANTHROPIC = SHARED / "corpus-anthropic"
+RESPONSES = FORMAT_CORPORA["responses"]
+ANTHROPIC = FORMAT_CORPORA["anthropic"]
 
 
 def _summary(result: ParseResult) -> list[Any]:
@@ -43,20 +50,6 @@ def _summary(result: ParseResult) -> list[Any]:
         )
         for t in result.turns
     ]
-
-
-def _files(folder: Path) -> list[Any]:
-    found = sorted(p.name for p in folder.glob("*.sse"))
-    return found or [pytest.param(None, id="no-corpus")]
-
-
-def _shared(folder: Path, name: str | None) -> Path:
-    if name is None:
-        message = f"the recordings are not in {folder} (check out shared/ beside the checkout)"
-        if os.environ.get("FSM_REQUIRE_CORPUS") == "1":
-            pytest.fail(message + "; FSM_REQUIRE_CORPUS=1 makes this an error")
-        pytest.skip(message)
-    return folder / name
 
 
 def _terminal_response(path: Path) -> dict[str, Any] | None:
@@ -82,9 +75,10 @@ def _terminal_response(path: Path) -> dict[str, Any] | None:
 # -- the Responses recordings' own whole responses ----------------------------------------------
 
 
-@pytest.mark.parametrize("name", _files(RESPONSES))
-def test_a_recorded_response_object_parses_as_its_stream(name: str | None) -> None:
-    path = _shared(RESPONSES, name)
+@pytest.mark.parametrize("path", recordings_of(RESPONSES), ids=lambda p: p.name)
+def test_a_recorded_response_object_parses_as_its_stream(path: Path) -> None:
+    require_recording(path, "Responses recording")
+    name = path.name
     response = _terminal_response(path)
     if response is None:
         pytest.skip(f"{name} ends with no whole response object (hand-written error stream)")
@@ -155,9 +149,9 @@ def test_the_chat_corpus_gives_completions_to_check() -> None:
 # -- Anthropic: complete turns of the recordings as Message objects ----------------------------
 
 
-@pytest.mark.parametrize("name", _files(ANTHROPIC))
-def test_an_anthropic_message_of_a_recorded_turn_parses_as_its_stream(name: str | None) -> None:
-    path = _shared(ANTHROPIC, name)
+@pytest.mark.parametrize("path", recordings_of(ANTHROPIC), ids=lambda p: p.name)
+def test_an_anthropic_message_of_a_recorded_turn_parses_as_its_stream(path: Path) -> None:
+    require_recording(path, "Anthropic recording")
     streamed = fsm.parse(path)
     turn = streamed.turns[0] if streamed.turns else None
     if turn is None or not turn.complete:

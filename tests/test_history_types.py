@@ -21,38 +21,34 @@ from tests.helpers import REPO
 USER_FILE = REPO / "tests" / "typing" / "history_per_format.py"
 
 
-@pytest.mark.slow
-def test_each_format_passes_to_the_official_clients_under_mypy() -> None:
+def _mypy(*target: str) -> subprocess.CompletedProcess[str]:
+    """``mypy --strict`` on ``target`` with this environment's SDKs, fsm from the checkout."""
     pytest.importorskip("mypy")
-    pytest.importorskip("anthropic")
-    env = {**os.environ, "MYPYPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(USER_FILE)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-@pytest.mark.slow
-def test_a_mistyped_use_is_caught() -> None:
-    """The check can fail: a Responses history handed to Chat Completions is an error."""
-    pytest.importorskip("mypy")
-    wrong = (
-        "from openai import OpenAI\nfrom fsm.store import ConversationStore\n"
-        "store = ConversationStore('sqlite:///x.db')\n"
-        "OpenAI().chat.completions.create(model='m', "
-        "messages=store.history('c', format='responses'))\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "-c", wrong],
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", *target],
         capture_output=True,
         text=True,
         cwd=REPO,
         env={**os.environ, "MYPYPATH": str(REPO)},
         timeout=600,
     )
+
+
+@pytest.mark.slow
+def test_each_format_passes_to_the_official_clients_under_mypy() -> None:
+    pytest.importorskip("anthropic")
+    proc = _mypy(str(USER_FILE))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_a_mistyped_use_is_caught() -> None:
+    """The check can fail: a Responses history handed to Chat Completions is an error."""
+    wrong = (
+        "from openai import OpenAI\nfrom fsm.store import ConversationStore\n"
+        "store = ConversationStore('sqlite:///x.db')\n"
+        "OpenAI().chat.completions.create(model='m', "
+        "messages=store.history('c', format='responses'))\n"
+    )
+    proc = _mypy("-c", wrong)
     assert proc.returncode == 1 and "arg-type" in proc.stdout, proc.stdout + proc.stderr

@@ -145,10 +145,10 @@ class Parsed(NamedTuple):
     completion: str | None
 
 
-def _completion(data: bytes) -> Any:
-    """The decoded object when ``data`` is one whole non-streamed response, else ``None`` (a
-    stream, JSON lines of chunks, anything else: the stream path judges those)."""
-    body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
+def _completion(body: bytes) -> Any:
+    """The decoded object when ``body`` (without its BOM) is one whole non-streamed response,
+    else ``None`` (a stream, JSON lines of chunks, anything else: the stream path judges
+    those)."""
     if body.lstrip()[:1] != b"{":
         return None
     try:
@@ -167,8 +167,9 @@ def parse_input(
     that response's is a :class:`click.UsageError`. For input cut by Ctrl-C (``interrupted``),
     the stream is aborted with reason :data:`INTERRUPTED` instead of ended by EOF (its open calls
     become ``aborted``), and a last JSON line cut in the middle is left out."""
+    body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
     if not interrupted:
-        whole = _completion(data)
+        whole = _completion(body)
         if whole is not None:
             kind = completion_kind(whole)
             assert kind is not None
@@ -180,7 +181,6 @@ def parse_input(
             return Parsed(parse_completion(whole, repair_json=repair_json), COMPLETION_KINDS[kind])
         return Parsed(parse_text(data, repair_json=repair_json, format=format), None)
     parser = StreamParser(repair_json=repair_json, format=format)
-    body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
     if body.lstrip()[:1] == b"{":  # JSON lines, as parse_text tells them
         lines = body.splitlines()
         if lines and not body.endswith((b"\n", b"\r")):

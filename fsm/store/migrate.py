@@ -262,15 +262,13 @@ def upgrade_statements(
     new database are read from an in-memory one. Each statement ends with ``;``; its
     parameters, if any, follow it as a comment.
     """
-    import sqlalchemy.pool
-
     target = normalize_url(url)
     if new_sqlite_file(target) is not None:
         target = URL.create(target.drivername)  # sqlite:// (in memory): a new database's DDL
     engine = create_engine(
         target,
         foreign_keys=False,
-        poolclass=sqlalchemy.pool.NullPool,
+        poolclass=sa.pool.NullPool,
         schema=store_schema(schema, target),
     )
     statements: list[str] = []

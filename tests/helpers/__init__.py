@@ -86,6 +86,21 @@ def require_recording(path: Path, what: str = "recording") -> Path:
     pytest.skip(message)
 
 
+#: the recordings of the Responses API and Anthropic Messages streams, read in place
+SHARED = Path(os.environ.get("FSM_SHARED_DIR", REPO.parent / "shared"))
+FORMAT_CORPORA = {
+    "responses": SHARED / "corpus-responses",
+    "anthropic": SHARED / "corpus-anthropic",
+}
+
+
+def recordings_of(folder: Path) -> list[Path]:
+    """Every ``.sse`` file of ``folder`` (a corpus under ``../shared``), to parametrize a test
+    with; without any, one placeholder path that :func:`require_recording` skips with its
+    reason."""
+    return sorted(folder.glob("*.sse")) or [folder / "(none).sse"]
+
+
 def corpus_params() -> list[Any]:
     """Parametrize values for every corpus file; one skipping placeholder without the corpus."""
     files = corpus_files()

@@ -13,7 +13,6 @@ and nothing is written. Sync, async and bound (the caller's transaction) stores,
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -25,28 +24,22 @@ import fsm
 from fsm.store import ConversationStore, InvalidMessageError, ResultsError
 from fsm.store.aio import AsyncConversationStore
 from fsm.store.audit import check
-from tests.helpers import REPO, corpus_bytes, corpus_params, need
-
-SHARED = Path(os.environ.get("FSM_SHARED_DIR", REPO.parent / "shared"))
-CORPORA = {"responses": SHARED / "corpus-responses", "anthropic": SHARED / "corpus-anthropic"}
+from tests.helpers import (
+    FORMAT_CORPORA,
+    corpus_bytes,
+    corpus_params,
+    need,
+    recordings_of,
+    require_recording,
+)
 
 
 def _recordings() -> list[Any]:
-    found = [
-        pytest.param(fmt, p, id=f"{fmt}/{p.name}")
-        for fmt, folder in CORPORA.items()
-        for p in sorted(folder.glob("*.sse"))
+    return [
+        pytest.param(fmt, path, id=f"{fmt}/{path.name}")
+        for fmt, folder in FORMAT_CORPORA.items()
+        for path in recordings_of(folder)
     ]
-    return found or [pytest.param(None, None, id="no-corpus")]
-
-
-def _skip_without(path: Path | None) -> Path:
-    if path is None:
-        message = f"the Responses and Anthropic recordings are not in {SHARED}"
-        if os.environ.get("FSM_REQUIRE_CORPUS") == "1":
-            pytest.fail(message + "; FSM_REQUIRE_CORPUS=1 makes this an error")
-        pytest.skip(message)
-    return path
 
 
 def _results(turn: fsm.Turn) -> list[str]:
@@ -62,13 +55,12 @@ def _history(fmt: str, turn: fsm.Turn) -> list[Any]:
 
 @pytest.mark.parametrize(("fmt", "path"), _recordings())
 def test_a_recorded_turn_imports_and_reads_back_equal(
-    store: ConversationStore, fmt: str | None, path: Path | None
+    store: ConversationStore, fmt: str, path: Path
 ) -> None:
-    recorded = fsm.parse(_skip_without(path))
+    recorded = fsm.parse(require_recording(path, f"{fmt} recording"))
     turn = recorded.turns[0] if recorded.turns else None
     if turn is None or not turn.complete:
         pytest.skip("an incomplete turn has no history to import")
-    assert fmt is not None
     history = _history(fmt, turn)
     cid = store.create_conversation()
     assert store.import_history(cid, history, format=fmt) == store.next_seq(cid)
