@@ -251,3 +251,18 @@ def strict_json(text: str) -> bool:
     except (ValueError, RecursionError):
         return False
     return True
+
+
+def require_framework(module: str, extra: str) -> Any:
+    """Import and return a framework's module (``"agents"``, ``"pydantic_ai"``, ...) for an
+    integration test; skip without it, naming the extra that brings it, or fail under
+    ``FSM_REQUIRE_FRAMEWORKS=1`` (set by .ci/run's frameworks step, which installs them all)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        message = f"needs {module} ({exc}): pip install -e '.[{extra}]'"
+        if os.environ.get("FSM_REQUIRE_FRAMEWORKS") == "1":
+            pytest.fail(message + "; FSM_REQUIRE_FRAMEWORKS=1 makes this an error")
+        pytest.skip(message)
