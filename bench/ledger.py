@@ -21,12 +21,19 @@ The tools do nothing (their time is not the store's). ``ms/turn`` is the wall ti
 divided by its turns; the figure is the median of ``--rounds`` rounds. ``transactions/turn``
 and ``statements/turn`` count one turn's transactions and statements (``append`` included),
 from the engine's events.
+
+``--writers N`` (say 16) measures how each path scales: N writer processes (and then one), each
+running its turns on conversations of its own, started together; turns/s over the wall time
+from the start to the last writer's end, each turn's latency (p50, p99), and the scaling
+(turns/s with N writers over turns/s with one). The ledger scales no worse than ``commit_turn``
+when its scaling is at least ``commit_turn``'s.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -135,6 +142,68 @@ def measure(url: str, turns: int, rounds: int) -> dict[str, Any]:
         return out
 
 
+# -- many writers ------------------------------------------------------------------------------
+def _writer(url: str, path: str, turns: int, barrier: Any, queue: Any) -> None:
+    """One writer process: ``turns`` turns of ``path`` on conversations of its own, timed."""
+    with ConversationStore(url) as store:
+        cids = [store.create_conversation() for _ in range(turns)]
+        PATHS[path](store, store.create_conversation())  # warm: statements compiled
+        barrier.wait()
+        latencies, errors = [], 0
+        for cid in cids:
+            started = time.perf_counter()
+            try:
+                PATHS[path](store, cid)
+            except Exception as exc:  # a typed store error under contention: counted, named
+                errors += 1
+                print(f"{path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                continue
+            latencies.append(time.perf_counter() - started)
+        queue.put((latencies, errors))
+
+
+def _writers(url: str, path: str, writers: int, turns: int) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("fork")
+    barrier, queue = ctx.Barrier(writers + 1), ctx.Queue()
+    procs = [
+        ctx.Process(target=_writer, args=(url, path, turns, barrier, queue)) for _ in range(writers)
+    ]
+    for proc in procs:
+        proc.start()
+    barrier.wait()
+    started = time.perf_counter()
+    results = [queue.get(timeout=600) for _ in procs]
+    wall = time.perf_counter() - started
+    for proc in procs:
+        proc.join()
+    latencies = sorted(x for lat, _ in results for x in lat)
+    done = len(latencies)
+
+    def at(q: float) -> float:
+        return round(latencies[min(done - 1, int(q * done))] * 1000, 2) if done else float("nan")
+
+    return {
+        "turns_per_s": round(done / wall, 1),
+        "p50_ms": at(0.50),
+        "p99_ms": at(0.99),
+        "errors": sum(e for _, e in results),
+    }
+
+
+def scaling(url: str, writers: int, turns: int) -> dict[str, Any]:
+    """Each of commit_turn and the ledger with ``writers`` writer processes and with one."""
+    out: dict[str, Any] = {"engine": sa.make_url(url).get_backend_name(), "writers": writers}
+    for path in ("commit_turn", "ledger"):
+        one = _writers(url, path, 1, turns)
+        many = _writers(url, path, writers, turns)
+        out[path] = {
+            "one": one,
+            "many": many,
+            "scaling": round(many["turns_per_s"] / one["turns_per_s"], 2),
+        }
+    return out
+
+
 @contextmanager
 def _schema(server: str) -> Iterator[str]:
     """A new schema on the PostgreSQL ``server``, at head, dropped afterwards: its URL."""
@@ -162,16 +231,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=150, help="turns per round (default 150)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per path (default 3)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument(
+        "--writers", type=int, default=0, help="measure scaling with this many writer processes"
+    )
     args = parser.parse_args(argv)
+
+    def run(url: str) -> dict[str, Any]:
+        if args.writers:
+            return scaling(url, args.writers, args.turns)
+        return measure(url, args.turns, args.rounds)
+
     with tempfile.TemporaryDirectory() as tmp:
         if args.url and sa.make_url(args.url).get_backend_name() == "postgresql":
             with _schema(args.url) as url:
-                result = measure(url, args.turns, args.rounds)
+                result = run(url)
         else:
             url = args.url or f"sqlite:///{Path(tmp) / 'bench.db'}"
-            result = measure(url, args.turns, args.rounds)
+            upgrade(url)
+            result = run(url)
     if args.json:
         print(json.dumps(result))
+        return 0
+    if args.writers:
+        print(
+            f"{result['engine']}, {args.writers} writer processes vs one, {args.turns} turns each"
+        )
+        for path in ("commit_turn", "ledger"):
+            r = result[path]
+            for n, key in ((1, "one"), (args.writers, "many")):
+                m = r[key]
+                print(
+                    f"  {path:12} {n:3} writers {m['turns_per_s']:9.1f} turns/s  p50 "
+                    f"{m['p50_ms']:7.2f} ms  p99 {m['p99_ms']:8.2f} ms  errors {m['errors']}"
+                )
+            print(f"  {path:12} scaling {r['scaling']:.2f}")
         return 0
     print(f"{result['engine']}, one writer, {result['turns']} turns per round (2 calls each)")
     for path in PATHS:

@@ -71,7 +71,7 @@ from fsm.store.errors import (
     StoreError,
     TurnInProgressError,
 )
-from fsm.store.models import PendingTurnRow, ToolExecution
+from fsm.store.models import Conversation, Message, PendingTurnRow, ToolExecution
 from fsm.store.render import stored_items
 from fsm.toolcall import ToolCall
 
@@ -435,21 +435,43 @@ def _build(name: str, postgres: bool) -> Any:
         e.position == sa.bindparam("pos"),
     )
     if name == "lease":
-        if postgres:
-            until: Any = sa.func.clock_timestamp() + sa.func.make_interval(
-                0, 0, 0, 0, 0, 0, sa.bindparam("lease", type_=sa.Float())
-            )
-        else:
-            until = sa.func.strftime("%Y-%m-%d %H:%M:%f", "now", sa.bindparam("modifier"))
         return (
             sa.update(_TURNS_T)
             .where(turn)
-            .values(lease_expires_at=until)
+            .values(lease_expires_at=_lease_bind(postgres))
             .returning(t.lease_expires_at)
         )
     if name in ("turn", "turn_locked"):
         query = sa.select(_TURNS_T).where(turn)
         return query.with_for_update() if name == "turn_locked" else query
+    if name in ("open", "open_locked"):  # the conversation's pending turn
+        query = sa.select(_TURNS_T).where(
+            t.conversation_id == sa.bindparam("c"), t.state == "pending"
+        )
+        return query.with_for_update() if name == "open_locked" else query
+    if name == "renew":  # the owner's lease renewed, the turn's row read back
+        return (
+            sa.update(_TURNS_T)
+            .where(turn, t.state == "pending", t.owner == sa.bindparam("holder"))
+            .values(lease_expires_at=_lease_bind(postgres))
+            .returning(*_TURNS_T.c)
+        )
+    if name == "insert_turn":  # binds its columns and the lease
+        return (
+            sa.insert(_TURNS_T)
+            .values(lease_expires_at=_lease_bind(postgres))
+            .returning(*_TURNS_T.c)
+        )
+    if name == "insert_executions":
+        return sa.insert(_EXEC_T).returning(*_EXEC_T.c, sort_by_parameter_order=True)
+    if name == "resolve":
+        return (
+            sa.update(_TURNS_T)
+            .where(turn)
+            .values(state="committed", committed_seq=sa.bindparam("seq"), resolved_at=_now())
+        )
+    if name in ("begin_key", "begin_response", "begin_none"):
+        return _begin_state(name.removeprefix("begin_"), exists=not postgres)
     if name == "executions":
         return (
             sa.select(_EXEC_T)
@@ -484,6 +506,52 @@ def _build(name: str, postgres: bool) -> Any:
     raise AssertionError(name)  # pragma: no cover
 
 
+def _lease_bind(postgres: bool) -> Any:
+    """Now + the bound lease (``lease`` seconds on PostgreSQL, SQLite's ``modifier``), by the
+    database's clock (see :func:`_lease_params`)."""
+    if postgres:
+        return sa.func.clock_timestamp() + sa.func.make_interval(
+            0, 0, 0, 0, 0, 0, sa.bindparam("lease", type_=sa.Float())
+        )
+    return sa.func.strftime("%Y-%m-%d %H:%M:%f", "now", sa.bindparam("modifier"))
+
+
+def _begin_state(same: str, *, exists: bool) -> sa.Select[Any]:
+    """What a begin reads before it inserts, in one query (bind ``c``): ``[exists,]
+    pending_id, done_id, last_seq, last_slots_left``: the conversation's pending turn, the
+    latest ledger turn committed under the same idempotency key (``same="key"``, bind ``key``)
+    or response id and choice (``"response"``, binds ``response_id`` and ``choice``; ``"none"``:
+    NULL), and its last message (the seq the turn takes)."""
+    t, c = _TURNS_T.c, sa.bindparam("c", type_=_TURNS_T.c.conversation_id.type)
+    columns: list[Any] = []
+    if exists:
+        columns.append(sa.select(sa.literal(1)).where(Conversation.id == c).scalar_subquery())
+    columns.append(
+        sa.select(t.id).where(t.conversation_id == c, t.state == "pending").scalar_subquery()
+    )
+    if same == "none":
+        columns.append(sa.null())
+    else:
+        found = (
+            t.idempotency_key == sa.bindparam("key")
+            if same == "key"
+            else sa.and_(
+                t.response_id == sa.bindparam("response_id"), t.choice == sa.bindparam("choice")
+            )
+        )
+        columns.append(
+            sa.select(t.id)
+            .where(t.conversation_id == c, t.state == "committed", found)
+            .order_by(t.id.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+    m = Message
+    last = sa.select(m.seq).where(m.conversation_id == c).order_by(m.seq.desc()).limit(1)
+    columns += [last.scalar_subquery(), last.with_only_columns(m.slots_left).scalar_subquery()]
+    return sa.select(*columns)
+
+
 def _lease_params(core: StoreCore, lease: float) -> dict[str, Any]:
     if core.postgres:
         return {"lease": float(lease)}
@@ -505,12 +573,10 @@ def _load(
     conn: Connection, conversation_id: str, pending_id: int | None, *, lock: bool = False
 ) -> PendingTurn | None:
     """A pending turn by id (``None``: the conversation's pending one), with its executions."""
-    p = PendingTurnRow
     if pending_id is None:
-        query = sa.select(PendingTurnRow.__table__).where(
-            p.conversation_id == conversation_id, p.state == "pending"
-        )
-        row = conn.execute(query.with_for_update() if lock else query).first()
+        row = conn.execute(
+            _statement("open_locked" if lock else "open"), {"c": conversation_id}
+        ).first()
     else:
         statement = _statement("turn_locked" if lock else "turn")
         row = conn.execute(statement, {"c": conversation_id, "p": pending_id}).first()
@@ -608,8 +674,26 @@ def begin_body(
     from fsm.store import store as _store
 
     owner = owner or secrets.token_hex(16)
-    _store._require(conn, conversation_id, lock=core.postgres)
-    existing = _load(conn, conversation_id, None, lock=core.postgres)
+    if core.postgres:  # the conversation's row lock first: its writers queue here
+        _store._require(conn, conversation_id, lock=True)
+    # one query says whether this is the common case (a new turn: no pending turn, no earlier
+    # commit of it); the others read what they need after it
+    params: dict[str, Any] = {"c": conversation_id}
+    if idempotency_key is not None:
+        same, params["key"] = "key", idempotency_key
+    elif turn.response_id:
+        same, params["response_id"], params["choice"] = "response", turn.response_id, turn.index
+    else:
+        same = "none"
+    row = tuple(conn.execute(_statement("begin_" + same, core.postgres), params).one())
+    if not core.postgres:
+        if row[0] is None:
+            raise ConversationNotFoundError(conversation_id)
+        row = row[1:]
+    pending_id, done_id, last_seq, slots_left = row
+    existing = (
+        None if pending_id is None else _load(conn, conversation_id, None, lock=core.postgres)
+    )
     if existing is not None:
         if _same_turn(existing, turn, idempotency_key):
             if existing.owner != owner:  # not this begin retried: another request's turn
@@ -627,39 +711,25 @@ def begin_body(
             f"pending turn {existing.id} is another turn: one turn at a time per conversation; "
             "resume or abandon it first",
         )
-    if idempotency_key is not None or turn.response_id:
+    if done_id is not None:
         # a begin retried after its turn was committed: the same turn, committed
-        p = PendingTurnRow
-        same = (
-            p.idempotency_key == idempotency_key
-            if idempotency_key is not None
-            else sa.and_(p.response_id == turn.response_id, p.choice == turn.index)
-        )
-        done = conn.execute(
-            sa.select(p.id)
-            .where(p.conversation_id == conversation_id, p.state == "committed", same)
-            .order_by(p.id.desc())
-            .limit(1)
-        ).scalar()
-        if done is not None:
-            found = _load(conn, conversation_id, int(done))
-            assert found is not None
-            if not _same_turn(found, turn, idempotency_key):
-                raise IdempotencyMismatchError(
-                    f"conversation {conversation_id!r} already committed a different turn "
-                    f"through the ledger under this response id / idempotency key (pending turn "
-                    f"{found.id}): use a new idempotency key for a new turn"
-                )
-            return found
+        found = _load(conn, conversation_id, int(done_id))
+        assert found is not None
+        if not _same_turn(found, turn, idempotency_key):
+            raise IdempotencyMismatchError(
+                f"conversation {conversation_id!r} already committed a different turn "
+                f"through the ledger under this response id / idempotency key (pending turn "
+                f"{found.id}): use a new idempotency key for a new turn"
+            )
+        return found
     with core.reading(conversation_id):
-        seq = _store._next_seq(conn, conversation_id)
+        seq = _store.WriteState(None, None, last_seq, slots_left).next_seq()
     _store._check_expected(conversation_id, expected_seq, seq)
     n = len(calls)
     inserted = conn.execute(
-        sa.insert(PendingTurnRow)
-        .values(lease_expires_at=_lease_until(core, lease))
-        .returning(*cast(sa.Table, PendingTurnRow.__table__).c),
+        _statement("insert_turn", core.postgres),
         {
+            **_lease_params(core, lease),
             "conversation_id": conversation_id,
             "state": "pending",
             "owner": owner,
@@ -681,9 +751,7 @@ def begin_body(
     executions: Sequence[Any] = []
     if n:
         executions = conn.execute(
-            sa.insert(ToolExecution).returning(
-                *cast(sa.Table, ToolExecution.__table__).c, sort_by_parameter_order=True
-            ),
+            _statement("insert_executions"),
             [
                 {
                     "conversation_id": conversation_id,
@@ -699,7 +767,8 @@ def begin_body(
             ],
         ).all()
     found = _built(conversation_id, inserted._mapping, executions)
-    return found if start is None else _start(core, conn, found, start, lease)
+    # the INSERT gave it its lease: starting the call needs no renewal
+    return found if start is None else _start(core, conn, found, start, None)
 
 
 def pending_body(conn: Connection, conversation_id: str) -> PendingTurn | None:
@@ -730,8 +799,8 @@ def _owned(
         raise TypeError(
             f"a ledger step takes the PendingTurn of begin()/claim(), not {type(pending).__name__}"
         )
-    if conversation_lock:
-        _store._require(conn, pending.conversation_id, lock=core.postgres)
+    if conversation_lock and core.postgres:  # SQLite: BEGIN IMMEDIATE took the database's
+        _store._require(conn, pending.conversation_id, lock=True)
     stored = _load(conn, pending.conversation_id, pending.id, lock=core.postgres)
     if stored is None:
         _store._require(conn, pending.conversation_id)  # the conversation is gone: say so
@@ -754,6 +823,29 @@ def _owned(
             "taken: it resumes the turn; read store.pending() again before acting",
         )
     return stored
+
+
+def _renewed(core: StoreCore, conn: Connection, pending: PendingTurn, lease: float) -> PendingTurn:
+    """The stored state of ``pending`` with its owner's lease renewed (see :func:`_owned`,
+    which raises unless it is still pending and ``pending``'s owner owns it): one UPDATE that
+    renews the lease of a turn still pending and owned and reads its row back, then its
+    executions."""
+    if isinstance(pending, PendingTurn):
+        keys = {"c": pending.conversation_id, "p": pending.id}
+        row = conn.execute(
+            _statement("renew", core.postgres),
+            {**keys, "holder": pending.owner, **_lease_params(core, lease)},
+        ).first()
+        if row is not None:
+            executions = conn.execute(_statement("executions"), keys).all()
+            return _built(pending.conversation_id, row._mapping, executions)
+    # not pending or not ours: _owned raises and says which (should it find the turn owned
+    # after all, the lease is renewed the long way)
+    stored = _owned(core, conn, pending, conversation_lock=False)
+    _set_lease(core, conn, stored, stored.owner, lease)
+    found = _load(conn, stored.conversation_id, stored.id)
+    assert found is not None
+    return found
 
 
 def claim_body(
@@ -785,17 +877,22 @@ def renew_body(
     core: StoreCore, conn: Connection, pending: PendingTurn, lease: float = DEFAULT_LEASE
 ) -> datetime:
     """Move the owner's lease on to now + ``lease``; the new end of the lease."""
-    stored = _owned(core, conn, pending, conversation_lock=False)
-    _set_lease(core, conn, stored, stored.owner, lease)
-    p = PendingTurnRow
-    until = conn.execute(
-        sa.select(p.lease_expires_at).where(
-            p.conversation_id == stored.conversation_id, p.id == stored.id
-        )
-    ).scalar()
-    found = _utc(until)
-    assert found is not None
-    return found
+    if isinstance(pending, PendingTurn):
+        row = conn.execute(
+            _statement("renew", core.postgres),
+            {
+                "c": pending.conversation_id,
+                "p": pending.id,
+                "holder": pending.owner,
+                **_lease_params(core, lease),
+            },
+        ).first()
+        if row is not None:
+            found = _utc(row._mapping["lease_expires_at"])
+            assert found is not None
+            return found
+    _owned(core, conn, pending, conversation_lock=False)  # raises: not pending, or not ours
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def release_body(core: StoreCore, conn: Connection, pending: PendingTurn) -> PendingTurn:
@@ -836,10 +933,10 @@ def _with(
 
 
 def _start(
-    core: StoreCore, conn: Connection, stored: PendingTurn, position: int, lease: float
+    core: StoreCore, conn: Connection, stored: PendingTurn, position: int, lease: float | None
 ) -> PendingTurn:
     """Mark call ``position`` started by ``stored``'s owner (a no-op if it already is) and
-    renew the lease."""
+    renew the lease (``None``: ``stored``'s lease was just renewed by this transaction)."""
     ex = stored.executions[position]
     if ex.finished:
         raise LedgerStateError(
@@ -847,11 +944,14 @@ def _start(
             "it is not started again; its recorded outcome is reused"
         )
     keys = {"c": stored.conversation_id, "p": stored.id}
-    until = _utc(
-        conn.execute(
-            _statement("lease", core.postgres), {**keys, **_lease_params(core, lease)}
-        ).scalar()
-    )
+    if lease is None:
+        until = stored.lease_expires_at
+    else:
+        until = _utc(
+            conn.execute(
+                _statement("lease", core.postgres), {**keys, **_lease_params(core, lease)}
+            ).scalar()
+        )
     if ex.state == "started" and ex.started_by == stored.owner:
         return replace(stored, lease_expires_at=until)  # a retry after a lost acknowledgement
     row = conn.execute(_statement("start"), {**keys, "pos": position, "owner": stored.owner}).one()
@@ -904,10 +1004,10 @@ def started_body(
     """Record that the owner starts call ``position`` (a no-op if this owner already did), and
     renew its lease: the tool starts with a whole lease ahead. ``recording``: an outcome to
     record first, in the same transaction (the previous tool's)."""
-    stored = _owned(core, conn, pending, conversation_lock=False)
+    stored = _renewed(core, conn, pending, lease)
     if recording is not None:
         stored = _finish(conn, stored, recording)
-    return _start(core, conn, stored, position, lease)
+    return _start(core, conn, stored, position, None)
 
 
 def finished_body(
@@ -1002,12 +1102,7 @@ def _commit_stored(
         ledger=True,
     )
     conn.execute(
-        sa.update(PendingTurnRow)
-        .where(
-            PendingTurnRow.conversation_id == stored.conversation_id,
-            PendingTurnRow.id == stored.id,
-        )
-        .values(state="committed", committed_seq=done.seq, resolved_at=_now())
+        _statement("resolve"), {"c": stored.conversation_id, "p": stored.id, "seq": done.seq}
     )
     return done
 
