@@ -11,7 +11,11 @@ carry back the calls byte for byte with their outputs (the runner's own loop).
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 from collections.abc import Coroutine, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -47,7 +51,7 @@ def agents() -> Iterator[Any]:
     yield module
 
 
-def make_agent(agents: Any, server: ReplayServer, *, approval: bool = False) -> Any:
+def make_agent(agents: Any, server: Any, *, approval: bool = False) -> Any:
     from openai import AsyncOpenAI
 
     @agents.function_tool(needs_approval=approval)
@@ -172,6 +176,78 @@ def test_two_runs_async_store(agents: Any, db_url: sa.URL) -> None:
 
         results, items = run(body())
     check_two_runs(server, results, items)
+    assert_clean(db_url)
+
+
+class CompletedResponses:
+    """A tiny scripted Responses server for ``Runner.run`` (not streamed): each request is
+    answered with the next recording's final ``response`` object as JSON (what the API returns
+    without ``stream``); the request bodies are kept."""
+
+    def __init__(self, recordings: list[Path]) -> None:
+        self.answers = [self.completed(path) for path in recordings]
+        self.requests: list[Any] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(body)
+                if self.path != "/v1/responses" or body.get("stream") or not outer.answers:
+                    self.send_response(400)
+                    self.end_headers()
+                    return
+                data = json.dumps(outer.answers.pop(0)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    @staticmethod
+    def completed(path: Path) -> Any:
+        for line in path.read_text().splitlines():
+            if line.startswith("data: ") and '"response.completed"' in line:
+                return json.loads(line[len("data: ") :])["response"]
+        raise AssertionError(f"{path.name} has no response.completed event")
+
+    def __enter__(self) -> CompletedResponses:
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_two_runs_not_streamed(agents: Any, store: ConversationStore, db_url: sa.URL) -> None:
+    """``Runner.run`` (the non-streamed call most code makes) with the same session."""
+    from fsm.integrations.openai_agents import FsmSession
+
+    session = FsmSession(store, "not-streamed")
+    with CompletedResponses([FIRST, FINAL, FINAL]) as server:
+        agent = make_agent(agents, server)
+
+        async def body() -> list[Any]:
+            first = await agents.Runner.run(agent, QUESTION, session=session)
+            second = await agents.Runner.run(agent, "And the sum of both?", session=session)
+            return [first.final_output, second.final_output]
+
+        answers = run(body())
+    assert answers == [ANSWER, ANSWER]
+    assert len(server.requests) == 3
+    for request in server.requests[1:]:  # the run's own follow-up, then run 2
+        assert calls_in(request)["outputs"] == CALLS
+    assert server.requests[2]["input"][-1] == {"role": "user", "content": "And the sum of both?"}
+    items = run(session.get_items())
+    assert items[:-1] == server.requests[2]["input"]
+    assert store.pending("not-streamed") is None
     assert_clean(db_url)
 
 
