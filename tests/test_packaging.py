@@ -129,16 +129,18 @@ def _hints() -> list[tuple[str, str]]:
 
 def test_every_install_hint_names_the_distribution_and_an_extra() -> None:
     """``pip install 'fsm-toolcalls[EXTRA]'`` with an extra that exists (``fsm`` on PyPI is
-    another project); the driver fallback ``pip install {driver}`` names the driver itself."""
+    another project); the driver fallback ``pip install {driver}`` names the driver itself, and
+    the adapters' ``{extra}`` (fsm.integrations.errors) is the extra each adapter names, which
+    their own tests check."""
     extras = set(PROJECT["optional-dependencies"]) - TOOL_EXTRAS
     hints = _hints()
     assert len(hints) >= 5
     for file, target in hints:
         if target.startswith("{driver}"):
             continue
-        match = re.match(r"'fsm-toolcalls\[(\w+|\{package\})\]'", target)
+        match = re.match(r"'fsm-toolcalls\[([\w-]+|\{package\}|\{extra\})\]'", target)
         assert match, f"{file}: pip install {target}"
-        if match.group(1) != "{package}":
+        if match.group(1) not in ("{package}", "{extra}"):
             assert match.group(1) in extras, f"{file}: pip install {target}"
 
 

@@ -24,7 +24,13 @@ from fsm.store.errors import InvalidMessageError, ResultsError
 from fsm.store.plans import TurnPlan, check_conversation_id, plain_rows, plan_turn
 from fsm.store.render import check_format
 
-__all__ = ["ImportPlan", "plan_import"]
+__all__ = [
+    "ImportPlan",
+    "is_responses_output",
+    "plan_import",
+    "responses_result",
+    "responses_turn",
+]
 
 #: the Responses item types that are input, never a model's output
 _RESPONSES_INPUT: Final = frozenset({"function_call_output", "custom_tool_call_output"})
@@ -276,6 +282,30 @@ def _from_parts(content: Any, text: str, image: str) -> Any:
         else:
             parts.append(part)
     return parts
+
+
+# -- the Responses pieces other layers build on (fsm.integrations' sessions) ---------------------
+def is_responses_output(item: Mapping[str, Any]) -> bool:
+    """Whether a Responses item is a model's output (a turn's part: reasoning, an assistant
+    message, a call, a built-in tool item), not an input message nor a call's output."""
+    return _is_output(item)
+
+
+def responses_result(item: Mapping[str, Any]) -> tuple[Any, Any] | None:
+    """``(call id, result content)`` of a ``function_call_output`` /
+    ``custom_tool_call_output`` item (its content as ``commit_turn`` takes a result), or
+    ``None`` for any other item."""
+    found = _responses_answer(item)
+    return None if found is None else (found[0], found[1]["content"])
+
+
+def responses_turn(items: Sequence[Mapping[str, Any]], index: int = 0) -> ParseResult:
+    """The model output ``items`` (one turn's, in order) parsed as the non-streamed response
+    that carries them, with :meth:`import_history`'s checks (arguments must be JSON, a call
+    must have a name: else :class:`~fsm.store.errors.InvalidMessageError` naming message
+    ``index``)."""
+    output = [_output_item(item) for item in items]
+    return _turn(index, {"object": "response", "status": "completed", "output": output})
 
 
 # -- Anthropic ---------------------------------------------------------------------------------
