@@ -61,11 +61,7 @@ def __getattr__(name: str) -> Any:
     first use (``import fsm.integrations.langchain`` works without it)."""
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    try:
-        from fsm.integrations import langchain_history as body
-    except ImportError as exc:
-        raise ImportError(
-            f"fsm.integrations.langchain.{name} needs langchain-core ({exc}): "
-            "pip install 'fsm-toolcalls[langchain]'"
-        ) from exc
+    # without langchain-core: ImportError naming the extra to install
+    from fsm.integrations import langchain_history as body
+
     return getattr(body, name)

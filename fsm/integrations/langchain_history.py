@@ -7,16 +7,22 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from langchain_core.chat_history import BaseChatMessageHistory
-from langchain_core.messages import (
-    AIMessage,
-    BaseMessage,
-    FunctionMessage,
-    HumanMessage,
-    SystemMessage,
-    ToolMessage,
-    convert_to_openai_messages,
-)
+try:
+    from langchain_core.chat_history import BaseChatMessageHistory
+    from langchain_core.messages import (
+        AIMessage,
+        BaseMessage,
+        FunctionMessage,
+        HumanMessage,
+        SystemMessage,
+        ToolMessage,
+        convert_to_openai_messages,
+    )
+except ImportError as exc:
+    raise ImportError(
+        f"fsm.integrations.langchain needs langchain-core ({exc}): "
+        "pip install 'fsm-toolcalls[langchain]'"
+    ) from exc
 
 from fsm.completion import parse_completion
 from fsm.errors import FsmError
