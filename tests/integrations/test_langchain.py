@@ -50,6 +50,7 @@ TOOLS = {
 }
 
 
+@pytest.mark.filterwarnings("ignore:RunnableWithMessageHistory is deprecated")
 def test_two_turns_with_tool_calls_through_runnable_with_message_history(
     store: ConversationStore, db_url: sa.URL
 ) -> None:
@@ -264,3 +265,68 @@ def test_the_module_imports_without_langchain_and_names_the_extra() -> None:
     )
     message = child_json(code, timeout=60)
     assert "pip install 'fsm-toolcalls[langchain]'" in message
+
+
+def test_results_over_several_batches_an_error_result_and_the_async_methods(
+    store: ConversationStore, db_url: sa.URL
+) -> None:
+    """Two calls answered in two batches (the turn stays pending until both have come), one
+    result a tool's error (``status="error"``), a system message; LangChain's async methods
+    run the same code."""
+    import asyncio
+
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+    history = _history(store)
+    ask = AIMessage(
+        content="",
+        tool_calls=[_call("c1", "add", {"a": 1, "b": 2}), _call("c2", "div", {"a": 1, "b": 0})],
+        id="r1",
+    )
+    asyncio.run(
+        history.aadd_messages([SystemMessage(content="Be brief."), HumanMessage(content="?"), ask])
+    )
+    history.add_messages([ToolMessage(content="3", tool_call_id="c1")])
+    assert history.pending_message is not None  # c2 has no result yet
+    assert [type(m).__name__ for m in history.messages] == ["SystemMessage", "HumanMessage"]
+    history.add_messages(
+        [
+            ToolMessage(content="division by zero", tool_call_id="c2", status="error"),
+            AIMessage(content="3, and 1/0 is undefined."),
+        ]
+    )
+    back = asyncio.run(history.aget_messages())
+    assert [(type(m).__name__, m.content) for m in back] == [
+        ("SystemMessage", "Be brief."),
+        ("HumanMessage", "?"),
+        ("AIMessage", ""),
+        ("ToolMessage", "3"),
+        ("ToolMessage", "division by zero"),
+        ("AIMessage", "3, and 1/0 is undefined."),
+    ]
+    assert back[2].tool_calls == ask.tool_calls
+    _audit_clean(db_url)
+
+
+def test_a_provider_string_that_disagrees_with_args_is_not_trusted(
+    store: ConversationStore,
+) -> None:
+    """``additional_kwargs`` may be stale (a message edited after the model sent it): its string
+    is kept only when it decodes to the same ``args``; else ``json.dumps(args)``."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    stale = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a":9}'}}
+    ask = AIMessage(
+        content="",
+        tool_calls=[_call("c1", "add", {"a": 1})],
+        additional_kwargs={"tool_calls": [stale]},
+    )
+    _history(store).add_messages(
+        [HumanMessage(content="?"), ask, ToolMessage(content="1", tool_call_id="c1")]
+    )
+    call = store.history(CID)[1]["tool_calls"][0]
+    assert call == {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "add", "arguments": '{"a": 1}'},
+    }
