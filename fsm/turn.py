@@ -512,6 +512,13 @@ class ParseResult:
             f"the stream has no choice {index} (choices: {[t.index for t in self.turns]})"
         )
 
+    def to_chat_completion(self) -> dict[str, Any]:
+        """The ``chat.completion`` this Chat Completions stream amounts to (a drop-in for
+        LiteLLM's ``stream_chunk_builder``): see :func:`fsm.chat_completion.chat_completion`."""
+        from fsm.chat_completion import chat_completion
+
+        return chat_completion(self)
+
     def to_json(self) -> dict[str, Any]:
         """The object ``fsm parse --json`` prints. ``end`` says how the stream ended
         (``{"how": "done" | "eof" | "error" | "aborted" | "protocol_error" | "limit" | null,

@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
         "fsm.text",
         "fsm.jsontext",
     ),
-    ("fsm.toolcall", "fsm.turn", "fsm.shapes"),
+    ("fsm.toolcall", "fsm.turn", "fsm.shapes", "fsm.chat_completion"),
     ("fsm.formats", "fsm.parser", "fsm.api", "fsm.completion", "fsm.__init__", "fsm.__about__"),
     (
         "fsm.clients",
