@@ -10,6 +10,7 @@ from fsm.errors import FsmError
 
 __all__ = [
     "FrameworkMissingError",
+    "HistoryOperationError",
     "HistoryRewriteError",
     "IntegrationError",
     "UnansweredCallsError",
@@ -32,6 +33,11 @@ class FrameworkMissingError(IntegrationError, ImportError):
             f"this fsm adapter needs {framework}, which is not installed{why}: "
             f"pip install 'fsm-toolcalls[{extra}]'"
         )
+
+
+class HistoryOperationError(IntegrationError):
+    """A framework's chat history was asked for something fsm's store cannot do (a store
+    without ``delete_conversation`` asked to ``clear``, a message type fsm does not store)."""
 
 
 class HistoryRewriteError(IntegrationError):

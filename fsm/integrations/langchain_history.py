@@ -7,6 +7,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fsm.integrations.errors import FrameworkMissingError, HistoryOperationError
+
 try:
     from langchain_core.chat_history import BaseChatMessageHistory
     from langchain_core.messages import (
@@ -19,13 +21,9 @@ try:
         convert_to_openai_messages,
     )
 except ImportError as exc:
-    raise ImportError(
-        f"fsm.integrations.langchain needs langchain-core ({exc}): "
-        "pip install 'fsm-toolcalls[langchain]'"
-    ) from exc
+    raise FrameworkMissingError("langchain-core", "langchain", str(exc)) from exc
 
 from fsm.completion import parse_completion
-from fsm.errors import FsmError
 from fsm.parser import ParseResult
 from fsm.store import ConversationNotFoundError, ConversationStore, ResultsError
 
@@ -33,11 +31,6 @@ __all__ = ["FsmChatMessageHistory", "HistoryOperationError"]
 
 #: the reason a pending turn is given up with when a batch does not bring its results
 ABANDONED = "LangChain added a message before the results of this turn's tool calls"
-
-
-class HistoryOperationError(FsmError):
-    """The chat history was asked for something fsm's store cannot do (a store without
-    ``delete_conversation`` asked to ``clear``, a message type fsm does not store)."""
 
 
 class FsmChatMessageHistory(BaseChatMessageHistory):
