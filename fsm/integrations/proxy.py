@@ -52,7 +52,7 @@ from fsm.store.errors import StoreError
 from fsm.store.ledger import Outcome, PendingTurn
 
 if TYPE_CHECKING:
-    from starlette.responses import StreamingResponse
+    import starlette.responses
 
     from fsm.store import CommittedTurn, ConversationStore
     from fsm.store.aio import AsyncConversationStore
@@ -375,7 +375,7 @@ def recording_response(
     format: str = "auto",
     repair_json: bool = False,
     limits: Limits | None = None,
-) -> StreamingResponse:
+) -> starlette.responses.StreamingResponse:
     """A Starlette ``StreamingResponse`` that forwards an ``httpx.Response`` (opened with
     ``stream=True``) to the client: its status, its headers (but the connection's own and the
     body's length and encoding), and its body through :func:`record_stream`. An upstream error

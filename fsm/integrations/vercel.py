@@ -50,7 +50,7 @@ from fsm.events import (
 from fsm.parser import Limits, StreamParser
 
 if TYPE_CHECKING:
-    from starlette.responses import StreamingResponse
+    import starlette.responses
 
 __all__ = [
     "DONE",
@@ -482,7 +482,7 @@ async def ui_message_stream(
 
 def ui_message_response(
     stream: AsyncIterable[bytes], *, headers: Mapping[str, str] | None = None
-) -> StreamingResponse:
+) -> starlette.responses.StreamingResponse:
     """A Starlette ``StreamingResponse`` serving a framed UI message stream (what
     :func:`ui_message_stream` yields) with :data:`UI_MESSAGE_STREAM_HEADERS` (and
     ``headers``)."""

@@ -152,12 +152,19 @@ def _history(url: str) -> tuple[list[Any], Any, list[Any]]:
         return store.history(CID), store.pending(CID), store.attempts(CID)
 
 
-@pytest.mark.parametrize("which", ["async", "sync"])
-def test_a_tool_round_through_the_proxy(url: str, which: str) -> None:
-    if which == "sync" and not url.startswith("sqlite"):
-        pytest.skip("the sync store's worker-thread path: once is enough (SQLite)")
+def test_a_tool_round_through_the_proxy(url: str) -> None:
+    _tool_round(url, sync_store=False)
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+def test_a_tool_round_with_the_sync_store(url: str) -> None:
+    """The sync store's calls run in a worker thread (one engine is enough for that path)."""
+    _tool_round(url, sync_store=True)
+
+
+def _tool_round(url: str, *, sync_store: bool) -> None:
     script = [ReplayTurn(FIRST), ReplayTurn(FINAL, expect_tool_results=["6912", "408"])]
-    with _proxied(url, script, sync_store=which == "sync") as (provider, base):
+    with _proxied(url, script, sync_store=sync_store) as (provider, base):
         client = _client(base)
         messages: list[Any] = [{"role": "system", "content": "Use the tools."}, USER]
         # 1: the raw bytes the client gets are the provider's, unchanged
