@@ -25,13 +25,17 @@ from fsm import parse
 from fsm.cli.main import cli
 from fsm.replay import EXAMPLES_DIR, ReplayServer, ReplayTurn
 from fsm.store import ConversationStore
-from tests.helpers import require_framework
+from tests.helpers import chunk, require_framework, sse
 from tests.helpers.agent import USER
 from tests.helpers.faults import free_port
 
 FIRST = EXAMPLES_DIR / "parallel_add_multiply.sse"
 FINAL = EXAMPLES_DIR / "final_answer.sse"
 CUT = EXAMPLES_DIR / "cut_off_call.sse"
+RESPONSES_FIRST = EXAMPLES_DIR / "responses_add_multiply.sse"
+RESPONSES_FINAL = EXAMPLES_DIR / "responses_final_answer.sse"
+ANTHROPIC_FIRST = EXAMPLES_DIR / "anthropic_add_multiply.sse"
+ANTHROPIC_FINAL = EXAMPLES_DIR / "anthropic_final_answer.sse"
 CID = "conv-proxy-1"
 TOOLS = {"add": lambda a, b: a + b, "multiply": lambda a, b: a * b}
 
@@ -322,4 +326,93 @@ def test_a_provider_that_fails_mid_stream_leaves_an_attempt(url: str, end: str) 
     else:
         assert broke and data[:at].startswith(received)
         assert "the upstream failed" in json.dumps(attempts[0], default=str)
+    _check_clean(url)
+
+
+def _pieces(data: bytes) -> AsyncIterator[bytes]:
+    async def gen() -> AsyncIterator[bytes]:
+        for start in range(0, len(data), 64):
+            yield data[start : start + 64]
+
+    return gen()
+
+
+def test_a_legacy_function_call_and_the_other_stream_formats(url: str) -> None:
+    """A legacy ``function_call`` is closed by the ``function`` message that answers it; a
+    Responses or Anthropic stream is recorded as its turn (the request side stays Chat)."""
+    require_framework("anyio", "proxy")
+    from fsm.integrations.proxy import record_request, record_stream
+    from fsm.store.aio import AsyncConversationStore
+
+    legacy = sse(
+        chunk(function_call={"name": "get_weather", "arguments": '{"city": "Paris"}'}),
+        chunk(finish="function_call"),
+    )
+
+    async def body() -> dict[str, list[Any]]:
+        histories = {}
+        async with AsyncConversationStore(url) as store:
+            for cid, first, final in [
+                ("legacy", legacy, FINAL),
+                ("responses", RESPONSES_FIRST.read_bytes(), RESPONSES_FINAL),
+                ("anthropic", ANTHROPIC_FIRST.read_bytes(), ANTHROPIC_FINAL),
+            ]:
+                seq = await record_request(store, cid, [USER])
+                sent = [
+                    p async for p in record_stream(_pieces(first), store, cid, expected_seq=seq)
+                ]
+                assert b"".join(sent) == first
+                pending = await store.pending(cid)
+                assert pending is not None
+                call = pending.calls[0]
+                messages = [USER, pending.to_message()]
+                if call.legacy:
+                    messages.append({"role": "function", "name": call.name, "content": "sunny"})
+                else:
+                    messages += [
+                        {"role": "tool", "tool_call_id": c.id, "content": str(n)}
+                        for n, c in enumerate(pending.calls)
+                    ]
+                seq = await record_request(store, cid, messages)
+                assert await store.pending(cid) is None
+                data = final.read_bytes()
+                async for _ in record_stream(_pieces(data), store, cid, expected_seq=seq):
+                    pass
+                histories[cid] = await store.history(cid)
+        return histories
+
+    histories = asyncio.run(body())
+    assert [m["role"] for m in histories["legacy"]] == [
+        "user",
+        "assistant",
+        "function",
+        "assistant",
+    ]
+    assert histories["legacy"][2]["content"] == "sunny"
+    for cid in ("responses", "anthropic"):
+        roles = [m["role"] for m in histories[cid]]
+        assert roles == ["user", "assistant", "tool", "tool", "assistant"], cid
+    _check_clean(url)
+
+
+def test_a_stream_that_is_not_valid_is_forwarded_whole_and_recorded_as_an_attempt(
+    url: str,
+) -> None:
+    require_framework("anyio", "proxy")
+    from fsm.integrations.proxy import record_request, record_stream
+    from fsm.store.aio import AsyncConversationStore
+
+    data = FIRST.read_bytes()
+    broken = data[: len(data) // 2].rsplit(b"\n\n", 1)[0] + b"\n\ndata: {not json\n\n" + b"x" * 100
+
+    async def body() -> bytes:
+        async with AsyncConversationStore(url) as store:
+            seq = await record_request(store, CID, [USER])
+            pieces = record_stream(_pieces(broken), store, CID, expected_seq=seq)
+            return b"".join([p async for p in pieces])
+
+    assert asyncio.run(body()) == broken  # every byte still goes to the client
+    history, pending, attempts = _history(url)
+    assert history == [USER] and pending is None
+    assert len(attempts) == 1 and "protocol error" in json.dumps(attempts[0], default=str)
     _check_clean(url)
