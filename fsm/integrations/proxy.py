@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast
 
 from fsm.errors import FsmError, RemoteProtocolError
 from fsm.parser import Limits, ParseResult, StreamParser
-from fsm.store.errors import StoreError
+from fsm.store.errors import ConversationNotFoundError, StoreError
 from fsm.store.ledger import Outcome, PendingTurn
 
 if TYPE_CHECKING:
@@ -221,8 +221,10 @@ async def record_request(
     checked as :meth:`~fsm.store.ConversationStore.import_history` checks it). A request that
     carries fewer messages than the record holds raises :class:`ProxyHistoryError`.
     """
-    await _call(store, "create_conversation", conversation_id, exist_ok=True)
-    await close_pending(store, conversation_id, messages)
+    try:
+        await close_pending(store, conversation_id, messages)
+    except ConversationNotFoundError:  # its first request (a write only then)
+        await _call(store, "create_conversation", conversation_id, exist_ok=True)
     count = int(await _call(store, "next_seq", conversation_id))
     if len(messages) < count:
         raise ProxyHistoryError(
