@@ -319,3 +319,42 @@ def test_an_upstream_that_fails_ends_the_message_with_error_and_abort() -> None:
     kinds = [p["type"] for p in parts]
     assert kinds[-4:] == ["error", "tool-input-error", "tool-input-error", "abort"]
     assert "the provider hung up" in next(p for p in parts if p["type"] == "error")["errorText"]
+
+
+def test_the_guides_server_loop_is_a_message_the_sdk_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/examples/vercel_ui_stream.py's endpoint, against the replay server: the two steps
+    (the calls and their outputs, then the answer) as the ``ai`` package reads them."""
+    import importlib.util
+
+    require_framework("starlette", "proxy")
+    require_framework("openai", "openai")
+    from starlette.testclient import TestClient
+
+    from fsm.replay import ReplayServer, demo_script
+    from tests.helpers import REPO
+
+    with ReplayServer(demo_script(["6912", "408"])) as provider:
+        monkeypatch.setenv("OPENAI_BASE_URL", provider.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test")
+        path = REPO / "docs" / "examples" / "vercel_ui_stream.py"
+        spec = importlib.util.spec_from_file_location("vercel_ui_stream_example", path)
+        assert spec is not None and spec.loader is not None
+        example = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(example)
+        question = {"role": "user", "parts": [{"type": "text", "text": "1234 + 5678, 12 x 34?"}]}
+        with TestClient(example.app) as client:
+            response = client.post("/api/chat", json={"messages": [question]})
+    assert provider.failures == [] and len(provider.requests) == 2
+    assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
+    checked = _check({"loop": response.content}, tmp_path)["loop"]
+    assert checked["framing"] == [] and checked["invalid"] == [] and checked["errors"] == []
+    parts = checked["message"]["parts"]
+    tools = [(p["type"], p["state"], p["output"]) for p in parts if p["type"].startswith("tool-")]
+    assert tools == [
+        ("tool-add", "output-available", 6912),
+        ("tool-multiply", "output-available", 408),
+    ]
+    answer = "".join(p["text"] for p in parts if p["type"] == "text")
+    assert parse(FINAL.read_bytes()).turn(0).content in answer
