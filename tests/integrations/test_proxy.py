@@ -416,3 +416,13 @@ def test_a_stream_that_is_not_valid_is_forwarded_whole_and_recorded_as_an_attemp
     assert history == [USER] and pending is None
     assert len(attempts) == 1 and "protocol error" in json.dumps(attempts[0], default=str)
     _check_clean(url)
+
+
+def test_an_error_status_is_forwarded_as_it_is_and_not_recorded(url: str) -> None:
+    openai = require_framework("openai", "openai")
+    turn = ReplayTurn(FIRST, status=429, error_message="slow down")
+    with _proxied(url, [turn]) as (_provider, base), pytest.raises(openai.APIStatusError) as caught:
+        _client(base).chat.completions.create(model="demo-model-1", messages=[USER], stream=True)
+    assert caught.value.status_code == 429 and "slow down" in str(caught.value)
+    history, pending, attempts = _history(url)
+    assert history == [USER] and pending is None and attempts == []
