@@ -43,6 +43,8 @@ _OPTIONAL = (
     "pydantic_ai",
     "mcp",
     "starlette",
+    "uvicorn",
+    "opentelemetry",
 )
 
 #: the conftest of a pytest-module example: the plugin is loaded by its entry point, or here
