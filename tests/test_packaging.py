@@ -43,6 +43,7 @@ TOOL_EXTRAS = {"test", "bench", "docs"}
 LOADED_BY_THEIR_HOST = {
     ("fsm/pytest_plugin.py", "pytest"),
     ("fsm/integrations/pydantic_ai_store.py", "pydantic_ai"),
+    ("fsm/integrations/pydantic_ai_messages.py", "pydantic_ai"),
 }
 
 

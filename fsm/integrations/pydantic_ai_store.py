@@ -1,14 +1,9 @@
 """The implementation of :mod:`fsm.integrations.pydantic_ai` (this module imports pydantic-ai:
 import the names from :mod:`fsm.integrations.pydantic_ai`, which loads it when first used).
 
-**The mapping.** fsm keeps a conversation as Chat Completions messages (the format that keeps
-the most of a pydantic-ai history: text, tool calls with their ids and argument text, results
-in their slots, system and user messages). A pydantic-ai ``ModelRequest`` becomes its parts'
-messages (``SystemPromptPart``: ``system``; ``UserPromptPart``: ``user``; ``ToolReturnPart``:
-a ``tool`` result with its call's id and the text the model is sent; ``RetryFeedbackPart``: the
-``user`` text the model is sent); a ``ModelResponse`` becomes one ``assistant`` message (its
-``TextPart`` text, its ``ToolCallPart`` calls as ``tool_calls``). Read back, consecutive
-non-assistant messages form one ``ModelRequest``, each assistant message one ``ModelResponse``.
+**The mapping** (:mod:`fsm.integrations.pydantic_ai_messages`): fsm keeps a conversation as
+Chat Completions messages, the format that keeps the most of a pydantic-ai history (text, tool
+calls with their ids and argument text, results in their slots, system and user messages).
 
 **Calls and results.** A response whose calls are all answered by the request after it goes in
 with :meth:`~fsm.store.ConversationStore.import_history` (the contract checked before any
@@ -29,10 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, cast
 
 from pydantic_ai import messages as pm
 from pydantic_ai.conversation import Conversation
@@ -49,12 +44,21 @@ from pydantic_ai.usage import RunUsage
 
 from fsm.completion import parse_completion
 from fsm.errors import FsmError
+from fsm.integrations.pydantic_ai_messages import (
+    UnstorableMessageError,
+    as_completion,
+    from_chat,
+    normal,
+    pending_response,
+    to_chat,
+)
 from fsm.store import ConversationStore, PendingTurn
 from fsm.store.aio import AsyncConversationStore
 from fsm.store.errors import (
     ConflictError,
     ConversationExistsError,
     ConversationNotFoundError,
+    LedgerStateError,
     PendingTurnError,
     ResultsError,
     TurnInProgressError,
@@ -68,10 +72,14 @@ __all__ = [
     "UnstorableMessageError",
 ]
 
-T = TypeVar("T")
-
 #: what a save's writes raise when another writer got there first
-_LOST_RACE: Final = (ConflictError, PendingTurnError, TurnInProgressError, ConversationExistsError)
+_LOST_RACE: Final = (
+    ConflictError,
+    ConversationExistsError,
+    LedgerStateError,
+    PendingTurnError,
+    TurnInProgressError,
+)
 
 
 class RevisionConflictError(FsmError, ConversationConflict):
@@ -114,210 +122,6 @@ class ScopeNotSupportedError(FsmError, UserError):
         )
 
 
-class UnstorableMessageError(FsmError, UserError):
-    """A message part that Chat Completions history cannot hold (a file, a built-in tool's
-    call, ...): nothing was written."""
-
-    def __init__(self, message: str) -> None:
-        UserError.__init__(self, message)
-
-
-# -- pydantic-ai messages <-> Chat Completions messages ---------------------------------------
-def _user_content(content: str | Sequence[Any]) -> str | list[dict[str, Any]]:
-    if isinstance(content, str):
-        return content
-    parts: list[dict[str, Any]] = []
-    for item in content:
-        if isinstance(item, str):
-            parts.append({"type": "text", "text": item})
-        elif isinstance(item, pm.ImageUrl):
-            parts.append({"type": "image_url", "image_url": {"url": item.url}})
-        else:
-            raise UnstorableMessageError(
-                f"a user prompt's {type(item).__name__} cannot be stored in Chat Completions "
-                "history (text and image URLs can): pass it by URL, or keep it out of the "
-                "stored conversation"
-            )
-    return parts
-
-
-def _request_messages(message: pm.ModelRequest, at: int) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for part in message.parts:
-        if isinstance(part, pm.SystemPromptPart):
-            out.append({"role": "system", "content": part.content})
-        elif isinstance(part, pm.UserPromptPart):
-            out.append({"role": "user", "content": _user_content(part.content)})
-        elif isinstance(part, pm.ToolReturnPart):
-            out.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": part.tool_call_id,
-                    "content": part.model_response_str(),
-                }
-            )
-        elif isinstance(part, pm.RetryFeedbackPart):
-            out.append({"role": "user", "content": part.model_response()})
-        else:
-            raise UnstorableMessageError(
-                f"message {at}: a request's {part.part_kind!r} part cannot be stored in Chat "
-                "Completions history"
-            )
-    return out
-
-
-def _response_message(message: pm.ModelResponse, at: int) -> dict[str, Any]:
-    texts: list[str] = []
-    calls: list[dict[str, Any]] = []
-    for part in message.parts:
-        if isinstance(part, pm.TextPart):
-            texts.append(part.content)
-        elif isinstance(part, pm.ToolCallPart):
-            calls.append(
-                {
-                    "id": part.tool_call_id,
-                    "type": "function",
-                    "function": {"name": part.tool_name, "arguments": part.args_as_json_str()},
-                }
-            )
-        elif isinstance(part, pm.ThinkingPart):
-            continue  # Chat Completions requests carry no reasoning: not kept (see the guide)
-        else:
-            raise UnstorableMessageError(
-                f"message {at}: a response's {part.part_kind!r} part cannot be stored in Chat "
-                "Completions history"
-            )
-    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
-    if calls:
-        out["tool_calls"] = calls
-    return out
-
-
-def to_chat(messages: Sequence[pm.ModelMessage], first: int = 0) -> list[list[dict[str, Any]]]:
-    """Each pydantic-ai message as the Chat Completions messages fsm stores for it, with each
-    response's results put in call order (fsm's slots); ``first``: the number of the first
-    message, for errors."""
-    out: list[list[dict[str, Any]]] = []
-    for at, message in enumerate(messages, start=first):
-        if isinstance(message, pm.ModelResponse):
-            out.append([_response_message(message, at)])
-        else:
-            out.append(_request_messages(message, at))
-    order: dict[str, int] = {}
-    for group in out:
-        if group and group[0]["role"] == "assistant":
-            calls = group[0].get("tool_calls") or []
-            order = {c["id"]: i for i, c in enumerate(calls)}
-            continue
-        lead = 0
-        while lead < len(group) and group[lead]["role"] == "tool":
-            lead += 1
-        if lead and all(m["tool_call_id"] in order for m in group[:lead]):
-            group[:lead] = sorted(group[:lead], key=lambda m: order[m["tool_call_id"]])
-        order = {}
-    return out
-
-
-def _text(content: Any) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
-
-
-def _user_part_content(content: Any) -> str | list[pm.UserContent]:
-    if content is None or isinstance(content, str):
-        return content or ""
-    items: list[pm.UserContent] = []
-    for p in content:
-        if p.get("type") == "image_url":
-            items.append(pm.ImageUrl(url=p["image_url"]["url"]))
-        else:
-            items.append(str(p.get("text", "")))
-    return items
-
-
-def from_chat(history: Sequence[Mapping[str, Any]]) -> list[tuple[pm.ModelMessage, int]]:
-    """fsm's Chat Completions history as pydantic-ai messages, each with the seq right after
-    its last fsm message (what its entry id names)."""
-    out: list[tuple[pm.ModelMessage, int]] = []
-    request: list[pm.ModelRequestPart] = []
-    names: dict[str, str] = {}
-    for seq, m in enumerate(history):
-        role = m.get("role")
-        if role == "assistant":
-            if request:
-                out.append((pm.ModelRequest(parts=request), seq))
-                request = []
-            parts: list[pm.ModelResponsePart] = []
-            text = _text(m.get("content"))
-            if text:
-                parts.append(pm.TextPart(content=text))
-            for call in m.get("tool_calls") or []:
-                body = call.get("function") or call.get("custom") or {}
-                name = str(body.get("name", ""))
-                names[call["id"]] = name
-                arguments = body.get("arguments", body.get("input"))
-                parts.append(
-                    pm.ToolCallPart(tool_name=name, args=arguments, tool_call_id=call["id"])
-                )
-            out.append((pm.ModelResponse(parts=parts), seq + 1))
-        elif role in ("system", "developer"):
-            request.append(pm.SystemPromptPart(content=_text(m.get("content"))))
-        elif role == "tool":
-            call_id = str(m.get("tool_call_id"))
-            request.append(
-                pm.ToolReturnPart(
-                    tool_name=names.get(call_id, ""),
-                    content=m.get("content"),
-                    tool_call_id=call_id,
-                )
-            )
-        else:
-            request.append(pm.UserPromptPart(content=_user_part_content(m.get("content"))))
-    if request:
-        out.append((pm.ModelRequest(parts=request), len(history)))
-    return out
-
-
-def _normal(message: Mapping[str, Any]) -> dict[str, Any]:
-    """A Chat Completions message without the keys whose value is ``None`` (to compare)."""
-    return {k: v for k, v in message.items() if v is not None}
-
-
-def _pending_response(pending: PendingTurn) -> pm.ModelResponse:
-    parts: list[pm.ModelResponsePart] = []
-    if pending.content:
-        parts.append(pm.TextPart(content=pending.content))
-    for call in pending.calls:
-        parts.append(
-            pm.ToolCallPart(tool_name=call.name, args=call.arguments, tool_call_id=call.id)
-        )
-    return pm.ModelResponse(
-        parts=parts, model_name=pending.model, provider_response_id=pending.response_id
-    )
-
-
-def _completion(message: Mapping[str, Any], response: pm.ModelResponse) -> dict[str, Any]:
-    """An assistant message with tool calls as the ``chat.completion`` that carried it."""
-    body = {k: v for k, v in message.items() if k != "role"}
-    completion: dict[str, Any] = {
-        "object": "chat.completion",
-        "choices": [{"index": 0, "message": body, "finish_reason": "tool_calls"}],
-    }
-    if response.provider_response_id:
-        completion["id"] = response.provider_response_id
-    if response.model_name:
-        completion["model"] = response.model_name
-    usage = response.usage
-    if usage.input_tokens or usage.output_tokens:
-        completion["usage"] = {
-            "prompt_tokens": usage.input_tokens,
-            "completion_tokens": usage.output_tokens,
-            "total_tokens": usage.input_tokens + usage.output_tokens,
-        }
-    return completion
-
-
 # -- the store ----------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class _State:
@@ -336,10 +140,10 @@ class _State:
         mark = "" if self.pending is None else f"+p{self.pending.id}"
         return f"seq:{self.seq}{mark}"
 
-    def messages(self, conversation_id: str) -> list[tuple[pm.ModelMessage, int]]:
+    def messages(self) -> list[tuple[pm.ModelMessage, int]]:
         out = from_chat(self.history)
         if self.pending is not None:
-            out.append((_pending_response(self.pending), self.pending.at_seq + 1))
+            out.append((pending_response(self.pending), self.pending.at_seq + 1))
         return out
 
     def deferred(self) -> DeferredToolRequests | None:
@@ -427,7 +231,7 @@ class FsmConversationStore(PydanticAIConversationStore):
         state = await self._state(conversation_id)
         if state is None:
             return None
-        messages = [m for m, _ in state.messages(conversation_id)]
+        messages = [m for m, _ in state.messages()]
         if limit is not None:
             messages = messages[len(messages) - limit :] if limit else []
         conversation = Conversation(
@@ -502,7 +306,7 @@ class FsmConversationStore(PydanticAIConversationStore):
         state = await self._state(conversation_id)
         if state is None:
             raise UserError(f"Conversation {conversation_id!r} is not in the store.")
-        stored = state.messages(conversation_id)
+        stored = state.messages()
         if from_entry is not None:
             ends = [_entry_id(conversation_id, end) for _, end in stored]
             if from_entry not in ends:
@@ -623,7 +427,7 @@ class FsmConversationStore(PydanticAIConversationStore):
         state = await self._state(cid)
         if state is None:
             raise LookupError(f"conversation {cid!r} is not in the store")
-        entries = _entries(cid, state.messages(cid))
+        entries = _entries(cid, state.messages())
         ids = [e.id for e in entries]
         if head_id not in ids:
             raise LookupError(f"conversation {cid!r} has no message ending at seq {end}")
@@ -641,13 +445,13 @@ class FsmConversationStore(PydanticAIConversationStore):
             return 0
         if conversation.new_message_index is not None:
             return conversation.new_message_index
-        stored = [_normal(m) for m in _chats(state.messages(conversation.conversation_id))]
+        stored = [normal(m) for m in _chats(state.messages())]
         mine = to_chat(messages)
         have = 0
         for index, group in enumerate(mine):
             if have == len(stored):
                 return index
-            chunk = [_normal(m) for m in group]
+            chunk = [normal(m) for m in group]
             if stored[have : have + len(chunk)] != chunk:
                 break
             have += len(chunk)
@@ -665,7 +469,7 @@ class FsmConversationStore(PydanticAIConversationStore):
         """Write ``messages`` after ``state`` (``None``: a new conversation); returns their
         entries and the new revision."""
         expected = state.revision if state is not None else None
-        first = len(state.messages(conversation_id)) if state is not None else 0
+        first = len(state.messages()) if state is not None else 0
         groups = to_chat(messages, first)
         chat = [m for group in groups for m in group]
         try:
@@ -682,7 +486,7 @@ class FsmConversationStore(PydanticAIConversationStore):
             ) from exc
         after = await self._state(conversation_id)
         assert after is not None
-        entries = _entries(conversation_id, after.messages(conversation_id))
+        entries = _entries(conversation_id, after.messages())
         stored = entries[len(entries) - len(messages) :] if messages else []
         if len(stored) == len(messages):  # the entries hold the messages as they were saved
             stored = [
@@ -736,7 +540,7 @@ class FsmConversationStore(PydanticAIConversationStore):
         if tail is not None:
             response = messages[-1]
             assert isinstance(response, pm.ModelResponse)
-            turn = parse_completion(_completion(tail, response))
+            turn = parse_completion(as_completion(tail, response))
             begun = await self._call("begin", conversation_id, turn, expected_seq=seq)
             await self._call("release", begun)
 
@@ -767,7 +571,7 @@ def _entries(
 def _head(conversation_id: str, state: _State | None) -> str | None:
     if state is None:
         return None
-    stored = state.messages(conversation_id)
+    stored = state.messages()
     return _entry_id(conversation_id, stored[-1][1]) if stored else None
 
 

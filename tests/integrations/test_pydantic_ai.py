@@ -370,3 +370,81 @@ except Exception as exc:
     name, is_import_error, message = child_json(code, timeout=60)
     assert name == "PydanticAIMissingError" and is_import_error
     assert message.endswith("pip install 'fsm-toolcalls[pydantic-ai]'")
+
+
+def test_each_kind_of_part_maps_to_chat_and_back(fsm_store: ConversationStore, url: str) -> None:
+    """What the mapping keeps (system, user text and image URLs, text, calls, returns, retry
+    feedback as the text the model is sent) and what it drops (thinking)."""
+    from pydantic_ai.messages import (
+        BinaryContent,
+        FilePart,
+        ImageUrl,
+        RetryFeedbackPart,
+        RetryInfo,
+        SystemPromptPart,
+        TextPart,
+        ThinkingPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
+
+    from fsm.integrations.pydantic_ai import UnstorableMessageError
+
+    feedback = RetryFeedbackPart(content="Answer in one word.", retry=RetryInfo("model_retry"))
+    saved = [
+        ModelRequest(
+            parts=[
+                SystemPromptPart("Be brief."),
+                UserPromptPart(["Look:", ImageUrl("https://example.com/cat.png")]),
+            ]
+        ),
+        ModelResponse(
+            parts=[
+                ThinkingPart("a cat, probably"),
+                TextPart("A cat."),
+                ToolCallPart("tag", {"label": "cat"}, "call_t"),
+            ]
+        ),
+        ModelRequest(parts=[ToolReturnPart("tag", {"ok": True}, "call_t"), feedback]),
+        ModelResponse(parts=[TextPart("Cat.")]),
+    ]
+
+    async def body() -> None:
+        store = FsmConversationStore(fsm_store)
+        entries = await store.save(Conversation(conversation_id="parts", messages=saved))
+        assert [e.message for e in entries] == saved  # the entries hold what was saved
+        loaded = await store.load("parts")
+        assert loaded is not None
+        request, response, results, last = loaded.messages
+        assert isinstance(request, ModelRequest) and isinstance(results, ModelRequest)
+        assert [type(p).__name__ for p in request.parts] == ["SystemPromptPart", "UserPromptPart"]
+        assert request.parts[1].content == ["Look:", ImageUrl("https://example.com/cat.png")]
+        assert isinstance(response, ModelResponse)
+        assert response.parts == [
+            TextPart("A cat."),  # the thinking is not kept
+            ToolCallPart("tag", '{"label":"cat"}', "call_t"),
+        ]
+        tool_return, retry = results.parts
+        assert isinstance(tool_return, ToolReturnPart) and tool_return.tool_name == "tag"
+        assert tool_return.content == '{"ok":true}'  # the text the model saw
+        assert isinstance(retry, UserPromptPart) and retry.content == feedback.model_response()
+        assert isinstance(last, ModelResponse) and last.parts == [TextPart("Cat.")]
+        # a part Chat Completions cannot hold: a typed error, nothing written
+        loaded.messages.append(ModelRequest.user_text_prompt("Draw it."))
+        loaded.messages.append(
+            ModelResponse(parts=[FilePart(BinaryContent(data=b"\x89PNG", media_type="image/png"))])
+        )
+        with pytest.raises(UnstorableMessageError, match="message 5: a response's 'file' part"):
+            await store.save(loaded)
+
+    run(body())
+    history = fsm_store.history("parts")
+    assert len(history) == 6 and history[-1] == {"role": "assistant", "content": "Cat."}
+    assert history[1] == {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "Look:"},
+            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+        ],
+    }
+    audit_clean(url)
