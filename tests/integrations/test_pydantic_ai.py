@@ -338,10 +338,19 @@ def test_what_fsm_cannot_do_is_a_typed_error(fsm_store: ConversationStore) -> No
         assert cut.deferred_tool_requests is not None
         listed = [r.conversation_id for r in await store.list_conversations()]
         assert sorted(listed) == ["conv-1", "conv-2", "conv-3"]
+        # pydantic-ai's own load_entries / delete, over the primitives
+        entries = await store.load_entries("conv-1", limit=2)
+        assert entries is not None and [e.id for e in entries] == ["conv-1@4", "conv-1@5"]
+        assert entries[1].parent_id == "conv-1@4"
+        assert (await store.read_entry("conv-1@2")).message.parts == loaded.messages[1].parts
+        with pytest.raises(LookupError):
+            await store.read_entry("conv-1@3000")
+        assert [m["role"] for m in fsm_store.history("conv-3")] == ["user"]
+        await store.delete("conv-3")
+        assert await store.load("conv-3") is None
 
     run(body())
     assert fsm_store.history("conv-2") == fsm_store.history("conv-1")[:4]
-    assert fsm_store.history("conv-3") == fsm_store.history("conv-1")[:1]
     assert fsm_store.history("conv-1")[-1] == {"role": "user", "content": "more"}
 
 
