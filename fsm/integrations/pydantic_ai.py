@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         FsmConversationStore,
         HistoryRewriteError,
         RevisionConflictError,
+        ScopeNotSupportedError,
         UnstorableMessageError,
     )
 
@@ -39,6 +40,7 @@ __all__ = [
     "HistoryRewriteError",
     "PydanticAIMissingError",
     "RevisionConflictError",
+    "ScopeNotSupportedError",
     "UnstorableMessageError",
 ]
 
@@ -51,6 +53,7 @@ _LAZY: Final = frozenset(
         "FsmConversationStore",
         "HistoryRewriteError",
         "RevisionConflictError",
+        "ScopeNotSupportedError",
         "UnstorableMessageError",
     }
 )

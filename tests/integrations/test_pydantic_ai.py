@@ -38,6 +38,7 @@ from fsm.integrations.pydantic_ai import (  # noqa: E402
     FsmConversationStore,
     HistoryRewriteError,
     RevisionConflictError,
+    ScopeNotSupportedError,
 )
 
 T = TypeVar("T")
@@ -161,6 +162,7 @@ async def two_runs(store: FsmConversationStore, server: ReplayServer) -> list[st
         "What is 1234 + 5678?", conversation=conversation, event_stream_handler=streamed
     )
     saved = await store.save(first)
+    assert first.conversation.revision == "seq:4"  # the result continues from what was saved
     assert [e.id for e in saved] == ["conv-1@1", "conv-1@2", "conv-1@3", "conv-1@4"]
     # a new process would do the same: load what fsm holds, run, save
     loaded = await store.load("conv-1")
@@ -327,7 +329,7 @@ def test_what_fsm_cannot_do_is_a_typed_error(fsm_store: ConversationStore) -> No
             revision=loaded.revision,
         )
         assert [e.id for e in await store.save(extended)] == ["conv-1@5"]
-        with pytest.raises(UserError, match="no scopes"):
+        with pytest.raises(ScopeNotSupportedError, match="no scopes"):
             await store.load("conv-1", scope="alice")
         # fork copies: a new conversation with the first four messages
         forked = await store.fork("conv-1", at=4, new_conversation_id="conv-2")
