@@ -22,7 +22,7 @@ from fsm.cli.main import cli
 from fsm.replay import ReplayServer, ReplayTurn
 from fsm.store import ConversationStore
 from fsm.store.aio import AsyncConversationStore
-from tests.helpers import child_json, require_framework
+from tests.helpers import require_framework
 
 pydantic_ai = require_framework("pydantic_ai", "pydantic-ai")
 
@@ -354,33 +354,6 @@ def test_what_fsm_cannot_do_is_a_typed_error(fsm_store: ConversationStore) -> No
     run(body())
     assert fsm_store.history("conv-2") == fsm_store.history("conv-1")[:4]
     assert fsm_store.history("conv-1")[-1] == {"role": "user", "content": "more"}
-
-
-def test_the_module_imports_without_pydantic_ai_and_names_the_extra() -> None:
-    code = """
-import builtins, json, sys
-real = builtins.__import__
-def fake(name, *args, **kwargs):
-    if name == "pydantic_ai" or name.startswith("pydantic_ai."):
-        raise ImportError(f"No module named {name!r}")
-    return real(name, *args, **kwargs)
-builtins.__import__ = fake
-import importlib
-real_import_module = importlib.import_module
-def fake_module(name, package=None):
-    if name == "pydantic_ai" or name.startswith("pydantic_ai."):
-        raise ImportError(f"No module named {name!r}")
-    return real_import_module(name, package)
-importlib.import_module = fake_module
-import fsm.integrations.pydantic_ai as m
-try:
-    m.FsmConversationStore
-except Exception as exc:
-    print(json.dumps([type(exc).__name__, isinstance(exc, ImportError), str(exc)]))
-"""
-    name, is_import_error, message = child_json(code, timeout=60)
-    assert name == "PydanticAIMissingError" and is_import_error
-    assert message.endswith("pip install 'fsm-toolcalls[pydantic-ai]'")
 
 
 def test_each_kind_of_part_maps_to_chat_and_back(fsm_store: ConversationStore, url: str) -> None:
