@@ -208,6 +208,8 @@ def normal(message: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def pending_response(pending: PendingTurn) -> pm.ModelResponse:
+    """A pending turn of fsm's ledger as the ``ModelResponse`` it was saved from (its text and
+    calls, its model name and response id)."""
     parts: list[pm.ModelResponsePart] = []
     if pending.content:
         parts.append(pm.TextPart(content=pending.content))
