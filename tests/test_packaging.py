@@ -37,8 +37,14 @@ PROJECT: dict[str, Any] = tomllib.loads((REPO / "pyproject.toml").read_text(enco
 #: the extras a user chooses (the others are the project's own tools)
 TOOL_EXTRAS = {"test", "bench", "docs"}
 #: modules fsm imports that no install of fsm needs: the pytest plugin (fsm/pytest_plugin.py,
-#: an entry point) is only ever loaded by pytest itself
-LOADED_BY_THEIR_HOST = {("fsm/pytest_plugin.py", "pytest")}
+#: an entry point) is only ever loaded by pytest itself; an integration's implementation module
+#: (fsm/integrations/<framework>_store.py and the like) only by its facade module, once the
+#: facade found the framework (else it raises its typed error naming the extra)
+LOADED_BY_THEIR_HOST = {
+    ("fsm/pytest_plugin.py", "pytest"),
+    ("fsm/integrations/pydantic_ai_store.py", "pydantic_ai"),
+    ("fsm/integrations/pydantic_ai_messages.py", "pydantic_ai"),
+}
 
 
 def _names(requirements: list[str]) -> set[str]:

@@ -136,7 +136,7 @@ def require_docs() -> None:
             message = f"needs the manual's tools ({module}): pip install -e '.[docs]'"
             if os.environ.get("FSM_REQUIRE_DOCS") == "1":
                 pytest.fail(message + "; FSM_REQUIRE_DOCS=1 makes this an error")
-            pytest.skip(message)
+            pytest.skip(message, allow_module_level=True)
 
 
 def docs_extension() -> Any:
@@ -265,4 +265,4 @@ def require_framework(module: str, extra: str) -> Any:
         message = f"needs {module} ({exc}): pip install -e '.[{extra}]'"
         if os.environ.get("FSM_REQUIRE_FRAMEWORKS") == "1":
             pytest.fail(message + "; FSM_REQUIRE_FRAMEWORKS=1 makes this an error")
-        pytest.skip(message)
+        pytest.skip(message, allow_module_level=True)
