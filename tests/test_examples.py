@@ -31,7 +31,7 @@ from tests.helpers import REPO
 DOCS = REPO / "docs"
 EXAMPLES = sorted((DOCS / "examples").glob("*.py"))
 #: what an example imports that the test environment may lack, by the package to skip on
-_OPTIONAL = ("fastapi", "anthropic", "aiosqlite", "httpx", "openai", "mcp")
+_OPTIONAL = ("fastapi", "anthropic", "aiosqlite", "httpx", "openai", "mcp", "opentelemetry")
 
 #: the conftest of a pytest-module example: the plugin is loaded by its entry point, or here
 #: when the installed fsm predates it
