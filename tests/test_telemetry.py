@@ -641,3 +641,108 @@ def test_fsm_reads_the_raw_bytes_under_the_instrumentation_wrapper(openai_v2: An
             list(events)
         client.close()
     assert events.result().end_how == "done"
+
+
+_EXPERIMENTAL = """
+import json, sys
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+spans = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(spans))
+trace.set_tracer_provider(provider)
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+OpenAIInstrumentor().instrument()
+import openai
+from fsm.agent import run_agent_loop
+from fsm.store import ConversationStore
+from fsm.testing import ReplayServer, demo_script
+from tests.test_telemetry import TOOLS, USER
+with ReplayServer(demo_script(["6912", "408"])) as server, ConversationStore(
+    "sqlite:///" + sys.argv[1], auto_upgrade=True
+) as store:
+    client = openai.OpenAI(base_url=server.base_url, api_key="t", max_retries=0)
+    status = run_agent_loop(client, store, "c", TOOLS, model="m", messages=[USER]).status
+chats = [dict(s.attributes) for s in spans.get_finished_spans() if s.name.startswith("chat")]
+points = {}
+for resource in reader.get_metrics_data().resource_metrics:
+    for scoped in resource.scope_metrics:
+        for metric in scoped.metrics:
+            for point in metric.data.data_points:
+                key = scoped.scope.name + " " + metric.name
+                kind = dict(point.attributes).get("gen_ai.token.type")
+                key += (" " + kind) if kind else ""
+                points[key] = getattr(point, "sum", getattr(point, "value", None))
+print(json.dumps({"status": status, "chats": chats, "points": points}))
+"""
+
+
+def test_beside_the_instrumentations_experimental_mode(tmp_path: Any, monkeypatch: Any) -> None:
+    """With ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`` the instrumentation
+    ends its span through ``opentelemetry-util-genai`` (an ``invocation``) and records the
+    duration and the tokens itself, from what fsm handed it: fsm records neither again.
+    (In a child process: the mode is read once per process.)"""
+    from tests.helpers import child_json, require_framework
+
+    require_framework("opentelemetry.instrumentation.openai_v2", "frameworks")
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
+    out = child_json(_EXPERIMENTAL, str(tmp_path / "x.db"), timeout=120)
+    assert out["status"] == "completed"
+    assert len(out["chats"]) == 2  # one span per call
+    first = out["chats"][0]
+    assert first["fsm.stream.end"] == "done"  # the raw bytes
+    assert first["gen_ai.usage.input_tokens"] == 96 and first["gen_ai.usage.output_tokens"] == 41
+    points = out["points"]
+    assert not any(k.startswith("fsm gen_ai.client.operation.duration") for k in points)
+    assert not any(k.startswith("fsm gen_ai.client.token.usage") for k in points)
+    theirs = {k.split(" ", 1)[1]: v for k, v in points.items() if not k.startswith("fsm ")}
+    assert theirs["gen_ai.client.token.usage input"] == 96 + 180
+    assert theirs["gen_ai.client.token.usage output"] == 41 + 19
+    assert points["fsm fsm.tool_calls"] == 2
+    assert "fsm gen_ai.client.operation.time_to_first_chunk" in points
+
+
+def test_a_wrapper_fsm_cannot_hand_over_to_still_gets_fsm_chat_span(
+    url: str, spans: InMemorySpanExporter
+) -> None:
+    """Another wrapt wrapper on ``create`` (one that makes no span, or a span fsm cannot reach)
+    that returns the response as it is: fsm's ``chat`` span is made after all, from the
+    request's start, so the call is never without one."""
+    from tests.helpers import require_framework
+
+    wrapt = require_framework("wrapt", "frameworks")
+    calls: list[str] = []
+
+    def passthrough(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        calls.append(kwargs.get("model", ""))
+        return wrapped(*args, **kwargs)
+
+    wrapt.wrap_function_wrapper(
+        "openai.resources.chat.completions", "Completions.create", passthrough
+    )
+    model = f"telemetry-wrapped-{uuid.uuid4().hex[:8]}"
+    try:
+        result = _loop("chat", url, demo_script(), model)
+    finally:
+        from openai.resources.chat.completions import Completions
+        from opentelemetry.instrumentation.utils import unwrap
+
+        unwrap(Completions, "create")
+        assert not hasattr(Completions.__dict__["create"], "_self_wrapper")
+    assert result.status == "completed" and calls == [model, model]
+    exported = spans.get_finished_spans()
+    chats = [s for s in exported if s.name.startswith("chat")]
+    agent = next(s for s in exported if s.name == "invoke_agent")
+    assert [s.instrumentation_scope.name for s in chats] == ["fsm", "fsm"]
+    for span in chats:
+        assert span.parent is not None and span.parent.span_id == agent.context.span_id
+        assert dict(span.attributes or {})["fsm.stream.end"] == "done"
+        assert agent.start_time < span.start_time < span.end_time
+    ((_, point),) = _points("gen_ai.client.operation.duration", model)
+    assert point.count == 2
