@@ -71,6 +71,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
@@ -99,6 +100,7 @@ __all__ = [
     "UnsupportedStreamError",
     "aiter_httpx_events",
     "aiter_openai_events",
+    "instrumented_stream",
     "iter_httpx_events",
     "iter_openai_events",
 ]
@@ -198,6 +200,8 @@ class EventIterator(_Parsed, Iterator[Event]):
     ) -> None:
         #: the parser fed by this iterator; its ``turns`` and ``result()`` are live.
         self.parser = parser if parser is not None else StreamParser()
+        #: ``time.perf_counter()`` when the first bytes (or chunk) arrived; ``None`` before.
+        self.first_data_at: float | None = None
         self._gen = self._run(source, feed, before)
 
     def _run(
@@ -219,6 +223,8 @@ class EventIterator(_Parsed, Iterator[Event]):
                 except BaseException as exc:
                     yield from _source_failed(parser, exc, cancellable=False)
                     raise
+                if self.first_data_at is None:
+                    self.first_data_at = time.perf_counter()
                 yield from feed(parser, item)
             yield from parser.receive_eof()
         finally:
@@ -266,6 +272,8 @@ class AsyncEventIterator(_Parsed, AsyncIterator[Event]):
     ) -> None:
         #: the parser fed by this iterator; its ``turns`` and ``result()`` are live.
         self.parser = parser if parser is not None else StreamParser()
+        #: ``time.perf_counter()`` when the first bytes (or chunk) arrived; ``None`` before.
+        self.first_data_at: float | None = None
         self._gen = self._run(source, feed, before)
 
     async def _run(
@@ -288,6 +296,8 @@ class AsyncEventIterator(_Parsed, AsyncIterator[Event]):
                     for event in _source_failed(parser, exc, cancellable=True):
                         yield event
                     raise
+                if self.first_data_at is None:
+                    self.first_data_at = time.perf_counter()
                 for event in feed(parser, item):
                     yield event
             for event in parser.receive_eof():
@@ -435,6 +445,38 @@ def _raw_response(stream: Any) -> Any:
     http_response = getattr(stream, "http_response", None)
     if http_response is not None and hasattr(stream, "iter_bytes") and hasattr(stream, "parse"):
         return http_response  # APIResponse / AsyncAPIResponse of with_streaming_response
+    inner = instrumented_stream(stream)
+    if inner is not None:
+        return inner.response
+    return None
+
+
+#: The SDK's parsed streams, whose HTTP response is ``.response``.
+_SDK_STREAMS: Final = frozenset({"Stream", "AsyncStream"})
+
+
+def instrumented_stream(stream: Any) -> Any:
+    """The SDK ``Stream`` an instrumentation's wrapper holds, not yet read from, else ``None``.
+
+    ``opentelemetry-instrumentation-openai-v2`` wraps ``chat.completions.create``: for a
+    streamed request it parses the ``APIResponse`` that ``with_streaming_response`` asked for
+    into a ``Stream`` and returns its own wrapper of that (``.stream``) instead; wrapt proxies
+    hold it as ``__wrapped__``. Its HTTP response has not been read, so fsm reads the raw bytes
+    from there rather than the wrapper's parsed chunks (which lose ``[DONE]``, event names and
+    ~35x the time)."""
+    for name in ("stream", "__wrapped__"):
+        try:
+            inner = object.__getattribute__(stream, name)
+        except AttributeError:
+            continue
+        response = getattr(inner, "response", None)
+        if (
+            type(inner).__name__ in _SDK_STREAMS
+            and response is not None
+            and hasattr(response, "status_code")
+            and getattr(response, "is_stream_consumed", True) is False
+        ):
+            return inner
     return None
 
 

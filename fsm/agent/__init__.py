@@ -73,6 +73,7 @@ from fsm.agent.aio import AsyncStoreLike, arun_agent_loop
 from fsm.agent.errors import (
     AgentError,
     AgentStoreError,
+    ToolError,
     TurnFailedError,
     TurnNotRecordedError,
     UnknownOutcomeError,
@@ -98,6 +99,7 @@ __all__ = [
     "RequestSent",
     "StoreLike",
     "Tool",
+    "ToolError",
     "ToolExecuted",
     "TurnCommitted",
     "TurnFailedError",

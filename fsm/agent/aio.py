@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
@@ -34,9 +35,9 @@ from fsm.agent.step import (
     uses_ledger,
 )
 from fsm.agent.tools import Tool, arun_tool, refusal
-from fsm.clients import aiter_openai_events
+from fsm.clients import aiter_openai_events, instrumented_stream
 from fsm.parser import StreamParser
-from fsm.telemetry import agent_span, chat_span
+from fsm.telemetry import agent_span, chat_span, instrumented, stream_ended, stream_opened
 from fsm.toolcall import ToolCall
 
 if TYPE_CHECKING:
@@ -233,15 +234,18 @@ async def _astream(
             source = await stack.enter_async_context(aopen_stream(client, request, format))
         except Exception as exc:  # no stream at all: an HTTP error, a refused connection
             return no_stream(parser, exc)
+        stream_opened(source)
         events = aiter_openai_events(source, parser=parser)
+        failure: Exception | None = None
         try:
             while True:
                 try:
                     event = await anext(events)
                 except StopAsyncIteration:
-                    return None
+                    break
                 except Exception as exc:
-                    return exc
+                    failure = exc
+                    break
                 try:
                     await emit(event)
                 except BaseException as exc:  # the callback failed, or cancelled while in it
@@ -249,6 +253,9 @@ async def _astream(
                     raise
         finally:
             await events.aclose()
+            # before the response closes: an instrumentation's span ends with fsm's reading
+            stream_ended(events, failure or sys.exc_info()[1])
+        return failure
 
 
 @contextlib.asynccontextmanager
@@ -265,12 +272,25 @@ async def aopen_stream(
         return
     completions: Any = client.chat.completions
     raw = getattr(completions, "with_streaming_response", None)
-    if raw is not None:
+    if raw is not None and not instrumented(client, format):
         async with raw.create(**request) as response:
             yield response
         return
-    async with await completions.create(**request) as stream:
+    # An instrumentation (opentelemetry-instrumentation-openai-v2) wraps create(): on the
+    # async client it cannot wrap with_streaming_response (it parses the AsyncAPIResponse
+    # without awaiting it), so fsm asks for the parsed stream, which the instrumentation
+    # wraps, and reads the raw bytes of its HTTP response (fsm.clients.instrumented_stream).
+    stream = await completions.create(**request)
+    inner = instrumented_stream(stream)
+    if inner is None:
+        async with stream:
+            yield stream
+        return
+    try:
         yield stream
+    finally:
+        await inner.response.aclose()
+        stream.cleanup(sys.exc_info()[1])  # its span, if fsm did not end it (else a no-op)
 
 
 async def _aexecute(

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AgentError",
     "AgentStoreError",
+    "ToolError",
     "TurnFailedError",
     "TurnNotRecordedError",
     "UnknownOutcomeError",
@@ -26,6 +27,13 @@ __all__ = [
 
 class AgentError(FsmError):
     """Base class of the agent loop's errors."""
+
+
+class ToolError(AgentError):
+    """Raised by a tool to give the model an error result worded by the tool: the result is
+    the exception's message as it is (``raise ToolError("error: no such city")``), where any
+    other exception becomes ``error: <type>: <message>``. The call counts as failed
+    (``ToolExecuted.error``, the tool ledger's ``failed``), the loop goes on."""
 
 
 class TurnFailedError(AgentError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
@@ -35,7 +36,7 @@ from fsm.agent.step import (
 from fsm.agent.tools import Tool, refusal, run_tool
 from fsm.clients import iter_openai_events
 from fsm.parser import StreamParser
-from fsm.telemetry import agent_span, chat_span
+from fsm.telemetry import agent_span, chat_span, stream_ended, stream_opened
 
 if TYPE_CHECKING:
     from openai import OpenAI
@@ -398,15 +399,18 @@ def _stream(
             source = stack.enter_context(open_stream(client, request, format))
         except Exception as exc:  # no stream at all: an HTTP error, a refused connection
             return no_stream(parser, exc)
+        stream_opened(source)
         events = iter_openai_events(source, parser=parser)
+        failure: Exception | None = None
         try:
             while True:
                 try:
                     event = next(events)
                 except StopIteration:
-                    return None
+                    break
                 except Exception as exc:
-                    return exc
+                    failure = exc
+                    break
                 try:
                     emit(event)
                 except BaseException as exc:  # the callback failed: the turn ends with it
@@ -414,6 +418,9 @@ def _stream(
                     raise
         finally:
             events.close()
+            # before the response closes: an instrumentation's span ends with fsm's reading
+            stream_ended(events, failure or sys.exc_info()[1])
+        return failure
 
 
 def open_stream(

@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fsm.agent.errors import ToolError
 from fsm.telemetry import tool_span
 from fsm.toolcall import ToolCall
 from fsm.types import FunctionDefinition, ToolDefinition
@@ -57,9 +58,13 @@ Tool = Callable[..., Any]
 
 #: the attribute :func:`tool` sets on a tool to declare its policy.
 _IDEMPOTENT = "__fsm_idempotent__"
+#: the attribute :func:`tool` sets on a tool to declare its request definition.
+_DEFINITION = "__fsm_definition__"
 
 
-def tool(function: Tool, *, idempotent: bool = False) -> Tool:
+def tool(
+    function: Tool, *, idempotent: bool = False, definition: ToolDefinition | None = None
+) -> Tool:
     """Declare ``function``'s policy for the tool ledger: ``idempotent=True`` says running it
     twice for the same call does no harm (a read, an upsert keyed by the call id), so after a
     crash while it ran the agent loop may run it again; the default (``False``, as for a plain
@@ -69,11 +74,29 @@ def tool(function: Tool, *, idempotent: bool = False) -> Tool:
     Returns the function itself, marked (a callable that takes no attribute, such as a bound
     method, is wrapped in a :func:`functools.partial`), so the registry stays a plain mapping:
     ``tools = {"pay": tool(pay), "lookup": tool(lookup, idempotent=True)}``.
+
+    ``definition`` declares the tool's request definition (a Chat Completions ``tools`` entry,
+    ``{"type": "function", "function": {"name", "description", "parameters"}}``) instead of
+    the one derived from its signature: for a tool described elsewhere (an MCP server's input
+    schema, :mod:`fsm.integrations.mcp`), typically a ``**arguments`` function whose
+    arguments the other side validates. The loop sends it in each API's shape under the
+    tool's registry name.
     """
     if not callable(function):
         raise TypeError(f"tool() takes a callable, not {type(function).__name__}")
     if not isinstance(idempotent, bool):
         raise TypeError(f"idempotent must be True or False, not {idempotent!r}")
+    if definition is not None and not (
+        isinstance(definition, Mapping)
+        and definition.get("type") == "function"
+        and isinstance(definition.get("function"), Mapping)
+        and isinstance(definition["function"].get("name"), str)
+    ):
+        raise TypeError(
+            "definition must be a Chat Completions tools entry "
+            "({'type': 'function', 'function': {'name': ..., 'parameters': ...}}), "
+            f"not {definition!r}"
+        )
     try:
         setattr(function, _IDEMPOTENT, idempotent)
     except (AttributeError, TypeError):
@@ -81,6 +104,8 @@ def tool(function: Tool, *, idempotent: bool = False) -> Tool:
 
         function = functools.partial(function)
         setattr(function, _IDEMPOTENT, idempotent)
+    if definition is not None:
+        setattr(function, _DEFINITION, definition)
     return function
 
 
@@ -97,8 +122,15 @@ def function_tool(function: Tool, name: str | None = None) -> ToolDefinition:
     Enum, Literal, nested models, lists, defaults, descriptions from ``Field`` or the
     docstring); those without a default are required; the docstring's first paragraph is the
     description. The arguments of a call are validated against the same schema before the tool
-    runs (:func:`run_tool`).
+    runs (:func:`run_tool`). A definition declared with :func:`tool` is returned instead
+    (named ``name`` when given).
     """
+    declared = getattr(function, _DEFINITION, None)
+    if isinstance(declared, Mapping):
+        spec_: FunctionDefinition = dict(declared["function"])  # type: ignore[assignment]
+        if name:
+            spec_["name"] = str(name)
+        return {"type": "function", "function": spec_}
     tool_name = str(name or getattr(function, "__name__", "tool"))
     signature = _signature(function)
     spec: FunctionDefinition = {
@@ -313,6 +345,14 @@ def run_tool(tools: Mapping[str, Tool], call: ToolCall) -> tuple[str, bool]:
         value = run()
     except Exception as exc:
         return _tool_error(exc), True
+    if inspect.isawaitable(value):  # a coroutine function: the sync loop cannot await it
+        close = getattr(value, "close", None)
+        if callable(close):
+            close()  # no "never awaited" warning
+        return (
+            f"error: the tool {call.name!r} is a coroutine function; run it with "
+            "arun_agent_loop (the sync loop does not await tools)"
+        ), True
     return _as_content(value), False
 
 
@@ -430,6 +470,8 @@ def _unknown(tools: Mapping[str, Tool], call: ToolCall) -> str:
 
 
 def _tool_error(exc: Exception) -> str:
+    if isinstance(exc, ToolError):
+        return str(exc)
     return f"error: {type(exc).__name__}: {exc}" if str(exc) else f"error: {type(exc).__name__}"
 
 
