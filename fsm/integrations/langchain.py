@@ -1,4 +1,4 @@
-"""LangChain chat history over fsm's store: :class:`FsmChatMessageHistory` (issue 30, item 3).
+"""LangChain chat history over fsm's store: ``FsmChatMessageHistory`` (issue 30, item 3).
 
 A ``langchain_core.chat_history.BaseChatMessageHistory`` whose messages live in a
 :class:`~fsm.store.ConversationStore` conversation, so LangChain's ``RunnableWithMessageHistory``
@@ -11,22 +11,22 @@ A ``langchain_core.chat_history.BaseChatMessageHistory`` whose messages live in 
     history = FsmChatMessageHistory(store, "user-42")
     chain = RunnableWithMessageHistory(agent, lambda session_id: history)
 
-- :attr:`~FsmChatMessageHistory.messages` reads the conversation's history as
+- ``FsmChatMessageHistory.messages`` reads the conversation's history as
   ``SystemMessage`` / ``HumanMessage`` / ``AIMessage`` (with ``tool_calls``, and the stored
   ``tool_calls`` byte-exact in ``additional_kwargs``) / ``ToolMessage``.
-- :meth:`~FsmChatMessageHistory.add_messages` writes a batch: each ``AIMessage`` with tool calls
+- ``FsmChatMessageHistory.add_messages`` writes a batch: each ``AIMessage`` with tool calls
   and the ``ToolMessage`` results that follow it become ONE fsm turn, the whole batch all or
   nothing through :meth:`~fsm.store.ConversationStore.import_history` (a result for no call, a
   call whose arguments are not JSON, a result out of its slot: the store's typed errors, nothing
   written). An ``AIMessage`` whose calls have no result yet (the batch ends with it) is held as
-  the conversation's *pending* turn in fsm's tool ledger: it is not part of :attr:`messages`,
+  the conversation's *pending* turn in fsm's tool ledger: it is not part of ``messages``,
   so an unanswered call is never sent back to a model; the ``ToolMessage`` results of a later
   batch complete it and it goes into history then. A batch that starts with anything but its
   results gives it up (:meth:`~fsm.store.ConversationStore.abandon`: kept for the audit, never
   sent back).
-- :meth:`~FsmChatMessageHistory.clear` deletes the conversation
+- ``FsmChatMessageHistory.clear`` deletes the conversation
   (:meth:`~fsm.store.ConversationStore.delete_conversation`); a store without that method is a
-  :class:`HistoryOperationError` saying so.
+  ``HistoryOperationError`` saying so.
 
 **Where the provider's bytes are lost.** LangChain keeps a tool call's arguments as a parsed
 ``dict`` (``AIMessage.tool_calls[i]["args"]``): the chat model integration has already decoded
@@ -42,7 +42,7 @@ kept as given either way. To keep the bytes a provider sent, parse its stream wi
 
 LangChain (``langchain-core``) is imported on first use of a name of this module:
 ``import fsm.integrations.langchain`` works without it, and using
-:class:`FsmChatMessageHistory` then raises ``ImportError`` naming the extra to install
+``FsmChatMessageHistory`` then raises ``ImportError`` naming the extra to install
 (``pip install 'fsm-toolcalls[langchain]'``). ``import fsm`` never imports it.
 """
 
