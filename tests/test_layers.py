@@ -33,6 +33,7 @@ ALLOWED = Path(__file__).with_name("layers_allowed.json")
 LAYERS: list[tuple[str, ...]] = [
     (
         "fsm.errors",
+        "fsm.exitstatus",
         "fsm.events",
         "fsm.states",
         "fsm.types",

@@ -135,6 +135,9 @@ class AsyncConversationStore(AsyncLedgerMethods):
     written.
     """
 
+    #: the store's core (the ledger's mixin declares the part of it that it uses)
+    _core: StoreCore
+
     def __init__(
         self,
         url: str | URL | None = None,

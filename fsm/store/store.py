@@ -25,7 +25,6 @@ same idempotency key: the turn lands exactly once).
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,7 +40,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from fsm.parser import Anomaly, ParseResult, Turn
 from fsm.states import ToolCallState
 from fsm.store import plans, transaction, writes
-from fsm.store.codec import MARK, as_utc, decode_json, decode_text
+from fsm.store.codec import as_utc
 from fsm.store.deadline import DEFAULT_TIMEOUT, Deadline, check_timeout
 from fsm.store.engine import (
     BUSY_TIMEOUT_SECONDS,
@@ -56,7 +55,6 @@ from fsm.store.engine import (
 )
 from fsm.store.errors import (
     CommitOutcomeUnknownError,
-    ConflictError,
     ConversationExistsError,
     ConversationNotFoundError,
     CorruptStoreError,
@@ -67,23 +65,30 @@ from fsm.store.errors import (
     StoreUnavailableError,
     ValueRejectedError,
 )
+from fsm.store.history import CommittedTurn, WriteState
+from fsm.store.history import Corrupt as _Corrupt
+from fsm.store.history import check_expected as _check_expected
+from fsm.store.history import first_line as _first_line
+from fsm.store.history import is_int as _is_int
+from fsm.store.history import next_seq as _next_seq
+from fsm.store.history import read_history as _read
+from fsm.store.history import read_provider as _read_provider
+from fsm.store.history import require_conversation as _require
 from fsm.store.importing import ImportPlan, plan_import
 from fsm.store.ledger import LedgerMethods, pending_error
 from fsm.store.migrate import ensure_at_head
-from fsm.store.models import Attempt, AttemptCall, Conversation, Message, ToolCallRow
+from fsm.store.models import Attempt, AttemptCall, Conversation, Message
 from fsm.store.plans import (
     MAX_KEY_BYTES,
-    MAX_SEQ,
     AttemptPlan,
     Results,
     TurnPlan,
-    _show,
-    _tool_message,
     json_safe,
+    show,
+    tool_message,
 )
 from fsm.store.render import HistoryFormat, check_format, render
 from fsm.telemetry import store_write
-from fsm.toolcall import is_json
 from fsm.types import AnthropicMessage, ResponsesItem
 from fsm.types import Message as HistoryMessage
 
@@ -99,27 +104,6 @@ __all__ = [
 
 #: The isolation level of PostgreSQL read transactions: one snapshot for every statement.
 READ_SNAPSHOT = "REPEATABLE READ"
-
-
-@dataclass(frozen=True, slots=True)
-class CommittedTurn:
-    """What :meth:`ConversationStore.commit_turn` stored (or had stored before).
-
-    ``messages`` is the assistant message followed by its tool results, exactly as
-    :meth:`ConversationStore.history` returns them; ``seq`` is the assistant message's seq;
-    ``created`` is false when the same turn had been committed before and the stored copy is
-    returned (an idempotent retry).
-    """
-
-    conversation_id: str
-    seq: int
-    messages: list[HistoryMessage]
-    created: bool
-
-    @property
-    def next_seq(self) -> int:
-        """The seq right after this turn's last result."""
-        return self.seq + len(self.messages)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,6 +196,9 @@ class ConversationStore(LedgerMethods):
     For asyncio code, see :class:`~fsm.store.aio.AsyncConversationStore` (the same API,
     awaited).
     """
+
+    #: the store's core (the ledger's mixin declares the part of it that it uses)
+    _core: StoreCore
 
     def __init__(
         self,
@@ -1257,7 +1244,7 @@ class StoreCore:
             raise pending_error(conversation_id, *found.pending)
         with self.reading(conversation_id):
             if found.stored_at is not None and not _is_int(found.stored_at):
-                raise _Corrupt(f"a message has seq {_show(found.stored_at)}, not an integer")
+                raise _Corrupt(f"a message has seq {show(found.stored_at)}, not an integer")
             stored_at = cast("int | None", found.stored_at)
             seq = found.next_seq()
             if stored_at is not None:
@@ -1312,7 +1299,7 @@ class StoreCore:
         ]
         self.insert_turn(conn, message, call_rows, result_rows)
         messages = [assistant] + [
-            _tool_message(call, text, parts)
+            tool_message(call, text, parts)
             for call, (text, parts) in zip(calls, contents, strict=True)
         ]
         return CommittedTurn(
@@ -1510,34 +1497,6 @@ def _sqlite_writer_lock(url: URL) -> threading.RLock:
         return lock
 
 
-def _require(conn: Connection, conversation_id: str, *, lock: bool = False) -> None:
-    """Raise ConversationNotFoundError unless the conversation exists; ``lock`` takes its
-    row lock (``SELECT ... FOR UPDATE``) for the rest of the transaction."""
-    if conn.execute(writes.lock(for_update=lock), {"cid": conversation_id}).first() is None:
-        raise ConversationNotFoundError(conversation_id)
-
-
-def _next_seq(conn: Connection, conversation_id: str) -> int:
-    row = conn.execute(writes.state(exists=False, same=None), {"cid": conversation_id}).one()
-    return WriteState(None, None, row[3], row[4]).next_seq()
-
-
-@dataclass(frozen=True, slots=True)
-class WriteState:
-    """What :meth:`StoreCore.write_state` read: the conversation's pending turn (its id and
-    at_seq, or ``None``), the seq of an earlier commit of the same turn (or ``None``), and its
-    last message's seq and open result slots (``None``: no message yet)."""
-
-    pending: tuple[object, object] | None
-    stored_at: object
-    last_seq: object
-    slots_left: object
-
-    def next_seq(self) -> int:
-        """The seq the next message gets (``_Corrupt`` if the last message is broken)."""
-        return 0 if self.last_seq is None else _after(self.last_seq, self.slots_left)
-
-
 def assistant_row(
     conversation_id: str, seq: int, plan: TurnPlan, idempotency_key: str | None
 ) -> dict[str, Any]:
@@ -1570,362 +1529,3 @@ def assistant_row(
 
 #: ``append``'s insert (its rows all have the same keys)
 _INSERT_MESSAGE = sa.insert(Message)
-
-
-def _read(
-    conn: Connection,
-    conversation_id: str,
-    *,
-    turn_at: int | None = None,
-    last: int | None = None,
-    include_reasoning: bool,
-) -> list[dict[str, Any]]:
-    """The whole history, the window of the ``last`` messages, or the turn whose assistant
-    message is at seq ``turn_at``.
-
-    Two plain range scans of primary keys (messages, then tool calls), merged here: their
-    cost is linear in what is read whatever the planner's statistics say (a join can be
-    planned as a nested loop on tables that were never analyzed). Call it inside one
-    transaction with a stable snapshot, so both scans see the same commits.
-
-    The columns are read as the driver returns them (no per-value type processing: a history
-    of 10,000 messages is 100,000 values) and decoded here: a text through
-    :func:`~fsm.store.codec.decode_text` only when it is marked, content parts parsed from
-    their JSON text (also on PostgreSQL, whose ``json`` is cast to text in the query) and
-    decoded only when they may hold a marked string.
-
-    What is read is checked against the contract as it is merged (dense seqs, whole tool
-    blocks, results answering their calls, finished calls, values of the right types): a
-    database edited with its enforcement switched off raises ``_Corrupt`` instead of giving a
-    history the model would refuse.
-    """
-    m, t = Message, ToolCallRow
-    raw = sa.Text
-    postgres = conn.dialect.name == "postgresql"
-    query = (
-        sa.select(
-            m.seq,
-            sa.type_coerce(m.role, raw),
-            sa.type_coerce(m.content, raw),
-            # PostgreSQL: the json as its text (psycopg would parse it); SQLite: as stored
-            sa.cast(m.content_parts, raw) if postgres else sa.type_coerce(m.content_parts, raw),
-            sa.type_coerce(m.name, raw),
-            sa.type_coerce(m.refusal, raw),
-            sa.type_coerce(m.reasoning, raw) if include_reasoning else sa.null(),
-            sa.type_coerce(m.tool_call_id, raw),
-            m.n_calls,
-            m.assistant_seq,
-            m.call_position,
-        )
-        .where(m.conversation_id == conversation_id)
-        .order_by(m.seq)
-    )
-    if turn_at is not None:
-        turn_calls = (
-            sa.select(m.n_calls)
-            .where(m.conversation_id == conversation_id, m.seq == turn_at)
-            .scalar_subquery()
-        )
-        query = query.where(m.seq >= turn_at, m.seq <= turn_at + turn_calls)
-    if last is not None and last >= MAX_SEQ:
-        last = None  # at least every message there can be: the whole history
-    if last is not None:
-        if last == 0:
-            return []
-        # the smallest window of at least ``last`` messages that does not split a tool block:
-        # the last ``last`` messages, started at their block's assistant message when the
-        # first of them is a tool result
-        first = (
-            sa.select(sa.func.max(m.seq) - (last - 1))
-            .where(m.conversation_id == conversation_id)
-            .scalar_subquery()
-        )
-        owner = (
-            sa.select(m.assistant_seq)
-            .where(m.conversation_id == conversation_id, m.seq == first)
-            .scalar_subquery()
-        )
-        query = query.where(m.seq >= sa.func.coalesce(owner, first))
-    rows = conn.execute(query).all()
-    messages: list[dict[str, Any]] = []
-    append = messages.append
-    calls_of: dict[int, list[dict[str, Any]]] = {}
-    #: for each assistant message with calls: its n_calls and its results' tool_call_ids
-    blocks: dict[int, tuple[int, list[str]]] = {}
-    #: the assistant messages with calls, and those whose one call is a legacy function_call
-    assistants: dict[int, dict[str, Any]] = {}
-    legacy: dict[int, str] = {}  # assistant seq -> the name its function result carries
-    expected: int | None = None
-    block: int | None = None  # the assistant seq whose results are being read
-    size = 0
-    answered: list[str] = []
-    roles = _ROLES
-    for (
-        seq,
-        role,
-        content,
-        parts,
-        name,
-        refusal,
-        reasoning,
-        tool_call_id,
-        n_calls,
-        assistant_seq,
-        call_position,
-    ) in rows:
-        if type(seq) is not int:
-            raise _Corrupt(f"a message has seq {_show(seq)}, not an integer")
-        if seq != expected:
-            if expected is not None:
-                raise _Corrupt(f"seq {expected} is missing (the next message has seq {seq})")
-            want = seq if last is not None else (0 if turn_at is None else turn_at)
-            if seq != want:
-                raise _Corrupt(f"seq {want} is missing (the first message has seq {seq})")
-        expected = seq + 1
-        if role not in roles:
-            raise _Corrupt(f"message {seq} has role {_show(role)}")
-        if type(n_calls) is not int or (n_calls != 0 and (n_calls < 0 or role != "assistant")):
-            raise _Corrupt(f"message {seq} ({role}) has n_calls {_show(n_calls)}")
-        if content is not None:
-            if type(content) is not str:
-                raise _Corrupt(f"message {seq} has content {_show(content)}, not text")
-            if content[:1] == MARK:
-                content = decode_text(content)
-        listed = None if parts is None else _content_parts(seq, parts)
-        if listed is None and content is None and role != "assistant":
-            raise _Corrupt(f"message {seq} ({role}) has no content")
-        message: dict[str, Any]
-        if role == "tool":
-            if block is None:
-                raise _Corrupt(f"message {seq} is a tool result outside a tool block")
-            if assistant_seq != block or call_position != len(answered):
-                raise _Corrupt(
-                    f"message {seq} is the result of call ({_show(assistant_seq)}, "
-                    f"{_show(call_position)}), but its slot is call {len(answered)} of "
-                    f"message {block}"
-                )
-            if type(tool_call_id) is not str:
-                raise _Corrupt(f"message {seq} has tool_call_id {_show(tool_call_id)}")
-            if tool_call_id[:1] == MARK:
-                tool_call_id = decode_text(tool_call_id)
-            answered.append(tool_call_id)
-            block_seq = block
-            if len(answered) == size:
-                block = None
-            if name is not None:  # the result of a legacy function_call (see commit)
-                if type(name) is not str:
-                    raise _Corrupt(f"message {seq} has name {_show(name)}, not text")
-                if name[:1] == MARK:
-                    name = decode_text(name)
-                if size != 1:
-                    raise _Corrupt(
-                        f"message {seq} is a function result in a block of {size} calls (a "
-                        "legacy function_call is the only call of its message)"
-                    )
-                legacy[block_seq] = name
-                message = {"role": "function", "name": name, "content": content}
-            else:
-                message = {"role": role, "tool_call_id": tool_call_id, "content": content}
-        else:
-            if block is not None:
-                raise _Corrupt(
-                    f"message {block} has {size} tool call(s) but {len(answered)} result(s) "
-                    f"before message {seq}"
-                )
-            message = {"role": role, "content": content}
-            if name is not None or refusal is not None or reasoning is not None:
-                for key, value in (
-                    ("name", name),
-                    ("refusal", refusal),
-                    ("reasoning_content", reasoning),
-                ):
-                    if value is not None:
-                        if type(value) is not str:
-                            raise _Corrupt(f"message {seq} has {key} {_show(value)}, not text")
-                        message[key] = decode_text(value) if value[:1] == MARK else value
-            if n_calls:
-                calls_of[seq] = message["tool_calls"] = []
-                assistants[seq] = message
-                size, answered = n_calls, []
-                blocks[seq] = (size, answered)
-                block = seq
-        if listed is not None:
-            message["content"] = listed
-        append(message)
-    if block is not None:
-        raise _Corrupt(
-            f"message {block} has {size} tool call(s) but {len(answered)} result(s) "
-            "(the history ends there)"
-        )
-    if turn_at is not None and not messages:
-        raise _Corrupt(f"message {turn_at} cannot be read")
-    whole = last is None and turn_at is None
-    if calls_of or (whole and messages):
-        calls_query = (
-            sa.select(
-                t.assistant_seq,
-                t.position,
-                sa.type_coerce(t.call_id, raw),
-                sa.type_coerce(t.type, raw),
-                sa.type_coerce(t.name, raw),
-                sa.type_coerce(t.arguments, raw),
-                sa.type_coerce(t.state, raw),
-            )
-            .where(t.conversation_id == conversation_id)
-            .order_by(t.assistant_seq, t.position)
-        )
-        if not whole:  # a window: the calls of its messages (a whole read checks them all)
-            calls_query = calls_query.where(
-                t.assistant_seq >= min(calls_of), t.assistant_seq <= max(calls_of)
-            )
-        calls = conn.execute(calls_query).all()
-        for assistant_seq, position, call_id, kind, name, arguments, state in calls:
-            target = calls_of.get(assistant_seq) if type(assistant_seq) is int else None
-            if target is None:
-                where = f"call {_show(position)} of message {_show(assistant_seq)}"
-                raise _Corrupt(f"{where} belongs to no assistant message with tool calls")
-            size, answered = blocks[assistant_seq]
-            if position != len(target) or len(target) >= size:
-                where = f"call {_show(position)} of message {_show(assistant_seq)}"
-                raise _Corrupt(f"{where} is not call {len(target)} of {size}")
-            if state != _FINISHED:
-                where = f"call {_show(position)} of message {_show(assistant_seq)}"
-                raise _Corrupt(f"{where} is {_show(state)}, not finished")
-            if not (
-                type(call_id) is str
-                and type(kind) is str
-                and type(name) is str
-                and type(arguments) is str
-            ):
-                where = f"call {_show(position)} of message {_show(assistant_seq)}"
-                raise _Corrupt(f"{where} has a value that is not text")
-            if call_id[:1] == MARK:
-                call_id = decode_text(call_id)
-            if kind[:1] == MARK:
-                kind = decode_text(kind)
-            if name[:1] == MARK:
-                name = decode_text(name)
-            if arguments[:1] == MARK:
-                arguments = decode_text(arguments)
-            if not name.strip(_JSON_WHITESPACE):
-                where = f"call {_show(position)} of message {_show(assistant_seq)}"
-                raise _Corrupt(f"{where} has a blank name")
-            if kind != "custom" and not is_json(arguments):  # custom: free text (0007)
-                where = f"call {_show(position)} of message {_show(assistant_seq)}"
-                raise _Corrupt(f"{where} has arguments that are not JSON")
-            if call_id != answered[position]:
-                where = f"call {_show(position)} of message {_show(assistant_seq)}"
-                raise _Corrupt(
-                    f"the result of {where} answers {_show(answered[position])}, "
-                    f"not the call's id {_show(call_id)}"
-                )
-            target.append(
-                {"id": call_id, "type": kind, "custom": {"name": name, "input": arguments}}
-                if kind == "custom"  # a free-text call, as Chat Completions sends custom tools
-                else {
-                    "id": call_id,
-                    "type": kind,
-                    "function": {"name": name, "arguments": arguments},
-                }
-            )
-        for seq, found in calls_of.items():
-            if len(found) != blocks[seq][0]:
-                raise _Corrupt(
-                    f"message {seq} has {blocks[seq][0]} tool call(s) but {len(found)} call row(s)"
-                )
-    for seq, answered_by in legacy.items():  # the legacy shape: "function_call", not "tool_calls"
-        assistant = assistants[seq]
-        function = assistant.pop("tool_calls")[0]["function"]
-        if function["name"] != answered_by:
-            raise _Corrupt(
-                f"message {seq + 1} answers function {_show(answered_by)}, but message {seq} "
-                f"calls {_show(function['name'])}"
-            )
-        assistant["function_call"] = function
-    return messages
-
-
-def _read_provider(
-    conn: Connection, conversation_id: str, count: int
-) -> tuple[list[int], dict[int, tuple[Any, Any]]]:
-    """The seqs of the last ``count`` messages (what :func:`_read` just read, in the same
-    snapshot: dense seqs ending at the last message) and the ``format`` and
-    ``provider_items`` of their assistant messages, for :func:`~fsm.store.render.render`."""
-    m = Message
-    last = conn.execute(
-        sa.select(sa.func.max(m.seq)).where(m.conversation_id == conversation_id)
-    ).scalar_one()
-    first = int(last) + 1 - count
-    try:
-        rows = conn.execute(
-            sa.select(m.seq, m.format, m.provider_items).where(
-                m.conversation_id == conversation_id,
-                m.seq >= first,
-                sa.type_coerce(m.role, sa.String) == "assistant",
-                m.format.is_not(None),
-            )
-        ).all()
-    except (ValueError, TypeError) as exc:  # JSON that is not JSON
-        raise _Corrupt(f"stored provider items cannot be read back: {_first_line(exc)}") from None
-    provider = {seq: (fmt, items) for seq, fmt, items in rows}
-    for seq, (_fmt, items) in provider.items():
-        if items is not None and not isinstance(items, list):
-            raise _Corrupt(f"message {seq} has provider items {_show(items)}, not a list")
-    return list(range(first, first + count)), provider
-
-
-#: a JSON text that may hold a string marked by :mod:`fsm.store.codec` (the mark itself, or
-#: its escape: fsm writes JSON with ASCII escapes)
-_MAY_HOLD_MARK = re.compile("\ufdd0|\\\\u[fF][dD][dD]0")
-_FINISHED = ToolCallState.FINISHED.value
-
-
-def _content_parts(seq: int, stored: object) -> list[Any]:
-    """A message's content parts, from the JSON text the query reads (``_Corrupt`` when it is
-    not a JSON list)."""
-    if type(stored) is not str:
-        raise _Corrupt(f"message {seq} has content parts {_show(stored)}, not a list")
-    try:
-        parts = json.loads(stored)
-    except ValueError as exc:  # JSON that is not JSON
-        raise _Corrupt(f"a stored message cannot be read back: {_first_line(exc)}") from None
-    if not isinstance(parts, list):
-        raise _Corrupt(f"message {seq} has content parts {_show(parts)}, not a list")
-    if _MAY_HOLD_MARK.search(stored) is not None:
-        return cast("list[Any]", decode_json(parts))
-    return parts
-
-
-def _after(last_seq: object, slots_left: object) -> int:
-    """The seq after the conversation's last message (``last_seq``), which must close its
-    tool block (``slots_left`` 0)."""
-    if not isinstance(last_seq, int) or not _is_int(last_seq):
-        raise _Corrupt(f"a message has seq {_show(last_seq)}, not an integer")
-    if slots_left != 0:
-        raise _Corrupt(
-            f"the last message (seq {last_seq}) leaves {_show(slots_left)} tool result slot(s) open"
-        )
-    return last_seq + 1
-
-
-def _check_expected(conversation_id: str, expected: int | None, actual: int) -> None:
-    if expected is not None and expected != actual:
-        raise ConflictError(conversation_id, expected, actual)
-
-
-# -- values --------------------------------------------------------------------------------------
-class _Corrupt(Exception):
-    """A stored history that breaks the contract (becomes ``CorruptStoreError``)."""
-
-
-_ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
-_JSON_WHITESPACE = " \t\r\n"
-
-
-def _is_int(value: object) -> bool:
-    return type(value) is int
-
-
-def _first_line(exc: BaseException | None) -> str:
-    text = str(exc).strip() if exc is not None else ""
-    return (text.splitlines() or [type(exc).__name__])[0][:300]
