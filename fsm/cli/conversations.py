@@ -42,7 +42,8 @@ def conversations(url: str | None, page: Page, output: OutputFormat) -> None:
       fsm history --db sqlite:///chat.db "$(fsm conversations --tsv --no-headers --columns id --limit 1)"
     """
     from fsm.cli.readonly import read_only_store
-    from fsm.store.store import StoreCore, check_listing
+    from fsm.store.core import StoreCore
+    from fsm.store.store import check_listing
 
     page = page.for_output(output)
     key = page.query(key_size=1)["after"]
