@@ -13,7 +13,9 @@ of any length, invalid UTF-8), the parser raises only :class:`RemoteProtocolErro
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
+
+from fsm.exitstatus import EXIT_INCOMPLETE, EXIT_UNUSABLE
 
 __all__ = [
     "FsmError",
@@ -26,6 +28,9 @@ __all__ = [
 
 class FsmError(Exception):
     """Base class of every error ``fsm`` raises on purpose."""
+
+    #: the command line's exit status for this error (:mod:`fsm.exitstatus`); subclasses override it
+    exit_code: ClassVar[int] = EXIT_INCOMPLETE
 
 
 class RemoteProtocolError(FsmError):
@@ -45,6 +50,9 @@ class RemoteProtocolError(FsmError):
     ``path`` (the JSON path of the offending field, e.g. ``choices[0].delta.tool_calls[1].index``)
     and ``reason`` (why, without the location).
     """
+
+    #: the command line's exit status: unusable input
+    exit_code: ClassVar[int] = EXIT_UNUSABLE
 
     def __init__(
         self,
@@ -73,6 +81,9 @@ class RemoteProtocolError(FsmError):
 class LocalProtocolError(FsmError):
     """The parser was used wrongly (for example fed after ``receive_eof()`` or ``abort()``)."""
 
+    #: the command line's exit status: unusable input
+    exit_code: ClassVar[int] = EXIT_UNUSABLE
+
 
 class IncompleteTurnError(FsmError):
     """A turn that did not end complete was asked for something only a complete turn has.
@@ -81,6 +92,9 @@ class IncompleteTurnError(FsmError):
     (a call truncated, aborted or without a name, or a stream that never ended normally) must
     never reach history by accident. ``states`` maps each call's position to ``(state, reason)``.
     """
+
+    #: the command line's exit status: the result is incomplete
+    exit_code: ClassVar[int] = EXIT_INCOMPLETE
 
     def __init__(
         self,

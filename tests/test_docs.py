@@ -17,7 +17,7 @@ from types import ModuleType
 
 from click.testing import CliRunner
 
-from fsm.cli.main import EXIT_BY_CLASS, cli
+from fsm.cli.main import cli
 from tests.helpers import REPO, docs_extension, require_docs
 
 DOCS = REPO / "docs"
@@ -36,8 +36,11 @@ def test_exit_status_page_names_every_status_and_every_typed_error() -> None:
     assert len(constants) == 9
     for name in constants:
         assert f"| {getattr(main, name)} | `fsm.cli.main.{name}` | " in page, name
-    for path, code in EXIT_BY_CLASS.items():
-        assert f"| {{class}}`{path}` | {code} | " in page, path
+    errors = _fsmdocs().typed_errors()
+    assert len(errors) == 16
+    for cls in errors:
+        path = f"{cls.__module__}.{cls.__qualname__}"
+        assert f"| {{class}}`{path}` | {cls.exit_code} | " in page, path
 
 
 def test_help_lists_the_same_statuses_as_the_constants() -> None:

@@ -33,6 +33,8 @@ ALLOWED = Path(__file__).with_name("layers_allowed.json")
 LAYERS: list[tuple[str, ...]] = [
     (
         "fsm.errors",
+        "fsm.exitstatus",
+        "fsm.lazy",
         "fsm.events",
         "fsm.states",
         "fsm.types",
@@ -178,7 +180,8 @@ def exports(known: dict[str, Path]) -> list[str]:
         tree = ast.parse(path.read_text())
         declared: set[str] | None = None
         bound: set[str] = set()
-        for node in tree.body:
+        body = _with_type_checking_imports(tree.body) if _is_lazy(tree) else tree.body
+        for node in body:
             if isinstance(node, ast.Assign | ast.AnnAssign):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for target in targets:
@@ -200,6 +203,32 @@ def exports(known: dict[str, Path]) -> list[str]:
             missing, extra = sorted(public - declared), sorted(declared - public - {"__version__"})
             problems.append(f"{name}: public but not in __all__ {missing}; in __all__ only {extra}")
     return sorted(problems)
+
+
+def _is_lazy(tree: ast.Module) -> bool:
+    """Whether a package binds a module ``__getattr__`` (PEP 562: its names are lazy)."""
+    return any(
+        (
+            isinstance(node, ast.Name)
+            and node.id == "__getattr__"
+            and isinstance(node.ctx, ast.Store)
+        )
+        or (isinstance(node, ast.FunctionDef) and node.name == "__getattr__")
+        for node in ast.walk(tree)
+    )
+
+
+def _with_type_checking_imports(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements of a module's top level, and those of its ``if TYPE_CHECKING:`` blocks:
+    a lazy package (PEP 562, :mod:`fsm.lazy`) binds its names there for mypy and the manual."""
+    for node in body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) in {
+            "TYPE_CHECKING",
+            "typing.TYPE_CHECKING",
+        }:
+            yield from node.body
+        else:
+            yield node
 
 
 def _is_fsm(module: str | None) -> bool:
@@ -237,6 +266,16 @@ def test_the_guard_sees_a_cycle_a_private_import_and_an_upward_import(tmp_path: 
     )
     assert exports({"pkg": init}) == [
         "pkg: public but not in __all__ ['Turn', 'helper']; in __all__ only ['gone']"
+    ]
+    lazy = tmp_path / "lazy" / "__init__.py"
+    lazy.parent.mkdir()
+    lazy.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from fsm.parser import StreamParser, Turn\n__all__ = ['StreamParser']\n"
+        "if not TYPE_CHECKING:\n    __getattr__ = None\n"
+    )
+    assert exports({"lazy": lazy}) == [
+        "lazy: public but not in __all__ ['Turn']; in __all__ only []"
     ]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a <-> b <-> c"]
     assert layer("fsm.errors") < layer("fsm.parser") < layer("fsm.store.store") < layer("fsm.cli")

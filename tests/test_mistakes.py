@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import fcntl
+import importlib
 import json
 import os
 import signal
@@ -1012,14 +1013,63 @@ def test_a_missing_driver_names_the_package(tmp_path: Path) -> None:
     assert proc.stdout.splitlines() == [message, message]
 
 
-def test_every_error_class_of_the_exit_table_exists() -> None:
-    import importlib
+#: the exit status of each typed error as the command line mapped it by class name until the
+#: classes carried their own ``exit_code`` (issue 28): the oracle that the move changed nothing
+_EXIT_BY_CLASS_NAME = {
+    "fsm.errors.RemoteProtocolError": 2,
+    "fsm.errors.LocalProtocolError": 2,
+    "fsm.errors.IncompleteTurnError": 1,
+    "fsm.store.errors.DatabaseUrlError": 2,
+    "fsm.store.errors.DriverMissingError": 2,
+    "fsm.store.errors.InvalidFilterError": 2,
+    "fsm.store.errors.UnknownRevisionError": 2,
+    "fsm.store.errors.StoreLayoutError": 2,
+    "fsm.store.errors.CommitOutcomeUnknownError": 5,
+    "fsm.store.errors.StoreUnavailableError": 4,
+    "fsm.store.errors.StoreBusyError": 4,
+    "fsm.store.errors.StorageFullError": 6,
+    "fsm.store.errors.DatabaseCorruptError": 7,
+    "fsm.store.errors.CorruptStoreError": 7,
+    "fsm.store.errors.StoreError": 3,
+    "fsm.errors.FsmError": 1,
+}
 
-    from fsm.cli.main import EXIT_BY_CLASS
 
-    for name in EXIT_BY_CLASS:
-        module, _, attribute = name.rpartition(".")
-        assert isinstance(getattr(importlib.import_module(module), attribute), type), name
+def test_every_typed_error_carries_the_exit_status_it_always_had() -> None:
+    """Each class's ``exit_code`` (inherited through its MRO) is the status the old table of
+    class names gave it, for every typed error of fsm, the web viewer's and the agent's too."""
+    from fsm.cli.main import exit_code_for
+    from fsm.errors import FsmError
+    from fsm.exitstatus import EXIT_INTERNAL
+
+    for module in (
+        "fsm.store",
+        "fsm.store.deadline",
+        "fsm.store.audit",
+        "fsm.agent",
+        "fsm.clients",
+        "fsm.web.pages",
+    ):
+        importlib.import_module(module)
+    classes: list[type[FsmError]] = []
+    todo: list[type[FsmError]] = [FsmError]
+    while todo:
+        cls = todo.pop()
+        classes.append(cls)
+        todo.extend(cls.__subclasses__())
+    assert len(classes) > 40
+    for cls in classes:
+        old = next(
+            _EXIT_BY_CLASS_NAME[name]
+            for name in (f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__)
+            if name in _EXIT_BY_CLASS_NAME
+        )
+        assert cls.exit_code == old, cls
+        error = cls.__new__(cls)
+        assert exit_code_for(error) == old, cls
+    setting = {c for c in classes if "exit_code" in c.__dict__}
+    assert {f"{c.__module__}.{c.__qualname__}" for c in setting} == set(_EXIT_BY_CLASS_NAME)
+    assert exit_code_for(ValueError("not fsm's")) == EXIT_INTERNAL
 
 
 @pytest.mark.postgres

@@ -4,8 +4,8 @@ against the code.
 * At each build, ``docs/_generated/*.md`` is written from the code and included by the pages
   (``{include}``), so it cannot go stale: the tool-call state diagram
   (:func:`fsm.states.mermaid_diagram`), the ending table (:func:`fsm.states.ending_table`) and
-  the exit statuses (the ``EXIT_*`` constants of :mod:`fsm.cli.main` with their ``#:``
-  comments, and :data:`fsm.cli.main.EXIT_BY_CLASS`). The CLI reference itself is sphinx-click
+  the exit statuses (the ``EXIT_*`` constants of :mod:`fsm.exitstatus` with their ``#:``
+  comments, and each typed error class's ``exit_code``). The CLI reference itself is sphinx-click
   walking the click group.
 * A cross-reference to an ``fsm`` name that is not documented under that path (a docstring's
   ``:class:`~fsm.parser.Turn``` where the API reference documents ``fsm.Turn``) is resolved to
@@ -70,18 +70,47 @@ def _attribute_comments(module: Any) -> dict[str, str]:
 
 
 def exit_statuses() -> list[tuple[str, int, str]]:
-    """``(constant name, status, meaning)`` of every ``EXIT_*`` constant of :mod:`fsm.cli.main`,
-    the meaning being the constant's ``#:`` comment, in status order."""
-    import fsm.cli.main as main
+    """``(constant name, status, meaning)`` of every ``EXIT_*`` constant of :mod:`fsm.exitstatus`
+    (which :mod:`fsm.cli.main` re-exports), the meaning being the constant's ``#:`` comment, in
+    status order."""
+    import fsm.exitstatus as statuses
 
-    comments = _attribute_comments(main)
+    comments = _attribute_comments(statuses)
     rows = []
-    for name in dir(main):
-        if name.startswith("EXIT_") and isinstance(getattr(main, name), int):
-            if name not in comments:
-                raise RuntimeError(f"fsm.cli.main.{name} has no #: comment saying what it means")
-            rows.append((name, getattr(main, name), comments[name]))
+    for name in statuses.__all__:
+        if name not in comments:
+            raise RuntimeError(f"fsm.exitstatus.{name} has no #: comment saying what it means")
+        rows.append((name, getattr(statuses, name), comments[name]))
     return sorted(rows, key=lambda row: row[1])
+
+
+#: the modules that define fsm's typed errors (imported so that every class is found)
+ERROR_MODULES = (
+    "fsm.errors",
+    "fsm.store.errors",
+    "fsm.store.deadline",
+    "fsm.store.engine",
+    "fsm.agent.errors",
+    "fsm.clients",
+)
+
+
+def typed_errors() -> list[type]:
+    """Every typed error class that sets its own ``exit_code`` (its subclasses inherit it), in
+    status order, then by name."""
+    from fsm.errors import FsmError
+
+    for module in ERROR_MODULES:
+        importlib.import_module(module)
+    found: list[type] = []
+    todo: list[type] = [FsmError]
+    while todo:
+        cls = todo.pop()
+        if cls not in found:
+            found.append(cls)
+            todo.extend(cls.__subclasses__())
+    own = [cls for cls in found if "exit_code" in cls.__dict__]
+    return sorted(own, key=lambda c: (c.exit_code, c.__module__, c.__qualname__))  # type: ignore[attr-defined]
 
 
 def _first_line(obj: Any) -> str:
@@ -91,7 +120,7 @@ def _first_line(obj: Any) -> str:
 
 def exit_status_page() -> str:
     """The exit statuses as Markdown: one table of the statuses, one of the typed errors."""
-    from fsm.cli.main import EXIT_BY_CLASS, EXIT_INTERNAL
+    from fsm.exitstatus import EXIT_INTERNAL
 
     lines = [
         "| status | constant | meaning |",
@@ -102,18 +131,16 @@ def exit_status_page() -> str:
         lines.append(f"| {code} | `fsm.cli.main.{name}` | {doc} |")
     lines += [
         "",
-        "The status of each typed error (`fsm.cli.main.EXIT_BY_CLASS`: the most specific class of",
-        "an error's MRO listed here decides; any other error is an internal error,",
-        f"{EXIT_INTERNAL}):",
+        "The status of each typed error (its class's `exit_code`, which its subclasses inherit:",
+        "the most specific class of an error's MRO that sets it decides; any other error is an",
+        f"internal error, {EXIT_INTERNAL}):",
         "",
         "| error | status | what it is |",
         "|---|---|---|",
     ]
-    for path, code in EXIT_BY_CLASS.items():
-        obj = pydoc.locate(path)
-        if obj is None:
-            raise RuntimeError(f"EXIT_BY_CLASS names {path}, which does not exist")
-        lines.append(f"| {{class}}`{path}` | {code} | {_first_line(obj)} |")
+    for cls in typed_errors():
+        path = f"{cls.__module__}.{cls.__qualname__}"
+        lines.append(f"| {{class}}`{path}` | {cls.exit_code} | {_first_line(cls)} |")  # type: ignore[attr-defined]
     return "\n".join(lines) + "\n"
 
 
@@ -221,4 +248,12 @@ def setup(app: Any) -> dict[str, Any]:
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 
 
-__all__ = ["PUBLIC_MODULES", "exit_status_page", "exit_statuses", "generated_pages", "nodes"]
+__all__ = [
+    "ERROR_MODULES",
+    "PUBLIC_MODULES",
+    "exit_status_page",
+    "exit_statuses",
+    "generated_pages",
+    "nodes",
+    "typed_errors",
+]

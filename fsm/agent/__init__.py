@@ -69,25 +69,30 @@ loop reports.
 
 from __future__ import annotations
 
-from fsm.agent.aio import AsyncStoreLike, arun_agent_loop
-from fsm.agent.errors import (
-    AgentError,
-    AgentStoreError,
-    ToolError,
-    TurnFailedError,
-    TurnNotRecordedError,
-    UnknownOutcomeError,
-)
-from fsm.agent.events import (
-    AgentEvent,
-    AgentResult,
-    AttemptRecorded,
-    RequestSent,
-    ToolExecuted,
-    TurnCommitted,
-)
-from fsm.agent.loop import StoreLike, run_agent_loop
-from fsm.agent.tools import Tool, function_tool, is_idempotent, tool
+from typing import TYPE_CHECKING
+
+from fsm.lazy import lazy_exports as _lazy_exports
+
+if TYPE_CHECKING:
+    from fsm.agent.aio import AsyncStoreLike, arun_agent_loop
+    from fsm.agent.errors import (
+        AgentError,
+        AgentStoreError,
+        ToolError,
+        TurnFailedError,
+        TurnNotRecordedError,
+        UnknownOutcomeError,
+    )
+    from fsm.agent.events import (
+        AgentEvent,
+        AgentResult,
+        AttemptRecorded,
+        RequestSent,
+        ToolExecuted,
+        TurnCommitted,
+    )
+    from fsm.agent.loop import StoreLike, run_agent_loop
+    from fsm.agent.tools import Tool, function_tool, is_idempotent, tool
 
 __all__ = [
     "AgentError",
@@ -111,3 +116,40 @@ __all__ = [
     "run_agent_loop",
     "tool",
 ]
+
+#: where each exported name lives: imported on first use (PEP 562), not by ``import fsm.agent``
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "fsm.agent.aio": (
+        "AsyncStoreLike",
+        "arun_agent_loop",
+    ),
+    "fsm.agent.errors": (
+        "AgentError",
+        "AgentStoreError",
+        "ToolError",
+        "TurnFailedError",
+        "TurnNotRecordedError",
+        "UnknownOutcomeError",
+    ),
+    "fsm.agent.events": (
+        "AgentEvent",
+        "AgentResult",
+        "AttemptRecorded",
+        "RequestSent",
+        "ToolExecuted",
+        "TurnCommitted",
+    ),
+    "fsm.agent.loop": (
+        "StoreLike",
+        "run_agent_loop",
+    ),
+    "fsm.agent.tools": (
+        "Tool",
+        "function_tool",
+        "is_idempotent",
+        "tool",
+    ),
+}
+
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

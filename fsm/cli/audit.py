@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -28,31 +27,12 @@ from fsm.cli.options import (
     read_db_options,
 )
 from fsm.cli.output import OutputFormat, columns_of, emit, escape_surrogates, json_default
+from fsm.cli.readonly import read_only_store
 
 __all__ = ["audit"]
 
 
 read_only_db = read_db_options("Opened read-only.")
-
-
-@contextmanager
-def _store(url: str | None) -> Iterator[Any]:
-    """The store opened read-only; driver errors become one-line typed errors."""
-    import sqlalchemy as sa
-
-    from fsm.store import audit as audit_api
-    from fsm.store.engine import display_url, normalize_url
-
-    engine = audit_api.open_readonly(url)
-    try:
-        yield engine
-    except sa.exc.DBAPIError as exc:
-        reason = " ".join(str(exc.orig).split())
-        raise audit_api.AuditError(
-            f"cannot read the store {display_url(normalize_url(url))}: {reason}"
-        ) from exc
-    finally:
-        engine.dispose()
 
 
 def _show_page(rows: Iterable[Any], row_type: type, output: OutputFormat, page: Page) -> None:
@@ -190,7 +170,7 @@ def calls(
     page = page.for_output(output)
     # a CallKey: conversation, seq, rank, attempt, position
     paging = page.query(key_size=5, check=audit_api.call_key)
-    with _store(url) as engine:
+    with read_only_store(url) as engine:
         rows = audit_api.tool_calls(
             engine,
             **filters,
@@ -238,7 +218,7 @@ def failures(
         raise click.UsageError(
             "--counts prints every group: --limit, --offset and --after page the listing only"
         )
-    with _store(url) as engine:
+    with read_only_store(url) as engine:
         if counts:
             emit(
                 (c.as_dict() for c in audit_api.failure_counts(engine, **filters)),
@@ -286,7 +266,7 @@ def pending(
     """
     from fsm.store import audit as audit_api
 
-    with _store(url) as engine:
+    with read_only_store(url) as engine:
         rows = audit_api.pending_turns(
             engine, states=states or ("pending", "abandoned"), conversation=conversation
         )
@@ -324,7 +304,7 @@ def stats(url: str | None, filters: dict[str, Any], by: str | None, output: Outp
         raise click.UsageError(f"--{output.kind} prints one table: choose it with --by")
     if by is None and output.columns is not None:
         raise click.UsageError("--columns picks the columns of one table: choose it with --by")
-    with _store(url) as engine:
+    with read_only_store(url) as engine:
         result = audit_api.stats(engine, **filters)
     sections: dict[str, tuple[str, list[dict[str, Any]], tuple[str, ...]]] = {
         key: (title, [row.as_dict() for row in rows], columns_of(row_type))
@@ -412,8 +392,8 @@ def check(
     """
     import time
 
-    from fsm.cli.main import EXIT_CORRUPT, EXIT_INCOMPLETE, exit_code_for
     from fsm.errors import FsmError
+    from fsm.exitstatus import EXIT_CORRUPT, EXIT_INCOMPLETE
     from fsm.store import audit as audit_api
 
     bar: list[Any] = []
@@ -433,7 +413,7 @@ def check(
     counts: dict[str, int] = {}
     started = time.perf_counter()
     try:
-        with _store(url) as engine:
+        with read_only_store(url) as engine:
 
             def dicts() -> Iterator[dict[str, Any]]:
                 for violation in audit_api.check(
@@ -456,7 +436,7 @@ def check(
     except FsmError as exc:
         # the store could not be checked: not "violations found" (1), so scripts can tell
         click.echo(f"error: {' '.join(str(exc).split())}", err=True)
-        sys.exit(exit_code_for(exc))
+        sys.exit(exc.exit_code)
     seconds = time.perf_counter() - started
     found = sum(counts.values())
     if found:
@@ -526,7 +506,7 @@ def serve(url: str | None, host: str, port: int, token: str | None, quiet: bool)
       fsm audit serve --db postgresql+psycopg://app@db/app --port 9000
       fsm audit serve --host 0.0.0.0 --token "$(openssl rand -hex 16)"
     """
-    from fsm.cli.main import EXIT_INTERRUPTED
+    from fsm.exitstatus import EXIT_INTERRUPTED
     from fsm.store import audit as audit_api
     from fsm.store.engine import display_url, normalize_url
     from fsm.web import serve as start

@@ -41,8 +41,9 @@ def conversations(url: str | None, page: Page, output: OutputFormat) -> None:
       fsm conversations --json | jq -r '.[] | select(.attempts > 0) | .id'
       fsm history --db sqlite:///chat.db "$(fsm conversations --tsv --no-headers --columns id --limit 1)"
     """
-    from fsm.cli.audit import _store
-    from fsm.store.store import StoreCore, check_listing
+    from fsm.cli.readonly import read_only_store
+    from fsm.store.core import StoreCore
+    from fsm.store.store import check_listing
 
     page = page.for_output(output)
     key = page.query(key_size=1)["after"]
@@ -52,7 +53,9 @@ def conversations(url: str | None, page: Page, output: OutputFormat) -> None:
             f"{page.after!r} is not a cursor of this command", param_hint="--after"
         )
     last: list[Any] = [None]
-    with _store(url) as engine:  # read-only: a missing SQLite file is an error, never created
+    with read_only_store(
+        url
+    ) as engine:  # read-only: a missing SQLite file is an error, never created
         core = StoreCore(engine.url, postgres=engine.dialect.name == "postgresql")
 
         def rows() -> Iterator[dict[str, Any]]:

@@ -16,9 +16,19 @@ import click
 
 from fsm import __version__
 from fsm.errors import FsmError
+from fsm.exitstatus import (
+    EXIT_CORRUPT,
+    EXIT_FULL,
+    EXIT_INCOMPLETE,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OUTCOME_UNKNOWN,
+    EXIT_STORE,
+    EXIT_UNAVAILABLE,
+    EXIT_UNUSABLE,
+)
 
 __all__ = [
-    "EXIT_BY_CLASS",
     "EXIT_CORRUPT",
     "EXIT_FULL",
     "EXIT_INCOMPLETE",
@@ -33,60 +43,16 @@ __all__ = [
     "main",
 ]
 
-# One exit status per outcome, the same for every command (the manual's exit status page,
-# docs/reference/exit-status.md, is generated from these and their comments):
-#: the work was done and the result is incomplete or not clean (a stream that did not complete,
-#: a turn recorded as a failed attempt, an audit check that found violations)
-EXIT_INCOMPLETE = 1
-#: a usage error or unusable input (a bad option or URL, input that is not a stream)
-EXIT_UNUSABLE = 2
-#: the store refused the request (not found, conflict, schema not at head, value rejected)
-EXIT_STORE = 3
-#: the database could not be reached or stayed busy: nothing was written, retry later
-EXIT_UNAVAILABLE = 4
-#: the connection was lost while COMMIT was in flight: retry with the same idempotency key
-EXIT_OUTCOME_UNKNOWN = 5
-#: the disk or the database is full: nothing was written
-EXIT_FULL = 6
-#: the database is corrupt: the engine's own integrity check failed, or the stored history
-#: breaks the contract the database enforces (it was edited with enforcement off)
-EXIT_CORRUPT = 7
-#: an unexpected internal error (a bug: please report it)
-EXIT_INTERNAL = 70
-#: interrupted (Ctrl-C), as shells report SIGINT
-EXIT_INTERRUPTED = 130
-
-
-#: The exit status of each typed error, by class: the most specific class of an error's MRO
-#: listed here decides. Store classes are named by module path, so that the command line does
-#: not import the store (and SQLAlchemy) to start; a test checks every name resolves.
-EXIT_BY_CLASS: dict[str, int] = {
-    "fsm.errors.RemoteProtocolError": EXIT_UNUSABLE,
-    "fsm.errors.LocalProtocolError": EXIT_UNUSABLE,
-    "fsm.errors.IncompleteTurnError": EXIT_INCOMPLETE,
-    "fsm.store.errors.DatabaseUrlError": EXIT_UNUSABLE,
-    "fsm.store.errors.DriverMissingError": EXIT_UNUSABLE,
-    "fsm.store.errors.InvalidFilterError": EXIT_UNUSABLE,
-    "fsm.store.errors.UnknownRevisionError": EXIT_UNUSABLE,
-    "fsm.store.errors.StoreLayoutError": EXIT_UNUSABLE,
-    "fsm.store.errors.CommitOutcomeUnknownError": EXIT_OUTCOME_UNKNOWN,
-    "fsm.store.errors.StoreUnavailableError": EXIT_UNAVAILABLE,
-    "fsm.store.errors.StoreBusyError": EXIT_UNAVAILABLE,
-    "fsm.store.errors.StorageFullError": EXIT_FULL,
-    "fsm.store.errors.DatabaseCorruptError": EXIT_CORRUPT,
-    "fsm.store.errors.CorruptStoreError": EXIT_CORRUPT,
-    "fsm.store.errors.StoreError": EXIT_STORE,
-    "fsm.errors.FsmError": EXIT_INCOMPLETE,
-}
+# One exit status per outcome, the same for every command: the EXIT_* constants of
+# fsm.exitstatus (re-exported here), each typed error carrying its own as ``exit_code``; the
+# manual's exit status page, docs/reference/exit-status.md, is generated from both.
 
 
 def exit_code_for(error: BaseException) -> int:
-    """The exit status a typed error maps to (:data:`EXIT_BY_CLASS`; any other error is
-    :data:`EXIT_INTERNAL`)."""
-    for cls in type(error).__mro__:
-        code = EXIT_BY_CLASS.get(f"{cls.__module__}.{cls.__qualname__}")
-        if code is not None:
-            return code
+    """The exit status a typed error maps to: its class's ``exit_code`` (the most specific
+    class that sets it decides); any other error is :data:`EXIT_INTERNAL`."""
+    if isinstance(error, FsmError):
+        return error.exit_code
     return EXIT_INTERNAL
 
 

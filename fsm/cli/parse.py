@@ -12,6 +12,7 @@ import orjson
 from fsm.api import parse_text
 from fsm.cli.output import safe_text
 from fsm.completion import COMPLETION_KINDS, completion_kind, parse_completion
+from fsm.exitstatus import EXIT_INTERRUPTED, EXIT_UNUSABLE
 from fsm.parser import ParseResult, StreamParser, Turn
 
 __all__ = [
@@ -25,8 +26,6 @@ __all__ = [
 ]
 
 _PREVIEW = 200
-#: exit status for unusable input (``fsm.cli.main.EXIT_UNUSABLE``; not imported: main imports us)
-_EXIT_UNUSABLE = 2
 
 
 def _short(text: str, limit: int = _PREVIEW) -> str:
@@ -110,8 +109,6 @@ def render_json(result: ParseResult, completion: str | None = None) -> str:
 
 #: the abort reason of a stream cut by Ctrl-C while it was read from stdin.
 INTERRUPTED = "interrupted (Ctrl-C)"
-#: exit status of Ctrl-C (``fsm.cli.main.EXIT_INTERRUPTED``)
-_EXIT_INTERRUPTED = 130
 
 
 def read_input(source: str) -> tuple[bytes, bool]:
@@ -260,7 +257,7 @@ def parse_command(file: str, as_json: bool, repair_json: bool, stream_format: st
     if why is not None:
         name = "stdin" if file == "-" else file
         click.echo(f"error: {name} is not a stream: {why}", err=True)
-        sys.exit(_EXIT_UNUSABLE)
+        sys.exit(EXIT_UNUSABLE)
     if as_json:
         click.echo(render_json(result, completion))
     else:
@@ -273,6 +270,6 @@ def parse_command(file: str, as_json: bool, repair_json: bool, stream_format: st
             f"before ({len(data)} bytes)",
             err=True,
         )
-        sys.exit(_EXIT_INTERRUPTED)
+        sys.exit(EXIT_INTERRUPTED)
     if not result.complete:
         sys.exit(1)

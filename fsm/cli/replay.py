@@ -85,7 +85,7 @@ def replay(host: str, port: int, stream_format: str, delay: float, quiet: bool) 
       fsm replay --format anthropic --port 9000
       fsm replay --port 0 --quiet > replay.env   # then: . ./replay.env
     """
-    from fsm.cli.main import EXIT_INTERRUPTED
+    from fsm.exitstatus import EXIT_INTERRUPTED
     from fsm.replay import ReplayServer, demo_script
 
     fmt: Any = stream_format

@@ -14,14 +14,11 @@ from typing import Any
 import click
 
 from fsm.cli import options
+from fsm.exitstatus import EXIT_INTERRUPTED, EXIT_UNUSABLE
 
 __all__ = ["db", "history", "ingest"]
 
 db_option = options.db_option()
-#: exit status of Ctrl-C (``fsm.cli.main.EXIT_INTERRUPTED``; not imported: main imports us)
-_EXIT_INTERRUPTED = 130
-#: exit status of unusable input (``fsm.cli.main.EXIT_UNUSABLE``)
-_EXIT_UNUSABLE = 2
 
 #: ``--schema NAME`` of the ``db`` commands (``$FSM_SCHEMA`` by default, as for the library).
 schema_option = click.option(
@@ -242,7 +239,7 @@ def ingest(
     if why is not None:
         name = "stdin" if file == "-" else file
         click.echo(f"error: {name} is not a stream: {why}; nothing written", err=True)
-        sys.exit(_EXIT_UNUSABLE)
+        sys.exit(EXIT_UNUSABLE)
     if choice is None and len(parsed.turns) > 1:
         raise click.UsageError(
             f"the stream has {len(parsed.turns)} choices "
@@ -301,7 +298,7 @@ def _record_interrupted(
 
     if parsed.event_count == 0:
         click.echo(f"error: {INTERRUPTED} before any event arrived: nothing recorded", err=True)
-        sys.exit(_EXIT_INTERRUPTED)
+        sys.exit(EXIT_INTERRUPTED)
     chosen = [t for t in parsed.turns if t.index == choice]
     with ConversationStore(url) as store:
         store.create_conversation(conversation_id, exist_ok=True)
@@ -315,7 +312,7 @@ def _record_interrupted(
         f"history; recorded as {_attempt_ids(ids)} of conversation {conversation_id!r}",
         err=True,
     )
-    sys.exit(_EXIT_INTERRUPTED)
+    sys.exit(EXIT_INTERRUPTED)
 
 
 def _attempt_ids(ids: list[int]) -> str:

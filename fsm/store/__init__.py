@@ -26,58 +26,63 @@ host's own transaction (:class:`BoundStore`).
 
 from __future__ import annotations
 
-from fsm.store.engine import (
-    WRITE,
-    EngineNotConfiguredError,
-    configure_engine,
-    create_engine,
-    default_url,
-)
-from fsm.store.errors import (
-    CommitOutcomeUnknownError,
-    ConflictError,
-    ConversationExistsError,
-    ConversationNotFoundError,
-    CorruptStoreError,
-    DatabaseCorruptError,
-    DatabaseFileError,
-    DatabaseUrlError,
-    DriverMissingError,
-    HostTransactionError,
-    IdempotencyMismatchError,
-    InvalidConversationIdError,
-    InvalidIdempotencyKeyError,
-    InvalidMessageError,
-    InvalidTurnError,
-    LedgerStateError,
-    MigrationsNotFoundError,
-    PendingTurnError,
-    PoolerError,
-    ReadOnlyNodeError,
-    ResultsError,
-    RetryableStoreError,
-    SchemaNotAtHeadError,
-    ServerFullError,
-    StorageFullError,
-    StoreBusyError,
-    StoreError,
-    StoreLayoutError,
-    StoreUnavailableError,
-    TurnInProgressError,
-    UnknownRevisionError,
-    UnsupportedValueError,
-    ValueRejectedError,
-)
-from fsm.store.ledger import Execution, LedgerCall, PendingTurn
-from fsm.store.migrate import current_revision, head_revision, upgrade
-from fsm.store.models import Base
-from fsm.store.store import (
-    BoundStore,
-    CommittedTurn,
-    ConversationInfo,
-    ConversationStore,
-    Results,
-)
+from typing import TYPE_CHECKING
+
+from fsm.lazy import lazy_exports as _lazy_exports
+
+if TYPE_CHECKING:
+    from fsm.store.engine import (
+        WRITE,
+        EngineNotConfiguredError,
+        configure_engine,
+        create_engine,
+        default_url,
+    )
+    from fsm.store.errors import (
+        CommitOutcomeUnknownError,
+        ConflictError,
+        ConversationExistsError,
+        ConversationNotFoundError,
+        CorruptStoreError,
+        DatabaseCorruptError,
+        DatabaseFileError,
+        DatabaseUrlError,
+        DriverMissingError,
+        HostTransactionError,
+        IdempotencyMismatchError,
+        InvalidConversationIdError,
+        InvalidIdempotencyKeyError,
+        InvalidMessageError,
+        InvalidTurnError,
+        LedgerStateError,
+        MigrationsNotFoundError,
+        PendingTurnError,
+        PoolerError,
+        ReadOnlyNodeError,
+        ResultsError,
+        RetryableStoreError,
+        SchemaNotAtHeadError,
+        ServerFullError,
+        StorageFullError,
+        StoreBusyError,
+        StoreError,
+        StoreLayoutError,
+        StoreUnavailableError,
+        TurnInProgressError,
+        UnknownRevisionError,
+        UnsupportedValueError,
+        ValueRejectedError,
+    )
+    from fsm.store.ledger import Execution, LedgerCall, PendingTurn
+    from fsm.store.migrate import current_revision, head_revision, upgrade
+    from fsm.store.models import Base
+    from fsm.store.store import (
+        BoundStore,
+        CommittedTurn,
+        ConversationInfo,
+        ConversationStore,
+        Results,
+    )
 
 __all__ = [
     "WRITE",
@@ -131,3 +136,70 @@ __all__ = [
     "head_revision",
     "upgrade",
 ]
+
+#: where each exported name lives: imported on first use (PEP 562), not by ``import fsm.store``
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "fsm.store.engine": (
+        "WRITE",
+        "EngineNotConfiguredError",
+        "configure_engine",
+        "create_engine",
+        "default_url",
+    ),
+    "fsm.store.errors": (
+        "CommitOutcomeUnknownError",
+        "ConflictError",
+        "ConversationExistsError",
+        "ConversationNotFoundError",
+        "CorruptStoreError",
+        "DatabaseCorruptError",
+        "DatabaseFileError",
+        "DatabaseUrlError",
+        "DriverMissingError",
+        "HostTransactionError",
+        "IdempotencyMismatchError",
+        "InvalidConversationIdError",
+        "InvalidIdempotencyKeyError",
+        "InvalidMessageError",
+        "InvalidTurnError",
+        "LedgerStateError",
+        "MigrationsNotFoundError",
+        "PendingTurnError",
+        "PoolerError",
+        "ReadOnlyNodeError",
+        "ResultsError",
+        "RetryableStoreError",
+        "SchemaNotAtHeadError",
+        "ServerFullError",
+        "StorageFullError",
+        "StoreBusyError",
+        "StoreError",
+        "StoreLayoutError",
+        "StoreUnavailableError",
+        "TurnInProgressError",
+        "UnknownRevisionError",
+        "UnsupportedValueError",
+        "ValueRejectedError",
+    ),
+    "fsm.store.ledger": (
+        "Execution",
+        "LedgerCall",
+        "PendingTurn",
+    ),
+    "fsm.store.migrate": (
+        "current_revision",
+        "head_revision",
+        "upgrade",
+    ),
+    "fsm.store.models": ("Base",),
+    "fsm.store.store": (
+        "BoundStore",
+        "CommittedTurn",
+        "ConversationInfo",
+        "ConversationStore",
+        "Results",
+    ),
+}
+
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

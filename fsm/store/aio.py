@@ -46,6 +46,8 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fsm.parser import Anomaly, ParseResult, Turn
+from fsm.store.bound import BoundStore
+from fsm.store.core import ConversationInfo, StoreCore
 from fsm.store.deadline import DEFAULT_TIMEOUT, Deadline, check_timeout
 from fsm.store.engine import (
     BUSY_TIMEOUT_SECONDS,
@@ -68,19 +70,12 @@ from fsm.store.errors import (
     StoreBusyError,
     StoreLayoutError,
 )
+from fsm.store.history import CommittedTurn
 from fsm.store.importing import plan_import
 from fsm.store.ledger import AsyncLedgerMethods
 from fsm.store.migrate import ensure_at_head
 from fsm.store.render import HistoryFormat, check_format
-from fsm.store.store import (
-    READ_SNAPSHOT,
-    BoundStore,
-    CommittedTurn,
-    ConversationInfo,
-    Results,
-    StoreCore,
-    check_listing,
-)
+from fsm.store.store import READ_SNAPSHOT, Results, check_listing
 from fsm.store.transaction import check_schema
 from fsm.telemetry import store_write
 from fsm.types import AnthropicMessage, Message, ResponsesItem
@@ -134,6 +129,9 @@ class AsyncConversationStore(AsyncLedgerMethods):
     done. Cancelling a task in the middle of a write rolls that write back: nothing is half
     written.
     """
+
+    #: the store's core (the ledger's mixin declares the part of it that it uses)
+    _core: StoreCore
 
     def __init__(
         self,

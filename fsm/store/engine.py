@@ -74,6 +74,7 @@ from fsm.store.errors import (
     StoreError,
     StoreLayoutError,
 )
+from fsm.store.urls import sqlite_file
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -389,19 +390,6 @@ def _looks_like_path(text: str) -> bool:
 
 def _path_url(path: str) -> URL:
     return URL.create("sqlite", database=str(Path(path).expanduser().resolve()))
-
-
-def sqlite_file(url: str | URL) -> Path | None:
-    """The file of a SQLite URL (``None``: another engine, or an in-memory database)."""
-    parsed = sa.make_url(url)
-    if parsed.get_backend_name() != "sqlite":
-        return None
-    database = parsed.database or ""
-    if not database or database == ":memory:" or "mode=memory" in database:
-        return None
-    if database.startswith("file:"):
-        database = database[len("file:") :].split("?", 1)[0]
-    return Path(database).expanduser()
 
 
 def require_existing(url: str | URL, reader: str) -> None:

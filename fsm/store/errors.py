@@ -12,8 +12,17 @@ parser's own class. The audit's own errors (:mod:`fsm.store.audit`) derive from
 from __future__ import annotations
 
 from datetime import datetime
+from typing import ClassVar
 
 from fsm.errors import FsmError
+from fsm.exitstatus import (
+    EXIT_CORRUPT,
+    EXIT_FULL,
+    EXIT_OUTCOME_UNKNOWN,
+    EXIT_STORE,
+    EXIT_UNAVAILABLE,
+    EXIT_UNUSABLE,
+)
 
 __all__ = [
     "AuditError",
@@ -58,6 +67,9 @@ __all__ = [
 class StoreError(FsmError):
     """Base class of every error the conversation store raises on purpose."""
 
+    #: the command line's exit status: the store refused the request
+    exit_code: ClassVar[int] = EXIT_STORE
+
     #: whether repeating the same call later may succeed.
     retryable: bool = False
 
@@ -90,6 +102,9 @@ class ConflictError(RetryableStoreError):
 class StoreBusyError(RetryableStoreError):
     """The database stayed locked by another writer past the busy timeout (SQLite)."""
 
+    #: the command line's exit status: nothing written, retry later
+    exit_code: ClassVar[int] = EXIT_UNAVAILABLE
+
 
 class StoreUnavailableError(RetryableStoreError):
     """The database could not be reached or stopped answering: the connection was refused or
@@ -98,6 +113,9 @@ class StoreUnavailableError(RetryableStoreError):
     The fault came before COMMIT was sent, so nothing of the call was written; retrying later
     is safe. The driver's error is chained as ``__cause__``.
     """
+
+    #: the command line's exit status: nothing written, retry later
+    exit_code: ClassVar[int] = EXIT_UNAVAILABLE
 
 
 class ServerFullError(StoreUnavailableError):
@@ -130,20 +148,32 @@ class CommitOutcomeUnknownError(StoreUnavailableError):
     ``idempotency_key``): the store then commits it exactly once, or returns the stored turn.
     """
 
+    #: the command line's exit status: retry with the same key
+    exit_code: ClassVar[int] = EXIT_OUTCOME_UNKNOWN
+
 
 class StorageFullError(StoreError):
     """The database has no room left (SQLite: the disk or the file size limit is full;
     PostgreSQL: ``disk_full``/``out_of_memory``-class errors). Nothing of the call was written;
     free space, then retry."""
 
+    #: the command line's exit status: the disk or the database is full
+    exit_code: ClassVar[int] = EXIT_FULL
+
 
 class DatabaseUrlError(StoreError, ValueError):
     """A database URL cannot be used: it does not parse, or names an engine fsm does not store
     to. The message shows what a valid URL looks like."""
 
+    #: the command line's exit status: unusable input
+    exit_code: ClassVar[int] = EXIT_UNUSABLE
+
 
 class DriverMissingError(StoreError, ImportError):
     """The database driver the URL needs is not installed (the message names the package)."""
+
+    #: the command line's exit status: unusable input
+    exit_code: ClassVar[int] = EXIT_UNUSABLE
 
 
 class DatabaseFileError(StoreError):
@@ -159,6 +189,9 @@ class DatabaseCorruptError(StoreError):
     """The database engine reports its own storage corrupt (SQLite ``SQLITE_CORRUPT`` /
     ``quick_check``, PostgreSQL ``data_corrupted``/``index_corrupted``). Restore from a backup;
     ``fsm audit check --db URL`` lists what the engine found."""
+
+    #: the command line's exit status: the database is corrupt
+    exit_code: ClassVar[int] = EXIT_CORRUPT
 
 
 class ConversationNotFoundError(StoreError, LookupError):
@@ -253,6 +286,9 @@ class CorruptStoreError(StoreError):
     URL``.
     """
 
+    #: the command line's exit status: the database is corrupt
+    exit_code: ClassVar[int] = EXIT_CORRUPT
+
     def __init__(self, conversation_id: str, url: str, problem: str) -> None:
         self.conversation_id = conversation_id
         self.url = url
@@ -304,6 +340,9 @@ class SchemaNotAtHeadError(StoreError):
 class UnknownRevisionError(StoreError, ValueError):
     """A schema revision to upgrade to is not in fsm's migrations (the message lists them)."""
 
+    #: the command line's exit status: unusable input
+    exit_code: ClassVar[int] = EXIT_UNUSABLE
+
 
 class MigrationsNotFoundError(StoreError):
     """The Alembic migration scripts are not where fsm looks for them (a broken install)."""
@@ -313,6 +352,9 @@ class StoreLayoutError(StoreError, ValueError):
     """Where or how fsm's tables would be laid out cannot be done on this database: a schema
     name that is not a plain identifier, a schema on SQLite, partitions on SQLite or on a
     database already created unpartitioned, a partition count out of range."""
+
+    #: the command line's exit status: unusable input
+    exit_code: ClassVar[int] = EXIT_UNUSABLE
 
 
 # -- the audit's errors (fsm.store.audit) -------------------------------------------------------
@@ -327,6 +369,9 @@ class DatabaseNotFoundError(AuditError, FileNotFoundError):
 
 class InvalidFilterError(AuditError, ValueError):
     """A filter is malformed: an unknown state, a bad JSON path, a non-scalar value, ..."""
+
+    #: the command line's exit status: unusable input
+    exit_code: ClassVar[int] = EXIT_UNUSABLE
 
 
 class PendingTurnError(ConflictError):

@@ -59,6 +59,7 @@ from fsm.store.errors import (
     StoreError,
     StoreUnavailableError,
 )
+from fsm.store.urls import sqlite_file
 
 __all__ = [
     "DROP_CONNECTION",
@@ -410,8 +411,6 @@ def _is_operational(orig: BaseException) -> bool:
 
 
 def _sqlite_path(url: URL) -> Path | None:
-    from fsm.store.engine import sqlite_file  # engine imports this module
-
     return sqlite_file(url)
 
 

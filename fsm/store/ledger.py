@@ -71,6 +71,14 @@ from fsm.store.errors import (
     StoreError,
     TurnInProgressError,
 )
+from fsm.store.history import (
+    CommittedTurn,
+    StoreCoreLike,
+    WriteState,
+    check_expected,
+    read_history,
+    require_conversation,
+)
 from fsm.store.models import Conversation, Message, PendingTurnRow, ToolExecution
 from fsm.store.render import stored_items
 from fsm.toolcall import ToolCall
@@ -78,7 +86,6 @@ from fsm.toolcall import ToolCall
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
 
-    from fsm.store.store import CommittedTurn, StoreCore
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -357,7 +364,7 @@ def _utc(value: Any) -> datetime | None:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def _lease_until(core: StoreCore, lease: float) -> sa.ColumnElement[Any]:
+def _lease_until(core: StoreCoreLike, lease: float) -> sa.ColumnElement[Any]:
     """Now + ``lease`` seconds, by the database's clock."""
     if core.postgres:
         return sa.func.clock_timestamp() + sa.func.make_interval(
@@ -366,7 +373,7 @@ def _lease_until(core: StoreCore, lease: float) -> sa.ColumnElement[Any]:
     return sa.func.strftime("%Y-%m-%d %H:%M:%f", "now", f"+{lease:.3f} seconds")
 
 
-def _lease_left(core: StoreCore) -> sa.ColumnElement[Any]:
+def _lease_left(core: StoreCoreLike) -> sa.ColumnElement[Any]:
     """Seconds left on a pending turn's lease by the database's clock (negative: run out;
     NULL: none)."""
     lease = PendingTurnRow.lease_expires_at
@@ -389,7 +396,7 @@ def _check_lease(value: object) -> float:
     return float(value)
 
 
-def _live_owner(core: StoreCore, conn: Connection, stored: PendingTurn) -> None:
+def _live_owner(core: StoreCoreLike, conn: Connection, stored: PendingTurn) -> None:
     """Raise :class:`~fsm.store.errors.TurnInProgressError` if ``stored``'s lease has not run
     out (its owner is alive)."""
     p = PendingTurnRow
@@ -552,14 +559,14 @@ def _begin_state(same: str, *, exists: bool) -> sa.Select[Any]:
     return sa.select(*columns)
 
 
-def _lease_params(core: StoreCore, lease: float) -> dict[str, Any]:
+def _lease_params(core: StoreCoreLike, lease: float) -> dict[str, Any]:
     if core.postgres:
         return {"lease": float(lease)}
     return {"modifier": f"+{lease:.3f} seconds"}
 
 
 def _set_lease(
-    core: StoreCore, conn: Connection, pending: PendingTurn, owner: str, lease: float
+    core: StoreCoreLike, conn: Connection, pending: PendingTurn, owner: str, lease: float
 ) -> None:
     p = PendingTurnRow
     conn.execute(
@@ -656,7 +663,7 @@ def _same_turn(pending: PendingTurn, turn: Turn, key: str | None) -> bool:
 
 
 def begin_body(
-    core: StoreCore,
+    core: StoreCoreLike,
     conn: Connection,
     conversation_id: str,
     turn: Turn,
@@ -671,11 +678,9 @@ def begin_body(
     this ``owner`` already began it; the same turn begun by an owner whose lease ran out is
     taken over, one whose lease holds raises :class:`~fsm.store.errors.TurnInProgressError`),
     and start call ``start`` in the same transaction (not on a turn taken over)."""
-    from fsm.store import store as _store
-
     owner = owner or secrets.token_hex(16)
     if core.postgres:  # the conversation's row lock first: its writers queue here
-        _store._require(conn, conversation_id, lock=True)
+        require_conversation(conn, conversation_id, lock=True)
     # one query says whether this is the common case (a new turn: no pending turn, no earlier
     # commit of it); the others read what they need after it
     params: dict[str, Any] = {"c": conversation_id}
@@ -723,8 +728,8 @@ def begin_body(
             )
         return found
     with core.reading(conversation_id):
-        seq = _store.WriteState(None, None, last_seq, slots_left).next_seq()
-    _store._check_expected(conversation_id, expected_seq, seq)
+        seq = WriteState(None, None, last_seq, slots_left).next_seq()
+    check_expected(conversation_id, expected_seq, seq)
     n = len(calls)
     inserted = conn.execute(
         _statement("insert_turn", core.postgres),
@@ -773,16 +778,14 @@ def begin_body(
 
 def pending_body(conn: Connection, conversation_id: str) -> PendingTurn | None:
     """The conversation's pending turn, or ``None``."""
-    from fsm.store import store as _store
-
     found = _load(conn, conversation_id, None)
     if found is None:
-        _store._require(conn, conversation_id)
+        require_conversation(conn, conversation_id)
     return found
 
 
 def _owned(
-    core: StoreCore,
+    core: StoreCoreLike,
     conn: Connection,
     pending: PendingTurn,
     *,
@@ -793,17 +796,15 @@ def _owned(
     else under its own row's lock: a step that records a call changes nothing the
     conversation's other writers read); raises unless it is still pending and ``pending``'s
     owner still owns it."""
-    from fsm.store import store as _store
-
     if not isinstance(pending, PendingTurn):
         raise TypeError(
             f"a ledger step takes the PendingTurn of begin()/claim(), not {type(pending).__name__}"
         )
     if conversation_lock and core.postgres:  # SQLite: BEGIN IMMEDIATE took the database's
-        _store._require(conn, pending.conversation_id, lock=True)
+        require_conversation(conn, pending.conversation_id, lock=True)
     stored = _load(conn, pending.conversation_id, pending.id, lock=core.postgres)
     if stored is None:
-        _store._require(conn, pending.conversation_id)  # the conversation is gone: say so
+        require_conversation(conn, pending.conversation_id)  # the conversation is gone: say so
         raise LedgerStateError(
             f"conversation {pending.conversation_id!r} has no pending turn {pending.id} (it was "
             "deleted with its conversation)"
@@ -825,7 +826,9 @@ def _owned(
     return stored
 
 
-def _renewed(core: StoreCore, conn: Connection, pending: PendingTurn, lease: float) -> PendingTurn:
+def _renewed(
+    core: StoreCoreLike, conn: Connection, pending: PendingTurn, lease: float
+) -> PendingTurn:
     """The stored state of ``pending`` with its owner's lease renewed (see :func:`_owned`,
     which raises unless it is still pending and ``pending``'s owner owns it): one UPDATE that
     renews the lease of a turn still pending and owned and reads its row back, then its
@@ -849,16 +852,14 @@ def _renewed(core: StoreCore, conn: Connection, pending: PendingTurn, lease: flo
 
 
 def claim_body(
-    core: StoreCore, conn: Connection, pending: PendingTurn, lease: float = DEFAULT_LEASE
+    core: StoreCoreLike, conn: Connection, pending: PendingTurn, lease: float = DEFAULT_LEASE
 ) -> PendingTurn:
     """Make the caller the owner of ``pending`` (with ``pending.claim_token``) if nobody
     claimed it since it was read and its owner's lease has run out; a claim retried with the
     same handle returns the turn it claimed."""
-    from fsm.store import store as _store
-
     if not isinstance(pending, PendingTurn):
         raise TypeError(f"claim() takes a PendingTurn, not {type(pending).__name__}")
-    _store._require(conn, pending.conversation_id, lock=core.postgres)
+    require_conversation(conn, pending.conversation_id, lock=core.postgres)
     stored = _load(conn, pending.conversation_id, pending.id, lock=core.postgres)
     if stored is not None and stored.state == "pending" and stored.owner == pending.claim_token:
         # this very claim, retried (its COMMIT's answer was lost): it is ours
@@ -874,7 +875,7 @@ def claim_body(
 
 
 def renew_body(
-    core: StoreCore, conn: Connection, pending: PendingTurn, lease: float = DEFAULT_LEASE
+    core: StoreCoreLike, conn: Connection, pending: PendingTurn, lease: float = DEFAULT_LEASE
 ) -> datetime:
     """Move the owner's lease on to now + ``lease``; the new end of the lease."""
     if isinstance(pending, PendingTurn):
@@ -895,7 +896,7 @@ def renew_body(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def release_body(core: StoreCore, conn: Connection, pending: PendingTurn) -> PendingTurn:
+def release_body(core: StoreCoreLike, conn: Connection, pending: PendingTurn) -> PendingTurn:
     """End the owner's lease now (it stays the owner until someone claims the turn)."""
     stored = _owned(core, conn, pending, conversation_lock=False)
     p = PendingTurnRow
@@ -933,7 +934,7 @@ def _with(
 
 
 def _start(
-    core: StoreCore, conn: Connection, stored: PendingTurn, position: int, lease: float | None
+    core: StoreCoreLike, conn: Connection, stored: PendingTurn, position: int, lease: float | None
 ) -> PendingTurn:
     """Mark call ``position`` started by ``stored``'s owner (a no-op if it already is) and
     renew the lease (``None``: ``stored``'s lease was just renewed by this transaction)."""
@@ -994,7 +995,7 @@ def _finish(conn: Connection, stored: PendingTurn, recording: Recording) -> Pend
 
 
 def started_body(
-    core: StoreCore,
+    core: StoreCoreLike,
     conn: Connection,
     pending: PendingTurn,
     position: int,
@@ -1011,7 +1012,7 @@ def started_body(
 
 
 def finished_body(
-    core: StoreCore,
+    core: StoreCoreLike,
     conn: Connection,
     pending: PendingTurn,
     position: int,
@@ -1025,7 +1026,7 @@ def finished_body(
 
 
 def commit_recording_body(
-    core: StoreCore, conn: Connection, pending: PendingTurn, recording: Recording
+    core: StoreCoreLike, conn: Connection, pending: PendingTurn, recording: Recording
 ) -> tuple[CommittedTurn | None, BaseException | None]:
     """Record ``recording`` (the last tool's outcome), then commit the turn in a savepoint of
     the same transaction: the committed turn, or the commit's error with the outcome still
@@ -1040,24 +1041,22 @@ def commit_recording_body(
         return None, exc
 
 
-def commit_body(core: StoreCore, conn: Connection, pending: PendingTurn) -> CommittedTurn:
+def commit_body(core: StoreCoreLike, conn: Connection, pending: PendingTurn) -> CommittedTurn:
     """Move the pending turn and its outcomes into history (or return the stored turn)."""
     return _commit_stored(core, conn, pending, _owned(core, conn, pending, resolved_ok=True))
 
 
 def _commit_stored(
-    core: StoreCore, conn: Connection, pending: PendingTurn, stored: PendingTurn
+    core: StoreCoreLike, conn: Connection, pending: PendingTurn, stored: PendingTurn
 ) -> CommittedTurn:
-    from fsm.store import store as _store
-
     if stored.state == "committed":
         assert stored.committed_seq is not None
-        return _store.CommittedTurn(
+        return CommittedTurn(
             stored.conversation_id,
             stored.committed_seq,
             cast(
                 "list[Any]",
-                _store._read(
+                read_history(
                     conn,
                     stored.conversation_id,
                     turn_at=stored.committed_seq,
@@ -1108,7 +1107,7 @@ def _commit_stored(
 
 
 def abandon_body(
-    core: StoreCore, conn: Connection, pending: PendingTurn, reason: str
+    core: StoreCoreLike, conn: Connection, pending: PendingTurn, reason: str
 ) -> PendingTurn:
     """Keep the pending turn for audit only (a no-op if it was abandoned for ``reason``)."""
     stored = _owned(core, conn, pending, resolved_ok=True)
@@ -1225,7 +1224,7 @@ _BEGIN_PAUSE = 0.2
 class LedgerMethods:
     """The ledger's methods of :class:`~fsm.store.ConversationStore` (see the module)."""
 
-    _core: StoreCore
+    _core: StoreCoreLike
 
     #: seconds an owner holds a pending turn without renewing it (``begin``, ``claim``,
     #: ``started``, ``renew`` and the heartbeat each give it this long, by the database's
@@ -1407,7 +1406,7 @@ class LedgerMethods:
 class AsyncLedgerMethods:
     """The ledger's methods of :class:`~fsm.store.aio.AsyncConversationStore` (awaited)."""
 
-    _core: StoreCore
+    _core: StoreCoreLike
 
     #: :attr:`LedgerMethods.ledger_lease`.
     ledger_lease: float = DEFAULT_LEASE

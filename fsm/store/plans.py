@@ -68,6 +68,8 @@ __all__ = [
     "plan_commit",
     "plan_record",
     "plan_turn",
+    "show",
+    "tool_message",
     "usage_columns",
 ]
 
@@ -133,7 +135,7 @@ def check_conversation_id(conversation_id: object) -> None:
             return
     raise InvalidConversationIdError(
         f"a conversation id is a non-empty string of at most 255 characters, without "
-        f"U+0000, surrogates or a leading U+FDD0: {_show(conversation_id)} {problem}"
+        f"U+0000, surrogates or a leading U+FDD0: {show(conversation_id)} {problem}"
     )
 
 
@@ -151,7 +153,7 @@ def check_idempotency_key(key: object) -> None:
             return
     raise InvalidIdempotencyKeyError(
         f"an idempotency key is a string of at most {MAX_KEY_BYTES} UTF-8 bytes, without "
-        f"U+0000, surrogates or a leading U+FDD0: {_show(key)} {problem}"
+        f"U+0000, surrogates or a leading U+FDD0: {show(key)} {problem}"
     )
 
 
@@ -475,7 +477,7 @@ def _normalize_results(
     return out
 
 
-def _tool_message(call: ToolCall, text: str | None, parts: list[Any] | None) -> dict[str, Any]:
+def tool_message(call: ToolCall, text: str | None, parts: list[Any] | None) -> dict[str, Any]:
     """The result message of ``call`` (a ``function`` message for a legacy call)."""
     return cast(dict[str, Any], result_message(call, text if parts is None else parts))
 
@@ -517,7 +519,7 @@ def _attempt_row(
 
 
 # -- values ----------------------------------------------------------------------------------------
-def _show(value: object, limit: int = 60) -> str:
+def show(value: object, limit: int = 60) -> str:
     """A short ``repr`` for a one-line message."""
     try:
         text = repr(value)
@@ -600,7 +602,7 @@ def _json_problem(value: Any) -> str | None:
         if isinstance(item, dict):
             for key, inner in item.items():
                 if not isinstance(key, str):
-                    return f"has a key {_show(key)} that is not a string"
+                    return f"has a key {show(key)} that is not a string"
                 stack.append((inner, depth + 1))
         elif isinstance(item, list | tuple):
             stack.extend((inner, depth + 1) for inner in item)
@@ -654,7 +656,7 @@ def _render(value: Any, limit: int = 65536) -> str:
         elif isinstance(item, float):
             piece = repr(item)
         else:
-            piece = _show(item, 256)
+            piece = show(item, 256)
         out.append(piece)
         size += len(piece)
     text = "".join(out)
@@ -729,7 +731,7 @@ def json_safe(value: Any, depth: int = 0) -> Any:
         }
     if isinstance(value, list | tuple):
         return [json_safe(inner, depth + 1) for inner in value]
-    return _show(value, 4096)
+    return show(value, 4096)
 
 
 def _text(value: object) -> str | None:
@@ -740,7 +742,7 @@ def _text(value: object) -> str | None:
     try:
         return str(value)
     except Exception:
-        return _show(value)
+        return show(value)
 
 
 def _small_int(value: object) -> int | None:
@@ -768,7 +770,7 @@ def _attempt_results(calls: Sequence[ToolCall], results: Any) -> tuple[list[Any]
             if free:
                 stored[free[0]] = _result_value(value)
             else:
-                notes.append(f"result for id {_show(key)}: no call: {_render(value, 4096)}")
+                notes.append(f"result for id {show(key)}: no call: {_render(value, 4096)}")
     elif isinstance(results, str | bytes) or not isinstance(results, Sequence):
         notes.append(f"results that are not a list or a dict: {_render(results, 4096)}")
     else:

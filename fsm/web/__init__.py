@@ -24,6 +24,24 @@ fsm`` does not import it.
 
 from __future__ import annotations
 
-from fsm.web.server import App, Response, Serving, serve
+from typing import TYPE_CHECKING
+
+from fsm.lazy import lazy_exports as _lazy_exports
+
+if TYPE_CHECKING:
+    from fsm.web.server import App, Response, Serving, serve
 
 __all__ = ["App", "Response", "Serving", "serve"]
+
+#: where each exported name lives: imported on first use (PEP 562), not by ``import fsm.web``
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "fsm.web.server": (
+        "App",
+        "Response",
+        "Serving",
+        "serve",
+    ),
+}
+
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

@@ -35,7 +35,7 @@ from fsm.store.errors import InvalidFilterError, StoreError
 from fsm.web import charts
 from fsm.web.html import attr, href, json_block, path_of, text, when
 
-__all__ = ["Query", "View", "Viewer"]
+__all__ = ["Query", "View", "Viewer", "json_twin"]
 
 #: rows per page of each listing (``limit=`` may ask for fewer or more, up to MAX_LIMIT).
 LIMITS: Final = {
@@ -309,7 +309,7 @@ def _next_link(
     return f'<nav class="pager">{" ".join(parts)}</nav>'
 
 
-def _json_twin(path: str, query: Query) -> str:
+def json_twin(path: str, query: Query) -> str:
     return href(path, [*((k, v) for k, v in query.pairs if k != "format"), ("format", "json")])
 
 

@@ -49,9 +49,9 @@ from fsm.web.pages import (
     Query,
     View,
     Viewer,
-    _json_twin,
     as_csv,
     as_json,
+    json_twin,
 )
 
 __all__ = ["CSP", "App", "Response", "Serving", "is_loopback", "serve"]
@@ -290,7 +290,7 @@ class App:
             return Response(
                 view.status, as_json(view.data), {"Content-Type": "application/json; charset=utf-8"}
             )
-        twin = _json_twin(path, query)  # the path as it was sent (still percent-encoded)
+        twin = json_twin(path, query)  # the path as it was sent (still percent-encoded)
         reload = None
         if view.refresh is not None:
             # the same page without refresh=1, which would start the computation again
