@@ -323,3 +323,10 @@ def ending_table() -> str:
             f"| `{how}` | {'none' if finish is None else f'`{finish}`'} | {calls} | {reason} |"
         )
     return "\n".join(lines) + "\n"
+
+
+# -- each format's stop signals ------------------------------------------------------------------
+
+#: ``Turn.incomplete_reason`` of an Anthropic turn that stopped with ``pause_turn``: send it
+#: back as is to let the model continue; nothing is executed
+PAUSE_TURN: Final = "pause_turn"

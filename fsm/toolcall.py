@@ -11,10 +11,10 @@ from fsm.events import (
     Event,
     ToolCallArgumentsDelta,
     ToolCallFinished,
-    _ad_choice,
-    _ad_delta,
-    _ad_index,
-    _ad_ordinal,
+    ad_choice,
+    ad_delta,
+    ad_index,
+    ad_ordinal,
 )
 from fsm.jsonutil import DEFAULT_MAX_JSON_DEPTH, JsonSyntax, is_json, loads_strict, repair_json
 from fsm.states import FINAL_EVENTS, FINAL_STATES, ToolCallState, fire
@@ -229,10 +229,10 @@ class ToolCall:
             self._parts = []
         self.argument_bytes += nbytes
         event = _new_event(ToolCallArgumentsDelta)
-        _ad_choice(event, self.choice)
-        _ad_ordinal(event, self.ordinal)
-        _ad_index(event, self.index)
-        _ad_delta(event, fragment)
+        ad_choice(event, self.choice)
+        ad_ordinal(event, self.ordinal)
+        ad_index(event, self.index)
+        ad_delta(event, fragment)
         return event
 
     def exceed(self, limit: str, *, drop: bool = False) -> None:

@@ -8,7 +8,7 @@ A :class:`Turn` owns the two per-choice rules of the spec: *routing* a tool-call
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, cast
 
@@ -74,7 +74,7 @@ class Anomaly:
     event_number: int | None = None
 
 
-class _Meta:
+class Meta:
     __slots__ = ("created", "model", "response_id", "system_fingerprint", "usage")
 
     def __init__(self) -> None:
@@ -130,7 +130,7 @@ class Turn:
         "text_bytes",
     )
 
-    def __init__(self, index: int, meta: _Meta) -> None:
+    def __init__(self, index: int, meta: Meta) -> None:
         self.index = index
         #: the last non-empty ``finish_reason`` seen for this choice.
         self.finish_reason: str | None = None
@@ -382,7 +382,12 @@ class Turn:
         built-in tool items) or Anthropic content blocks (thinking with its signature, text,
         ``tool_use``, server tool blocks). ``[]`` for a Chat Completions turn. Never raises:
         the items of an incomplete turn can be kept as an attempt."""
-        return []
+        return list(self.iter_output_items())
+
+    def iter_output_items(self) -> Iterator[dict[str, Any]]:
+        """The items of :meth:`output_items`, decoded one at a time (none for a Chat
+        Completions turn)."""
+        return iter(())
 
     def to_items(self, results: Mapping[str, Any] | Sequence[Any] | None = None) -> list[Any]:
         """The turn as Responses API input items, in output order (reasoning, message,
@@ -393,7 +398,7 @@ class Turn:
         stream formats, docs/guides/formats.md).
 
         Only for a complete turn (:class:`~fsm.errors.IncompleteTurnError` otherwise)."""
-        from fsm.formats.render import to_items
+        from fsm.shapes import to_items
 
         return to_items(self, results)
 
@@ -408,7 +413,7 @@ class Turn:
 
         Only for a complete turn, or an Anthropic turn stopped by ``pause_turn`` (sent back to
         let the model continue); :class:`~fsm.errors.IncompleteTurnError` otherwise."""
-        from fsm.formats.render import to_anthropic
+        from fsm.shapes import to_anthropic
 
         return to_anthropic(self, results)
 

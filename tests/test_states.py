@@ -234,15 +234,15 @@ def test_final_event_per_final_state_and_failed_states() -> None:
 
 def test_stream_states() -> None:
     parser = StreamParser()
-    assert parser._status is StreamState.OPEN
+    assert parser._core.status is StreamState.OPEN
     parser.receive_chunk("[DONE]")
-    assert parser._status is StreamState.ENDED
+    assert parser._core.status is StreamState.ENDED
     parser.receive_eof()
-    assert parser._status is StreamState.CLOSED
+    assert parser._core.status is StreamState.CLOSED
     failed = StreamParser()
     with pytest.raises(RemoteProtocolError):
         failed.receive_chunk("[")
-    assert failed._status is StreamState.FAILED
+    assert failed._core.status is StreamState.FAILED
     assert [s.value for s in StreamState] == ["open", "ended", "closed", "failed"]
 
 

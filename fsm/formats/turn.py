@@ -13,11 +13,14 @@ calls: only the mapping from the format's stop signal to the table's row is the 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Iterator
 from typing import Any, ClassVar, Final
 
 from fsm.jsonutil import dumps_kept, loads_strict
 from fsm.states import (
+    PAUSE_TURN,
     CallEnding,
     Ending,
     ToolCallState,
@@ -25,10 +28,12 @@ from fsm.states import (
     fire,
 )
 from fsm.toolcall import FLUSH_EVERY, ToolCall, pair_surrogates
-from fsm.turn import CONTENT, REASONING, REFUSAL, Turn, _Meta
+from fsm.turn import CONTENT, REASONING, REFUSAL, Meta, Turn
 from fsm.types import CustomToolCall, FunctionToolCall
 
-__all__ = ["AnthropicTurn", "Item", "ItemToolCall", "ItemTurn", "ResponsesTurn", "Text"]
+__all__ = [
+    "PAUSE_TURN", "AnthropicTurn", "Item", "ItemToolCall", "ItemTurn", "ResponsesTurn", "Text",
+]  # fmt: skip
 
 _OPENED: Final = ToolCallState.OPENED
 
@@ -192,7 +197,7 @@ class ItemTurn(Turn):
 
     format: ClassVar[str] = "?"
 
-    def __init__(self, index: int, meta: _Meta) -> None:
+    def __init__(self, index: int, meta: Meta) -> None:
         super().__init__(index, meta)
         #: every item / block, in arrival order
         self.items: list[Item] = []
@@ -254,12 +259,12 @@ class ItemTurn(Turn):
         return False
 
     # -- what goes back ---------------------------------------------------------------------------
-    def output_items(self) -> list[dict[str, Any]]:
-        """The turn's items, verbatim, in output order (JSON-serializable copies); see
-        :func:`fsm.formats.render.output_items`."""
-        from fsm.formats.render import output_items
-
-        return output_items(self)
+    def iter_output_items(self) -> Iterator[dict[str, Any]]:
+        """The items of :meth:`output_items`, decoded one at a time (a writer that serializes
+        each before the next holds one decoded item at a time, not the whole turn's)."""
+        make = _responses_item if self.format == "responses" else _anthropic_block
+        for item in self.ordered_items():
+            yield make(item)
 
     def to_json(self) -> dict[str, Any]:
         """The turn as ``fsm parse --json`` prints it: the Chat Completions shape, plus
@@ -282,7 +287,7 @@ class ResponsesTurn(ItemTurn):
 
     format: ClassVar[str] = "responses"
 
-    def __init__(self, index: int, meta: _Meta) -> None:
+    def __init__(self, index: int, meta: Meta) -> None:
         super().__init__(index, meta)
         #: whether ``response.incomplete`` ended the stream (whatever its reason says: a reason
         #: of ``"completed"`` there is still an incomplete response)
@@ -317,9 +322,6 @@ ANTHROPIC_NORMAL_STOPS: Final = frozenset({"tool_use", "end_turn", "stop_sequenc
 ANTHROPIC_LENGTH_STOPS: Final = frozenset({"max_tokens", "model_context_window_exceeded"})
 #: every stop reason with a meaning of its own
 ANTHROPIC_STOPS: Final = ANTHROPIC_NORMAL_STOPS | ANTHROPIC_LENGTH_STOPS | {"refusal", "pause_turn"}
-#: ``Turn.incomplete_reason`` of an Anthropic turn that stopped with ``pause_turn``: send it
-#: back as is to let the model continue; nothing is executed
-PAUSE_TURN: Final = "pause_turn"
 
 _EOF: Final = Ending("abort", "eof")
 
@@ -348,6 +350,64 @@ class AnthropicTurn(ItemTurn):
 
     def promises_calls(self) -> bool:
         return self.finish_reason == "tool_use"
+
+
+def _texts(item: Item, prefix: str) -> list[tuple[int, str]]:
+    return sorted(
+        (key[1], text.value())
+        for key, text in item.texts.items()
+        if type(key) is tuple and key[0] == prefix
+    )
+
+
+def _responses_item(item: Item) -> dict[str, Any]:
+    data: dict[str, Any] = item.data  # a fresh copy
+    data.update(item.first_ids)
+    call = item.call
+    if call is not None:
+        data["arguments" if item.kind == "function_call" else "input"] = call.arguments
+        if call.id:
+            data["call_id"] = call.id
+        if call.name:
+            data["name"] = call.name
+    elif not item.done and item.kind == "message":
+        content: list[dict[str, Any]] = []
+        for key, text in item.texts.items():
+            if text.field == 2:  # REFUSAL
+                content.append({"type": "refusal", "refusal": text.value()})
+            else:
+                content.append({"type": "output_text", "text": text.value(), "annotations": []})
+            del key
+        data["content"] = content
+    elif not item.done and item.kind == "reasoning":
+        data["summary"] = [{"type": "summary_text", "text": t} for _, t in _texts(item, "s")]
+        reasoning = _texts(item, "r")
+        if reasoning:
+            data["content"] = [{"type": "reasoning_text", "text": t} for _, t in reasoning]
+    return data
+
+
+def _anthropic_block(item: Item) -> dict[str, Any]:
+    data: dict[str, Any] = item.data  # a fresh copy
+    call = item.call
+    if call is not None:
+        with contextlib.suppress(ValueError):  # not JSON (incomplete): the block's input stays
+            data["input"] = call.input
+        if call.id:
+            data["id"] = call.id
+        if call.name:
+            data["name"] = call.name
+    elif item.kind == "text":
+        text = item.texts.get("text")
+        data["text"] = text.value() if text is not None else data.get("text") or ""
+    elif item.kind == "thinking":
+        thinking = item.texts.get("thinking")
+        signature = item.texts.get("signature")
+        data["thinking"] = thinking.value() if thinking is not None else data.get("thinking", "")
+        data["signature"] = (
+            signature.value() if signature is not None else data.get("signature", "")
+        )
+    return data
 
 
 def _by_index(item: Item) -> int:
