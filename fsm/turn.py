@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, cast
+from typing import Any, ClassVar, Final, NoReturn, cast
 
-from fsm.errors import IncompleteTurnError, RemoteProtocolError
+from fsm.errors import IncompleteTurnError, LocalProtocolError, RemoteProtocolError
 from fsm.events import Event
 from fsm.jsonutil import JsonSyntax, is_json, repair_json
 from fsm.states import (
@@ -224,11 +224,17 @@ class Turn:
         is incomplete, call by call."""
         return [c for c in self.tool_calls if c.state is not ToolCallState.FINISHED]
 
-    # -- driving (used by the parser) -----------------------------------------------------------
+    # -- driving (internal: the stream core's, while the stream is parsed) ------------------------
+    # A turn is driven only by the parser that made it. Once it has ended (every turn a user
+    # gets from a ParseResult of an ended stream), each driving method raises
+    # LocalProtocolError instead of changing it: a parsed turn is read-only.
+
     def route(self, index: int | None, cid: str | None, name: str | None) -> ToolCall | None:
-        """The call a tool-call delta goes to (spec "Routing a tool-call delta to a call"), or
-        ``None`` for a new call. Raises :class:`LookupError` for a continuation with no live
-        call (an orphan: the caller drops it and reports an anomaly)."""
+        """Internal. The call a tool-call delta goes to (spec "Routing a tool-call delta to a
+        call"), or ``None`` for a new call. Raises :class:`LookupError` for a continuation with
+        no live call (an orphan: the caller drops it and reports an anomaly)."""
+        if self.ended:
+            _read_only(self, "route")
         if index is not None:
             call = self.by_index.get(index)
             if call is not None and cid and call.id and cid != call.id:
@@ -243,7 +249,10 @@ class Turn:
         return self._last
 
     def add_call(self, call: ToolCall) -> None:
-        """Register a newly opened call (the most recent one: continuations go to it)."""
+        """Internal. Register a newly opened call (the most recent one: continuations go to
+        it)."""
+        if self.ended:
+            _read_only(self, "add_call")
         self._calls.append(call)
         self._last = call
         if call.legacy:
@@ -254,12 +263,17 @@ class Turn:
             self._by_id[call.id] = call
 
     def note_id(self, call: ToolCall) -> None:
-        """A call got its id late: route that id to it (unless another call has it)."""
+        """Internal. A call got its id late: route that id to it (unless another call has
+        it)."""
+        if self.ended:
+            _read_only(self, "note_id")
         self._by_id.setdefault(call.id, call)
 
     def append_text(self, field: int, text: str, nbytes: int) -> None:
-        """Append a text fragment (``field``: :data:`CONTENT`, :data:`REASONING` or
+        """Internal. Append a text fragment (``field``: :data:`CONTENT`, :data:`REASONING` or
         :data:`REFUSAL`) of ``nbytes`` UTF-8 bytes; the caller checked the limits."""
+        if self.ended:
+            _read_only(self, "append_text")
         parts, blocks = self._text_fields[field]
         self.text_bytes += nbytes
         parts.append(text)
@@ -268,14 +282,19 @@ class Turn:
             parts.clear()
 
     def finish(self, finish_reason: str) -> None:
-        """Keep the choice's last non-empty ``finish_reason``."""
+        """Internal. Keep the choice's last non-empty ``finish_reason``."""
+        if self.ended:
+            _read_only(self, "finish")
         self.finish_reason = finish_reason
         self.finish_seen = True
 
     def end(self, how: str, reason: str | None, *, repair: bool, max_depth: int) -> list[Event]:
-        """End the turn when the stream ended ``how`` (with the stream's ``reason``): every call
-        by the ending table (:func:`fsm.states.ending`, or a format's :meth:`ending_row`), then
-        the turn's own verdict. Returns the calls' final events, in final order."""
+        """Internal. End the turn when the stream ended ``how`` (with the stream's ``reason``):
+        every call by the ending table (:func:`fsm.states.ending`, or a format's
+        :meth:`ending_row`), then the turn's own verdict. Returns the calls' final events, in
+        final order."""
+        if self.ended:
+            _read_only(self, "end")
         row = self.ending_row(how)
         why = None if row.trigger is None else (row.reason or reason or how)
         calls = self.final_call_order()
@@ -435,6 +454,13 @@ class Turn:
             f"Turn(index={self.index}, finish_reason={self.finish_reason!r}, "
             f"complete={self.complete}, tool_calls={len(self._calls)})"
         )
+
+
+def _read_only(turn: Turn, method: str) -> NoReturn:
+    raise LocalProtocolError(
+        f"Turn.{method}() changes a turn while its stream is parsed; choice {turn.index} has "
+        "ended and is read-only (read it, or parse the stream again with a new StreamParser)"
+    )
 
 
 def _end_normally(call: ToolCall, *, repair: bool, max_depth: int) -> Event:
