@@ -23,7 +23,7 @@ from fsm.events import Event
 from fsm.formats.auto import make_format
 from fsm.formats.core import StreamCore
 from fsm.sse import EventTooLargeError, SSEFramer
-from fsm.states import KNOWN_FINISH_REASONS, StreamState
+from fsm.states import KNOWN_FINISH_REASONS, StreamState, stream_next
 from fsm.turn import Anomaly, ParseResult, Turn
 from fsm.vocab import DEFAULT_LIMITS, FORMAT_NAMES, Limits
 from fsm.vocab import MAX_ANOMALIES_PER_KIND as MAX_ANOMALIES_PER_KIND  # old imports
@@ -217,7 +217,7 @@ class StreamParser:
                     "the input ended inside an SSE event; the partial event was discarded",
                 )
             core.end("eof", None)
-        core.status = _CLOSED
+        core.status = stream_next(core.status, "close")
         return core.take()
 
     def abort(self, reason: str = "aborted") -> list[Event]:
@@ -227,7 +227,7 @@ class StreamParser:
         if core.status is _OPEN:
             core.end("aborted", reason or "aborted")
         if core.status is _ENDED:
-            core.status = _CLOSED
+            core.status = stream_next(core.status, "close")
         return core.take()
 
     # -- internals ----------------------------------------------------------------------------

@@ -17,8 +17,8 @@ from fsm.events import Event
 from fsm.jsonutil import JsonSyntax, is_json, repair_json
 from fsm.states import (
     ARGUMENT_ENDINGS,
-    CALL_FINISH_REASONS,
     CALL_NOT_FINISHED,
+    CALL_STOPS,
     MISSING_NAME,
     NO_TOOL_CALLS,
     CallEnding,
@@ -344,7 +344,7 @@ class Turn:
     def promises_calls(self) -> bool:
         """Whether the stop signal says calls were made (then a turn with none is
         ``no_tool_calls``)."""
-        return self.finish_reason in CALL_FINISH_REASONS
+        return self.finish_reason in CALL_STOPS["chat"]
 
     def to_message(self, *, include_reasoning: bool = False) -> AssistantMessage:
         """The OpenAI assistant message for this turn, ready to send back (with

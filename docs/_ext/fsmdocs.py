@@ -3,7 +3,9 @@ against the code.
 
 * At each build, ``docs/_generated/*.md`` is written from the code and included by the pages
   (``{include}``), so it cannot go stale: the tool-call state diagram
-  (:func:`fsm.states.mermaid_diagram`), the ending table (:func:`fsm.states.ending_table`) and
+  (:func:`fsm.states.mermaid_diagram`), the stream's (:func:`fsm.states.stream_diagram`), each
+  format's stop signals (:func:`fsm.states.stop_signal_table`), the ending table
+  (:func:`fsm.states.ending_table`) and
   the exit statuses (the ``EXIT_*`` constants of :mod:`fsm.cli.main` with their ``#:``
   comments, and :data:`fsm.cli.main.EXIT_BY_CLASS`). The CLI reference itself is sphinx-click
   walking the click group.
@@ -119,11 +121,13 @@ def exit_status_page() -> str:
 
 def generated_pages() -> dict[str, str]:
     """Every generated include, by file name."""
-    from fsm.states import ending_table, mermaid_diagram
+    from fsm.states import ending_table, mermaid_diagram, stop_signal_table, stream_diagram
 
     return {
         "state-diagram.md": f"```{{mermaid}}\n{mermaid_diagram()}```\n",
         "ending-table.md": ending_table() + "\n",
+        "stream-diagram.md": f"```{{mermaid}}\n{stream_diagram()}```\n",
+        "stop-signals.md": stop_signal_table() + "\n",
         "exit-status.md": exit_status_page(),
     }
 

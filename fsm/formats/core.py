@@ -18,7 +18,7 @@ from typing import Any, Final, NamedTuple, NoReturn, Protocol
 from fsm.errors import RemoteProtocolError
 from fsm.events import AnomalyDetected, Event, StreamEnded, ToolCallOpened, TurnEnded, UsageReceived
 from fsm.jsonsyntax import render_json
-from fsm.states import NO_TOOL_CALLS, StreamState
+from fsm.states import NO_TOOL_CALLS, StreamState, stream_next
 from fsm.toolcall import ToolCall, loads_strict
 from fsm.turn import Anomaly, Meta, Turn
 from fsm.vocab import MAX_ANOMALIES_PER_KIND, Limits
@@ -28,8 +28,6 @@ __all__ = ["Format", "Frames", "Header", "StreamCore"]
 _log = logging.getLogger("fsm.parser")
 
 _OPEN: Final = StreamState.OPEN
-_ENDED: Final = StreamState.ENDED
-_FAILED: Final = StreamState.FAILED
 
 #: SSE events as the framer gives them: (event name, data, byte offset)
 Frames = list[tuple[str, bytes, int]]
@@ -137,7 +135,7 @@ class StreamCore:
         )
         self.error = error
         self.end("protocol_error", "protocol_error")
-        self.status = _FAILED
+        self.status = stream_next(self.status, "fail")
         error.events = self.take()
         raise error
 
@@ -319,7 +317,7 @@ class StreamCore:
 
     # -- ending ---------------------------------------------------------------------------------
     def end(self, how: str, reason: str | None) -> None:
-        self.status = _ENDED
+        self.status = stream_next(self.status, "end")
         self.end_how = how
         self.end_reason = reason
         for index in sorted(self.turns):

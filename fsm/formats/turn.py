@@ -20,19 +20,24 @@ from typing import Any, ClassVar, Final
 
 from fsm.jsonutil import dumps_kept, loads_strict
 from fsm.states import (
+    ANTHROPIC_LENGTH_STOPS,
+    ANTHROPIC_NORMAL_STOPS,
+    CALL_STOPS,
     PAUSE_TURN,
+    STOP_SIGNALS,
     CallEnding,
     Ending,
     ToolCallState,
-    ending,
     fire,
+    stop_ending,
 )
 from fsm.toolcall import FLUSH_EVERY, ToolCall, pair_surrogates
 from fsm.turn import CONTENT, REASONING, REFUSAL, Meta, Turn
 from fsm.types import CustomToolCall, FunctionToolCall
 
 __all__ = [
-    "PAUSE_TURN", "AnthropicTurn", "Item", "ItemToolCall", "ItemTurn", "ResponsesTurn", "Text",
+    "ANTHROPIC_LENGTH_STOPS", "ANTHROPIC_NORMAL_STOPS", "ANTHROPIC_STOPS", "PAUSE_TURN",
+    "AnthropicTurn", "Item", "ItemToolCall", "ItemTurn", "ResponsesTurn", "Text",
 ]  # fmt: skip
 
 _OPENED: Final = ToolCallState.OPENED
@@ -302,28 +307,11 @@ class ResponsesTurn(ItemTurn):
         return items
 
     def ending_row(self, how: str) -> Ending:
-        finish = self.finish_reason
-        if how == "eof":
-            return _EOF
-        if how != "done":
-            return ending(how, None)
-        if finish == "completed" and not self.incomplete_event:
-            return ending("done", None)
-        if finish == "max_output_tokens":
-            return ending("done", "length")
-        if finish == "content_filter":
-            return ending("done", "content_filter")
-        return Ending("abort", f"incomplete:{finish}")
+        return stop_ending("responses", how, self.finish_reason, incomplete=self.incomplete_event)
 
 
-#: stop reasons of an Anthropic message ended by its arguments
-ANTHROPIC_NORMAL_STOPS: Final = frozenset({"tool_use", "end_turn", "stop_sequence"})
-#: stop reasons meaning the output was cut by a token limit
-ANTHROPIC_LENGTH_STOPS: Final = frozenset({"max_tokens", "model_context_window_exceeded"})
-#: every stop reason with a meaning of its own
-ANTHROPIC_STOPS: Final = ANTHROPIC_NORMAL_STOPS | ANTHROPIC_LENGTH_STOPS | {"refusal", "pause_turn"}
-
-_EOF: Final = Ending("abort", "eof")
+#: every Anthropic stop reason with a meaning of its own (:data:`fsm.states.STOP_SIGNALS`)
+ANTHROPIC_STOPS: Final = frozenset(STOP_SIGNALS["anthropic"])
 
 
 class AnthropicTurn(ItemTurn):
@@ -335,21 +323,10 @@ class AnthropicTurn(ItemTurn):
     format: ClassVar[str] = "anthropic"
 
     def ending_row(self, how: str) -> Ending:
-        finish = self.finish_reason
-        if how == "eof":
-            return _EOF
-        if how != "done":
-            return ending(how, None)
-        if finish in ANTHROPIC_LENGTH_STOPS:
-            return ending("done", "length")
-        if finish == "refusal":
-            return Ending("abort", "refusal")
-        if finish == PAUSE_TURN:
-            return Ending("abort", PAUSE_TURN)
-        return ending("done", None)
+        return stop_ending("anthropic", how, self.finish_reason)
 
     def promises_calls(self) -> bool:
-        return self.finish_reason == "tool_use"
+        return self.finish_reason in CALL_STOPS["anthropic"]
 
 
 def _texts(item: Item, prefix: str) -> list[tuple[int, str]]:
