@@ -1,4 +1,5 @@
-"""Every wire shape of a turn, built once: Responses API input items (:func:`responses_input`,
+"""Every wire shape of a turn, built once: the Chat Completions ``tool_calls`` entry and
+assistant message (:func:`tool_call_entry`, :func:`assistant_message`), Responses API input items (:func:`responses_input`,
 :func:`to_items`), Anthropic messages (:func:`anthropic_messages`, :func:`to_anthropic`), the
 results of a turn's calls in both, and the pairing of calls with their results
 (:func:`call_results`); and the ids and inputs the Anthropic API takes (below).
@@ -37,22 +38,36 @@ import base64
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from fsm.errors import ToolResultError
 from fsm.jsonutil import loads_strict
 from fsm.states import PAUSE_TURN
 
 if TYPE_CHECKING:
-    from fsm.toolcall import ToolCall
+    from fsm.types import AssistantMessage, FunctionToolCall
 
 __all__ = [
-    "ANTHROPIC_ID_PATTERN", "PREFIX", "VALUE_KEY", "anthropic_id", "anthropic_input",
-    "anthropic_messages", "anthropic_safe", "call_results", "original_id", "responses_input",
-    "to_anthropic", "to_items",
+    "ANTHROPIC_ID_PATTERN", "PREFIX", "VALUE_KEY", "Call", "Turn", "anthropic_id",
+    "anthropic_input", "anthropic_messages", "anthropic_safe", "assistant_message",
+    "call_results", "original_id", "responses_input", "to_anthropic", "to_items",
+    "tool_call_entry",
 ]  # fmt: skip
 
 Results = Mapping[str, Any] | Sequence[Any] | None
+
+
+class Call(Protocol):
+    """What rendering reads of a tool call (:class:`fsm.toolcall.ToolCall`)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def arguments(self) -> str: ...
+    @property
+    def custom(self) -> bool: ...
 
 
 class Turn(Protocol):
@@ -69,7 +84,7 @@ class Turn(Protocol):
     @property
     def content(self) -> str | None: ...
     @property
-    def tool_calls(self) -> list[ToolCall]: ...
+    def tool_calls(self) -> Sequence[Call]: ...
     def to_message(self) -> Any: ...
     def output_items(self) -> list[dict[str, Any]]: ...
 
@@ -172,10 +187,53 @@ def anthropic_safe(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]
     return out
 
 
+# -- Chat Completions: the tool_calls entry and the assistant message ----------------------------
+
+
+def tool_call_entry(
+    call_id: str, type: str, name: str, arguments: str, *, custom: bool = False
+) -> FunctionToolCall:
+    """A Chat Completions ``tool_calls[]`` entry: ``{"id", "type", "function": {"name",
+    "arguments"}}``; a custom call (free-text input) in the custom shape ``{"id", "type":
+    "custom", "custom": {"name", "input"}}``."""
+    if custom:
+        entry: dict[str, Any] = {
+            "id": call_id,
+            "type": "custom",
+            "custom": {"name": name, "input": arguments},
+        }
+    else:
+        entry = {"id": call_id, "type": type, "function": {"name": name, "arguments": arguments}}
+    return cast("FunctionToolCall", entry)
+
+
+def assistant_message(
+    content: str | None,
+    *,
+    refusal: str | None = None,
+    reasoning: str | None = None,
+    tool_calls: Sequence[FunctionToolCall] = (),
+    function_call: Mapping[str, Any] | None = None,
+) -> AssistantMessage:
+    """A Chat Completions assistant message: ``content`` (``None`` kept), then ``refusal`` and
+    ``reasoning_content`` when given, then ``function_call`` (a legacy call) or ``tool_calls``
+    (when there are any)."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if refusal is not None:
+        message["refusal"] = refusal
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    if function_call is not None:
+        message["function_call"] = function_call
+    elif tool_calls:
+        message["tool_calls"] = list(tool_calls)
+    return cast("AssistantMessage", message)
+
+
 # -- a turn rendered for the next request --------------------------------------------------------
 
 
-def call_results(turn: Turn, results: Results) -> list[tuple[ToolCall, Any]]:
+def call_results(turn: Turn, results: Results) -> list[tuple[Call, Any]]:
     """Pair each call of ``turn`` (in call order) with its result: ``results`` maps call ids
     to results, or lists them in call order. Raises :class:`~fsm.errors.ToolResultError` unless
     every call has exactly one."""

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, NoReturn, cast
+from typing import Any, ClassVar, Final, NoReturn
 
 from fsm.errors import IncompleteTurnError, LocalProtocolError, RemoteProtocolError
 from fsm.events import Event
 from fsm.jsonutil import JsonSyntax, is_json, repair_json
+from fsm.shapes import assistant_message
 from fsm.states import (
     ARGUMENT_ENDINGS,
     CALL_NOT_FINISHED,
@@ -378,18 +379,14 @@ class Turn:
                 choice=self.index,
                 states=states,
             )
-        # a dict first: reasoning_content is fsm's key, which the SDK's type has not
-        message: dict[str, Any] = {"role": "assistant", "content": self.content}
-        if self.refusal is not None:
-            message["refusal"] = self.refusal
-        if include_reasoning and self.reasoning is not None:
-            message["reasoning_content"] = self.reasoning
-        calls = self.tool_calls
-        if self.legacy_call is not None:
-            message["function_call"] = self.legacy_call.to_function_call()
-        elif calls:
-            message["tool_calls"] = [c.to_dict() for c in calls]
-        return cast("AssistantMessage", message)
+        legacy = self.legacy_call
+        return assistant_message(
+            self.content,
+            refusal=self.refusal,
+            reasoning=self.reasoning if include_reasoning else None,
+            tool_calls=[c.to_dict() for c in self.tool_calls] if legacy is None else (),
+            function_call=legacy.to_function_call() if legacy is not None else None,
+        )
 
     #: the stream format the turn came from: ``"chat"`` here; ``"responses"`` /
     #: ``"anthropic"`` for the turns of :mod:`fsm.formats`

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar, Final
 
 from fsm.jsonutil import dumps_kept, loads_strict
+from fsm.shapes import tool_call_entry
 from fsm.states import (
     ANTHROPIC_LENGTH_STOPS,
     ANTHROPIC_NORMAL_STOPS,
@@ -33,7 +34,7 @@ from fsm.states import (
 )
 from fsm.toolcall import FLUSH_EVERY, ToolCall, pair_surrogates
 from fsm.turn import CONTENT, REASONING, REFUSAL, Meta, Turn
-from fsm.types import CustomToolCall, FunctionToolCall
+from fsm.types import FunctionToolCall
 
 __all__ = [
     "ANTHROPIC_LENGTH_STOPS", "ANTHROPIC_NORMAL_STOPS", "ANTHROPIC_STOPS", "PAUSE_TURN",
@@ -183,14 +184,7 @@ class ItemToolCall(ToolCall):
     def to_dict(self) -> FunctionToolCall:
         """The call as a Chat Completions ``tool_calls[]`` entry; a custom call in the custom
         shape (``{"id", "type": "custom", "custom": {"name", "input"}}``)."""
-        if self.custom:
-            custom: CustomToolCall = {
-                "id": self.id,
-                "type": "custom",
-                "custom": {"name": self.name, "input": self.arguments},
-            }
-            return custom  # type: ignore[return-value]
-        return super().to_dict()
+        return tool_call_entry(self.id, self.type, self.name, self.arguments, custom=self.custom)
 
 
 class ItemTurn(Turn):
