@@ -270,16 +270,10 @@ class FormatHandler:
         core = self.core
         turn = self.turn or self.the_turn()
         nbytes = len(value) if value.isascii() else utf8_len(value)
-        if field is not None:
-            if turn.text_bytes + nbytes > core.max_text_bytes:
-                core.limit("max_text_bytes", f"choice {turn.index} text exceeds the limit")
-                return False
-            turn.text_bytes += nbytes
-        stream = core.stream_bytes + nbytes
-        if stream > core.max_stream_bytes:
-            core.stream_limit()
+        if not core.text_room(turn, nbytes, field is not None):
             return False
-        core.stream_bytes = stream
+        if field is not None:
+            turn.text_bytes += nbytes
         text = item.texts.get(key)
         if text is None:
             text = item.texts[key] = Text(field)

@@ -281,15 +281,9 @@ class ChatFormat:
     def _text(self, turn: Turn, value: str, field: int) -> bool:
         """Keep one text fragment (checked to be a non-empty str); ``False`` when a limit ended
         the stream."""
-        nbytes = len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
-        if turn.text_bytes + nbytes > self.core.max_text_bytes:
-            self.core.limit("max_text_bytes", f"choice {turn.index} text exceeds the limit")
+        nbytes = len(value) if value.isascii() else utf8_len(value)
+        if not self.core.text_room(turn, nbytes):
             return False
-        stream = self.core.stream_bytes + nbytes
-        if stream > self.core.max_stream_bytes:
-            self.core.stream_limit()
-            return False
-        self.core.stream_bytes = stream
         turn.append_text(field, value, nbytes)
         return True
 

@@ -198,6 +198,22 @@ class StreamCore:
         self.meta.usage = usage
         self.events.append(UsageReceived(usage=usage))
 
+    def text_room(self, turn: Turn, nbytes: int, counted: bool = True) -> bool:
+        """THE text-limit rule: whether ``nbytes`` more UTF-8 bytes of text fit in ``turn``'s
+        ``max_text_bytes`` (``counted``: content, reasoning or refusal; a signature is not) and
+        the stream's ``max_stream_bytes``; if so they are counted against the stream (the turn
+        counts its own text), else the limit ends the stream (``False``). The chat format
+        inlines the same test on its hot path and calls this past it."""
+        if counted and turn.text_bytes + nbytes > self.max_text_bytes:
+            self.limit("max_text_bytes", f"choice {turn.index} text exceeds the limit")
+            return False
+        stream = self.stream_bytes + nbytes
+        if stream > self.max_stream_bytes:
+            self.stream_limit()
+            return False
+        self.stream_bytes = stream
+        return True
+
     def arguments(self, call: ToolCall, fragment: str, nbytes: int) -> None:
         """Append an argument fragment of ``nbytes`` UTF-8 bytes within the call's and the
         stream's limits (:meth:`fragment`); past the call's, it ends aborted; past the
