@@ -105,3 +105,20 @@ def test_no_format_patches_the_parser_instance(format: str) -> None:
     parser = StreamParser(format=format)
     parser.receive_data(_ANTHROPIC if format in ("auto", "anthropic") else b"")
     assert [k for k in vars(parser) if callable(vars(parser)[k])] == []
+
+
+def test_a_limit_mid_event_ends_the_turn_and_nothing_drives_it_after() -> None:
+    """An Anthropic message_start whose id passes max_id_bytes ends the stream (a limit) before
+    its stop_reason is read: the ended turn is not driven again (no finish_reason set after
+    the end, no event after StreamEnded)."""
+    start = (
+        b'event: message_start\ndata: {"type":"message_start","message":{"id":"'
+        + b"m" * 600
+        + b'","model":"m","content":[],"stop_reason":"end_turn"}}\n\n'
+    )
+    parser = StreamParser()
+    events = parser.receive_data(start) + parser.receive_eof()
+    result = parser.result()
+    assert (result.end_how, result.end_reason) == ("limit", "limit:max_id_bytes")
+    assert type(events[-1]).__name__ == "StreamEnded"
+    assert result.turn(0).ended and result.turn(0).finish_reason is None

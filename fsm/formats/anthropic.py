@@ -109,6 +109,8 @@ class AnthropicHandler(FormatHandler):
                     return
                 self.start(i, block, f"message.content[{i}]")
                 self.stop(i)
+        if self.core.status is not _OPEN:
+            return  # a limit ended the stream (an id, an item): its turn has ended
         stop = self.string(message, "stop_reason", "message")
         if stop:
             self._stop_reason(stop)
