@@ -10,29 +10,11 @@ from typing import Any, Final
 
 from fsm.errors import LocalProtocolError
 from fsm.events import Event
-from fsm.parser import Limits, ParseResult, StreamParser
+from fsm.parser import Limits, ParseResult, StreamParser, feed, feed_all
 
 __all__ = ["aparse", "feed", "feed_all", "parse", "parse_file", "parse_text"]
 
 EventCallback = Callable[[Event], object]
-
-
-def feed(parser: StreamParser, item: Any) -> list[Event]:
-    """Feed one item of a stream: ``bytes``/``str`` as SSE data (split anywhere), anything else
-    as a chunk (:meth:`~fsm.parser.StreamParser.receive_chunk`). No EOF."""
-    if isinstance(item, bytes | bytearray | memoryview):
-        return parser.receive_data(item)
-    if isinstance(item, str):
-        return parser.receive_data(item.encode("utf-8", "surrogatepass"))
-    return parser.receive_chunk(item)
-
-
-def feed_all(parser: StreamParser, items: Iterable[Any]) -> list[Event]:
-    """:func:`feed` every item; no EOF."""
-    events: list[Event] = []
-    for item in items:
-        events.extend(feed(parser, item))
-    return events
 
 
 class _Driver:

@@ -190,7 +190,7 @@ class StreamEnded(Event):
     complete: bool
 
 
-# -- fast constructors for the per-fragment events (internal) ----------------------------------
+# -- fast constructors for the per-fragment events (internal: not in __all__) -----------------
 # A frozen dataclass's generated __init__ assigns each field through object.__setattr__, which
 # costs about twice a plain store. On the parser's hot path the same instances are built by
 # writing the slots through their descriptors: identical objects, half the cost.
@@ -203,10 +203,10 @@ def _slot_setter(cls: type[Event], name: str) -> Callable[[Event, Any], None]:
 
 
 #: slot setters of ToolCallArgumentsDelta (for ToolCall.append, the one place building it)
-_ad_choice = _slot_setter(ToolCallArgumentsDelta, "choice")
-_ad_ordinal = _slot_setter(ToolCallArgumentsDelta, "ordinal")
-_ad_index = _slot_setter(ToolCallArgumentsDelta, "index")
-_ad_delta = _slot_setter(ToolCallArgumentsDelta, "delta")
+ad_choice = _slot_setter(ToolCallArgumentsDelta, "choice")
+ad_ordinal = _slot_setter(ToolCallArgumentsDelta, "ordinal")
+ad_index = _slot_setter(ToolCallArgumentsDelta, "index")
+ad_delta = _slot_setter(ToolCallArgumentsDelta, "delta")
 
 
 def _text_factory(cls: type[Event]) -> Callable[[int, str], Event]:
@@ -223,8 +223,8 @@ def _text_factory(cls: type[Event]) -> Callable[[int, str], Event]:
 
 
 #: slot setters of ContentDelta and ReasoningDelta, for the parser's inlined hot paths
-_cd_choice = _slot_setter(ContentDelta, "choice")
-_cd_text = _slot_setter(ContentDelta, "text")
-_rd_choice = _slot_setter(ReasoningDelta, "choice")
-_rd_text = _slot_setter(ReasoningDelta, "text")
-_refusal_delta = _text_factory(RefusalDelta)
+cd_choice = _slot_setter(ContentDelta, "choice")
+cd_text = _slot_setter(ContentDelta, "text")
+rd_choice = _slot_setter(ReasoningDelta, "choice")
+rd_text = _slot_setter(ReasoningDelta, "text")
+refusal_delta = _text_factory(RefusalDelta)

@@ -1,4 +1,5 @@
-"""The tool-call state machine, declared as data.
+"""Every machine of the sans-IO core, declared as data: the tool call's, the stream's, the
+ending table and each format's stop signals.
 
 This module owns every state decision of the parser, as data (as h11's ``_state.py`` does for
 HTTP): a call's states, the transitions between them and the single shared :mod:`transitions`
@@ -25,22 +26,31 @@ from fsm.events import Event, ToolCallAborted, ToolCallFinished, ToolCallTruncat
 from fsm.jsonsyntax import JsonSyntax
 
 __all__ = [
+    "ANTHROPIC_LENGTH_STOPS",
+    "ANTHROPIC_NORMAL_STOPS",
     "ARGUMENT_ENDINGS",
     "CALL_FINISH_REASONS",
     "CALL_NOT_FINISHED",
+    "CALL_STOPS",
     "ENDINGS",
     "FAILED_STATES",
     "FINAL_EVENTS",
     "FINAL_STATES",
     "FINISH_CLASSES",
+    "ITEM_EOF",
     "KNOWN_FINISH_REASONS",
     "MACHINE",
     "MISSING_NAME",
     "NORMAL_ENDS",
     "NO_TOOL_CALLS",
+    "PAUSE_TURN",
+    "STOP_SIGNALS",
     "STREAM_ENDS",
+    "STREAM_INPUT",
+    "STREAM_TRANSITIONS",
     "TRANSITIONS",
     "TRIGGERS",
+    "UNKNOWN_STOP",
     "CallEnding",
     "Ending",
     "MachineError",
@@ -50,6 +60,10 @@ __all__ = [
     "ending_table",
     "fire",
     "mermaid_diagram",
+    "stop_ending",
+    "stop_signal_table",
+    "stream_diagram",
+    "stream_next",
 ]
 
 
@@ -222,6 +236,54 @@ class StreamState(enum.Enum):
     FAILED = "failed"
 
 
+#: The stream's transitions as ``(trigger, sources, destination)``: this list *is* the stream's
+#: machine (the stream core follows it through :func:`stream_next`; the manual's diagram,
+#: :func:`stream_diagram`, and the tests are built from it). ``end``: ``[DONE]``, EOF, an error
+#: event, ``abort()``, a limit or a format's terminal event; ``fail``: a protocol error (the
+#: stream ends, then fails); ``close``: ``receive_eof()`` or ``abort()`` after the end.
+STREAM_TRANSITIONS: Final[tuple[tuple[str, tuple[StreamState, ...], StreamState], ...]] = (
+    ("end", (StreamState.OPEN,), StreamState.ENDED),
+    ("fail", (StreamState.ENDED,), StreamState.FAILED),
+    ("close", (StreamState.ENDED,), StreamState.CLOSED),
+)
+
+#: What input does in each state: read, or counted as an anomaly, or refused with an error.
+STREAM_INPUT: Final[dict[StreamState, str]] = {
+    StreamState.OPEN: "read",
+    StreamState.ENDED: "anomaly data_after_end (ignored)",
+    StreamState.CLOSED: "LocalProtocolError",
+    StreamState.FAILED: "RemoteProtocolError (the same error again)",
+}
+
+_STREAM_NEXT: Final[dict[tuple[StreamState, str], StreamState]] = {
+    (source, trigger): dest for trigger, sources, dest in STREAM_TRANSITIONS for source in sources
+}
+
+
+def stream_next(state: StreamState, trigger: str) -> StreamState:
+    """The stream's state after ``trigger`` from ``state`` (:data:`STREAM_TRANSITIONS`); raises
+    :class:`MachineError` for a trigger the state does not allow."""
+    try:
+        return _STREAM_NEXT[(state, trigger)]
+    except KeyError:
+        raise MachineError(
+            f"{trigger!r} is not allowed from the stream state {state.value!r}"
+        ) from None
+
+
+def stream_diagram() -> str:
+    """The stream's states as Mermaid ``stateDiagram-v2`` text, built from
+    :data:`STREAM_TRANSITIONS` (the manual shows it, generated at each build)."""
+    lines = ["stateDiagram-v2", f"    [*] --> {StreamState.OPEN.value}"]
+    for trigger, sources, dest in STREAM_TRANSITIONS:
+        for source in sources:
+            lines.append(f"    {source.value} --> {dest.value}: {trigger}")
+    for state in StreamState:
+        if not any(state in sources for _, sources, _ in STREAM_TRANSITIONS):
+            lines.append(f"    {state.value} --> [*]")
+    return "\n".join(lines) + "\n"
+
+
 # -- ending a turn (spec "Ending a turn") ---------------------------------------------------------
 
 #: How a stream can end (``StreamEnded.how``, ``ParseResult.end_how``).
@@ -322,4 +384,88 @@ def ending_table() -> str:
         lines.append(
             f"| `{how}` | {'none' if finish is None else f'`{finish}`'} | {calls} | {reason} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+# -- each format's stop signals ------------------------------------------------------------------
+# Chat Completions' stop signal is the choice's finish_reason, read by the ending table itself
+# (FINISH_CLASSES). The Responses API and Anthropic Messages each map their own signal to a row
+# of that table for a stream that ended normally (``done``); at EOF (no terminal event) their
+# calls end aborted (``eof``), and the other ends take the table's row.
+
+#: ``Turn.incomplete_reason`` of an Anthropic turn that stopped with ``pause_turn``: send it
+#: back as is to let the model continue; nothing is executed
+PAUSE_TURN: Final = "pause_turn"
+
+#: stop reasons of an Anthropic message ended by its arguments
+ANTHROPIC_NORMAL_STOPS: Final = frozenset({"tool_use", "end_turn", "stop_sequence"})
+#: stop reasons meaning the output was cut by a token limit
+ANTHROPIC_LENGTH_STOPS: Final = frozenset({"max_tokens", "model_context_window_exceeded"})
+
+#: How an item format's calls end at EOF without its terminal event.
+ITEM_EOF: Final = Ending("abort", "eof")
+
+#: Each format's stop signals -> the row for a stream that ended normally. Responses: the
+#: ``finish_reason`` (``completed``, or ``incomplete_details.reason`` of ``response.incomplete``:
+#: a ``response.incomplete`` whose reason says ``completed`` is still incomplete); Anthropic: the
+#: last ``stop_reason``.
+STOP_SIGNALS: Final[dict[str, dict[str, Ending]]] = {
+    "responses": {
+        "completed": ENDINGS[("done", None)],
+        "max_output_tokens": ENDINGS[("done", "length")],
+        "content_filter": ENDINGS[("done", "content_filter")],
+    },
+    "anthropic": {
+        **{stop: ENDINGS[("done", None)] for stop in sorted(ANTHROPIC_NORMAL_STOPS)},
+        **{stop: ENDINGS[("done", "length")] for stop in sorted(ANTHROPIC_LENGTH_STOPS)},
+        "refusal": Ending("abort", "refusal"),
+        PAUSE_TURN: Ending("abort", PAUSE_TURN),
+    },
+}
+#: A stop signal a format does not list: Responses' calls end aborted with
+#: ``incomplete:<signal>`` (``None`` here); Anthropic's are ended by their arguments.
+UNKNOWN_STOP: Final[dict[str, Ending | None]] = {
+    "responses": None,
+    "anthropic": ENDINGS[("done", None)],
+}
+#: The stop signals that promise at least one call (with none, the turn is ``no_tool_calls``).
+CALL_STOPS: Final[dict[str, frozenset[str]]] = {
+    "chat": CALL_FINISH_REASONS,
+    "responses": frozenset(),
+    "anthropic": frozenset({"tool_use"}),
+}
+
+
+def stop_ending(format: str, how: str, signal: str | None, *, incomplete: bool = False) -> Ending:
+    """The row of the ending table for a ``responses`` or ``anthropic`` stream that ended
+    ``how`` with the stop ``signal`` (``incomplete``: a Responses ``response.incomplete``
+    ended it), by :data:`STOP_SIGNALS`."""
+    if how == "eof":
+        return ITEM_EOF
+    if how != "done":
+        return ending(how, None)
+    if incomplete and signal == "completed":
+        return Ending("abort", f"incomplete:{signal}")
+    row = STOP_SIGNALS[format].get(signal) if signal is not None else None
+    if row is None:
+        row = UNKNOWN_STOP[format] or Ending("abort", f"incomplete:{signal}")
+    return row
+
+
+def stop_signal_table() -> str:
+    """Each format's stop signals as Markdown rows, built from :data:`STOP_SIGNALS` (the manual
+    shows it, generated at each build)."""
+    lines = [
+        "| format | stop signal | calls | reason |",
+        "|---|---|---|---|",
+    ]
+    for format, signals in STOP_SIGNALS.items():
+        rows = [(f"`{signal}`", row) for signal, row in signals.items()]
+        unknown = UNKNOWN_STOP[format]
+        rows.append(("any other", unknown or Ending("abort", "incomplete:<signal>")))
+        rows.append(("none (EOF)", ITEM_EOF))
+        for signal, row in rows:
+            calls = "by the arguments" if row.trigger is None else row.trigger
+            reason = "-" if row.trigger is None else f"`{row.reason}`"
+            lines.append(f"| {format} | {signal} | {calls} | {reason} |")
     return "\n".join(lines) + "\n"

@@ -11,12 +11,13 @@ from fsm.events import (
     Event,
     ToolCallArgumentsDelta,
     ToolCallFinished,
-    _ad_choice,
-    _ad_delta,
-    _ad_index,
-    _ad_ordinal,
+    ad_choice,
+    ad_delta,
+    ad_index,
+    ad_ordinal,
 )
 from fsm.jsonutil import DEFAULT_MAX_JSON_DEPTH, JsonSyntax, is_json, loads_strict, repair_json
+from fsm.shapes import tool_call_entry
 from fsm.states import FINAL_EVENTS, FINAL_STATES, ToolCallState, fire
 from fsm.types import FunctionCall, FunctionMessage, FunctionToolCall, ToolMessage
 
@@ -164,11 +165,7 @@ class ToolCall:
     def to_dict(self) -> FunctionToolCall:
         """The call as the OpenAI ``tool_calls[]`` entry of an assistant message (typed as the
         SDK's function tool call; ``type`` is the provider's, ``"function"`` in practice)."""
-        return {
-            "id": self.id,
-            "type": self.type,  # type: ignore[typeddict-item]
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
+        return tool_call_entry(self.id, self.type, self.name, self.arguments)
 
     #: the Responses output item id of the call (``fc_...``); ``None`` for a Chat Completions or
     #: Anthropic call (:class:`fsm.formats.turn.ItemToolCall` sets it)
@@ -229,10 +226,10 @@ class ToolCall:
             self._parts = []
         self.argument_bytes += nbytes
         event = _new_event(ToolCallArgumentsDelta)
-        _ad_choice(event, self.choice)
-        _ad_ordinal(event, self.ordinal)
-        _ad_index(event, self.index)
-        _ad_delta(event, fragment)
+        ad_choice(event, self.choice)
+        ad_ordinal(event, self.ordinal)
+        ad_index(event, self.index)
+        ad_delta(event, fragment)
         return event
 
     def exceed(self, limit: str, *, drop: bool = False) -> None:

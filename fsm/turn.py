@@ -8,17 +8,18 @@ A :class:`Turn` owns the two per-choice rules of the spec: *routing* a tool-call
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, cast
+from typing import Any, ClassVar, Final, NoReturn
 
-from fsm.errors import IncompleteTurnError, RemoteProtocolError
+from fsm.errors import IncompleteTurnError, LocalProtocolError, RemoteProtocolError
 from fsm.events import Event
 from fsm.jsonutil import JsonSyntax, is_json, repair_json
+from fsm.shapes import assistant_message
 from fsm.states import (
     ARGUMENT_ENDINGS,
-    CALL_FINISH_REASONS,
     CALL_NOT_FINISHED,
+    CALL_STOPS,
     MISSING_NAME,
     NO_TOOL_CALLS,
     CallEnding,
@@ -74,7 +75,7 @@ class Anomaly:
     event_number: int | None = None
 
 
-class _Meta:
+class Meta:
     __slots__ = ("created", "model", "response_id", "system_fingerprint", "usage")
 
     def __init__(self) -> None:
@@ -130,7 +131,7 @@ class Turn:
         "text_bytes",
     )
 
-    def __init__(self, index: int, meta: _Meta) -> None:
+    def __init__(self, index: int, meta: Meta) -> None:
         self.index = index
         #: the last non-empty ``finish_reason`` seen for this choice.
         self.finish_reason: str | None = None
@@ -224,11 +225,17 @@ class Turn:
         is incomplete, call by call."""
         return [c for c in self.tool_calls if c.state is not ToolCallState.FINISHED]
 
-    # -- driving (used by the parser) -----------------------------------------------------------
+    # -- driving (internal: the stream core's, while the stream is parsed) ------------------------
+    # A turn is driven only by the parser that made it. Once it has ended (every turn a user
+    # gets from a ParseResult of an ended stream), each driving method raises
+    # LocalProtocolError instead of changing it: a parsed turn is read-only.
+
     def route(self, index: int | None, cid: str | None, name: str | None) -> ToolCall | None:
-        """The call a tool-call delta goes to (spec "Routing a tool-call delta to a call"), or
-        ``None`` for a new call. Raises :class:`LookupError` for a continuation with no live
-        call (an orphan: the caller drops it and reports an anomaly)."""
+        """Internal. The call a tool-call delta goes to (spec "Routing a tool-call delta to a
+        call"), or ``None`` for a new call. Raises :class:`LookupError` for a continuation with
+        no live call (an orphan: the caller drops it and reports an anomaly)."""
+        if self.ended:
+            _read_only(self, "route")
         if index is not None:
             call = self.by_index.get(index)
             if call is not None and cid and call.id and cid != call.id:
@@ -243,7 +250,10 @@ class Turn:
         return self._last
 
     def add_call(self, call: ToolCall) -> None:
-        """Register a newly opened call (the most recent one: continuations go to it)."""
+        """Internal. Register a newly opened call (the most recent one: continuations go to
+        it)."""
+        if self.ended:
+            _read_only(self, "add_call")
         self._calls.append(call)
         self._last = call
         if call.legacy:
@@ -254,12 +264,17 @@ class Turn:
             self._by_id[call.id] = call
 
     def note_id(self, call: ToolCall) -> None:
-        """A call got its id late: route that id to it (unless another call has it)."""
+        """Internal. A call got its id late: route that id to it (unless another call has
+        it)."""
+        if self.ended:
+            _read_only(self, "note_id")
         self._by_id.setdefault(call.id, call)
 
     def append_text(self, field: int, text: str, nbytes: int) -> None:
-        """Append a text fragment (``field``: :data:`CONTENT`, :data:`REASONING` or
+        """Internal. Append a text fragment (``field``: :data:`CONTENT`, :data:`REASONING` or
         :data:`REFUSAL`) of ``nbytes`` UTF-8 bytes; the caller checked the limits."""
+        if self.ended:
+            _read_only(self, "append_text")
         parts, blocks = self._text_fields[field]
         self.text_bytes += nbytes
         parts.append(text)
@@ -268,14 +283,19 @@ class Turn:
             parts.clear()
 
     def finish(self, finish_reason: str) -> None:
-        """Keep the choice's last non-empty ``finish_reason``."""
+        """Internal. Keep the choice's last non-empty ``finish_reason``."""
+        if self.ended:
+            _read_only(self, "finish")
         self.finish_reason = finish_reason
         self.finish_seen = True
 
     def end(self, how: str, reason: str | None, *, repair: bool, max_depth: int) -> list[Event]:
-        """End the turn when the stream ended ``how`` (with the stream's ``reason``): every call
-        by the ending table (:func:`fsm.states.ending`, or a format's :meth:`ending_row`), then
-        the turn's own verdict. Returns the calls' final events, in final order."""
+        """Internal. End the turn when the stream ended ``how`` (with the stream's ``reason``):
+        every call by the ending table (:func:`fsm.states.ending`, or a format's
+        :meth:`ending_row`), then the turn's own verdict. Returns the calls' final events, in
+        final order."""
+        if self.ended:
+            _read_only(self, "end")
         row = self.ending_row(how)
         why = None if row.trigger is None else (row.reason or reason or how)
         calls = self.final_call_order()
@@ -325,7 +345,7 @@ class Turn:
     def promises_calls(self) -> bool:
         """Whether the stop signal says calls were made (then a turn with none is
         ``no_tool_calls``)."""
-        return self.finish_reason in CALL_FINISH_REASONS
+        return self.finish_reason in CALL_STOPS["chat"]
 
     def to_message(self, *, include_reasoning: bool = False) -> AssistantMessage:
         """The OpenAI assistant message for this turn, ready to send back (with
@@ -359,18 +379,14 @@ class Turn:
                 choice=self.index,
                 states=states,
             )
-        # a dict first: reasoning_content is fsm's key, which the SDK's type has not
-        message: dict[str, Any] = {"role": "assistant", "content": self.content}
-        if self.refusal is not None:
-            message["refusal"] = self.refusal
-        if include_reasoning and self.reasoning is not None:
-            message["reasoning_content"] = self.reasoning
-        calls = self.tool_calls
-        if self.legacy_call is not None:
-            message["function_call"] = self.legacy_call.to_function_call()
-        elif calls:
-            message["tool_calls"] = [c.to_dict() for c in calls]
-        return cast("AssistantMessage", message)
+        legacy = self.legacy_call
+        return assistant_message(
+            self.content,
+            refusal=self.refusal,
+            reasoning=self.reasoning if include_reasoning else None,
+            tool_calls=[c.to_dict() for c in self.tool_calls] if legacy is None else (),
+            function_call=legacy.to_function_call() if legacy is not None else None,
+        )
 
     #: the stream format the turn came from: ``"chat"`` here; ``"responses"`` /
     #: ``"anthropic"`` for the turns of :mod:`fsm.formats`
@@ -382,7 +398,12 @@ class Turn:
         built-in tool items) or Anthropic content blocks (thinking with its signature, text,
         ``tool_use``, server tool blocks). ``[]`` for a Chat Completions turn. Never raises:
         the items of an incomplete turn can be kept as an attempt."""
-        return []
+        return list(self.iter_output_items())
+
+    def iter_output_items(self) -> Iterator[dict[str, Any]]:
+        """The items of :meth:`output_items`, decoded one at a time (none for a Chat
+        Completions turn)."""
+        return iter(())
 
     def to_items(self, results: Mapping[str, Any] | Sequence[Any] | None = None) -> list[Any]:
         """The turn as Responses API input items, in output order (reasoning, message,
@@ -393,7 +414,7 @@ class Turn:
         stream formats, docs/guides/formats.md).
 
         Only for a complete turn (:class:`~fsm.errors.IncompleteTurnError` otherwise)."""
-        from fsm.formats.render import to_items
+        from fsm.shapes import to_items
 
         return to_items(self, results)
 
@@ -408,7 +429,7 @@ class Turn:
 
         Only for a complete turn, or an Anthropic turn stopped by ``pause_turn`` (sent back to
         let the model continue); :class:`~fsm.errors.IncompleteTurnError` otherwise."""
-        from fsm.formats.render import to_anthropic
+        from fsm.shapes import to_anthropic
 
         return to_anthropic(self, results)
 
@@ -430,6 +451,13 @@ class Turn:
             f"Turn(index={self.index}, finish_reason={self.finish_reason!r}, "
             f"complete={self.complete}, tool_calls={len(self._calls)})"
         )
+
+
+def _read_only(turn: Turn, method: str) -> NoReturn:
+    raise LocalProtocolError(
+        f"Turn.{method}() changes a turn while its stream is parsed; choice {turn.index} has "
+        "ended and is read-only (read it, or parse the stream again with a new StreamParser)"
+    )
 
 
 def _end_normally(call: ToolCall, *, repair: bool, max_depth: int) -> Event:

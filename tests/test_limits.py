@@ -268,7 +268,7 @@ def _mixed_stream() -> bytes:
 @given(points=st.lists(st.integers(0, 1 << 16), max_size=12), limit=st.integers(1, 400))
 def test_max_stream_bytes_is_exact_and_split_invariant(points: list[int], limit: int) -> None:
     data = _mixed_stream()
-    total = run(data)[0]._stream_bytes  # every byte the stream holds
+    total = run(data)[0]._core.stream_bytes  # every byte the stream holds
     parser = same_everywhere(data, points, max_stream_bytes=limit)
     result = parser.result()
     if limit >= total:

@@ -234,15 +234,15 @@ def test_final_event_per_final_state_and_failed_states() -> None:
 
 def test_stream_states() -> None:
     parser = StreamParser()
-    assert parser._status is StreamState.OPEN
+    assert parser._core.status is StreamState.OPEN
     parser.receive_chunk("[DONE]")
-    assert parser._status is StreamState.ENDED
+    assert parser._core.status is StreamState.ENDED
     parser.receive_eof()
-    assert parser._status is StreamState.CLOSED
+    assert parser._core.status is StreamState.CLOSED
     failed = StreamParser()
     with pytest.raises(RemoteProtocolError):
         failed.receive_chunk("[")
-    assert failed._status is StreamState.FAILED
+    assert failed._core.status is StreamState.FAILED
     assert [s.value for s in StreamState] == ["open", "ended", "closed", "failed"]
 
 
@@ -277,3 +277,114 @@ def test_machine_callbacks_take_transitions_own_path() -> None:
     call = _call_in(S.OPENED)
     machine.events["accumulate"].trigger(call)
     assert call.state is S.ACCUMULATING and seen[-1] == ("enter", "")
+
+
+# -- the stream's machine and each format's stop signals (issue 28) -------------------------------
+
+
+@pytest.mark.parametrize("state", list(StreamState))
+@pytest.mark.parametrize("trigger", ["end", "fail", "close"])
+def test_every_stream_state_trigger_pair(state: StreamState, trigger: str) -> None:
+    from fsm.states import STREAM_TRANSITIONS, stream_next
+
+    allowed = {dest for t, sources, dest in STREAM_TRANSITIONS if t == trigger and state in sources}
+    if allowed:
+        assert stream_next(state, trigger) in allowed
+    else:
+        with pytest.raises(MachineError, match=f"'{trigger}' is not allowed"):
+            stream_next(state, trigger)
+
+
+def test_the_stream_follows_its_table() -> None:
+    """Each public call of the parser moves the stream along STREAM_TRANSITIONS only."""
+    from fsm.states import STREAM_INPUT, STREAM_TRANSITIONS
+
+    assert [(t, [s.value for s in src], d.value) for t, src, d in STREAM_TRANSITIONS] == [
+        ("end", ["open"], "ended"),
+        ("fail", ["ended"], "failed"),
+        ("close", ["ended"], "closed"),
+    ]
+    assert set(STREAM_INPUT) == set(StreamState)
+    aborted = StreamParser()
+    aborted.abort("gone")
+    assert aborted._core.status is StreamState.CLOSED
+    assert aborted.abort() == []  # closed: abort is a no-op, no transition
+    eof = StreamParser()
+    eof.receive_eof()
+    assert eof._core.status is StreamState.CLOSED
+
+
+def test_manual_stream_diagram_and_stop_signals_are_generated() -> None:
+    from fsm.states import stop_signal_table, stream_diagram
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "states.md").read_text()
+    assert "```{include} ../_generated/stream-diagram.md" in page
+    assert "```{include} ../_generated/stop-signals.md" in page
+    assert stop_signal_table().splitlines()[2] not in page  # no hand-made copy beside it
+    pages = docs_extension().generated_pages()
+    assert pages["stream-diagram.md"] == f"```{{mermaid}}\n{stream_diagram()}```\n"
+    assert pages["stop-signals.md"] == stop_signal_table() + "\n"
+    assert stream_diagram().splitlines()[1:] == [
+        "    [*] --> open",
+        "    open --> ended: end",
+        "    ended --> failed: fail",
+        "    ended --> closed: close",
+        "    closed --> [*]",
+        "    failed --> [*]",
+    ]
+
+
+#: (format, how, stop signal, a Responses response.incomplete) -> (trigger, reason): the rules
+#: the turns of fsm.formats.turn wrote as if-chains before STOP_SIGNALS, kept as the reference
+_STOP_ROWS = [
+    ("responses", "done", "completed", False, None, None),
+    ("responses", "done", "completed", True, "abort", "incomplete:completed"),
+    ("responses", "done", "max_output_tokens", True, "truncate", "length"),
+    ("responses", "done", "content_filter", True, "abort", "content_filter"),
+    ("responses", "done", "failed", False, "abort", "incomplete:failed"),
+    ("responses", "done", None, False, "abort", "incomplete:None"),
+    ("responses", "eof", "completed", False, "abort", "eof"),
+    ("responses", "error", "completed", False, "abort", None),
+    ("responses", "limit", None, False, "abort", None),
+    ("anthropic", "done", "tool_use", False, None, None),
+    ("anthropic", "done", "end_turn", False, None, None),
+    ("anthropic", "done", "stop_sequence", False, None, None),
+    ("anthropic", "done", "max_tokens", False, "truncate", "length"),
+    ("anthropic", "done", "model_context_window_exceeded", False, "truncate", "length"),
+    ("anthropic", "done", "refusal", False, "abort", "refusal"),
+    ("anthropic", "done", "pause_turn", False, "abort", "pause_turn"),
+    ("anthropic", "done", "something_new", False, None, None),
+    ("anthropic", "done", None, False, None, None),
+    ("anthropic", "eof", "tool_use", False, "abort", "eof"),
+    ("anthropic", "aborted", "tool_use", False, "abort", None),
+]
+
+
+@pytest.mark.parametrize(("fmt", "how", "signal", "incomplete", "trigger", "reason"), _STOP_ROWS)
+def test_each_format_stop_signal_row(
+    fmt: str,
+    how: str,
+    signal: str | None,
+    incomplete: bool,
+    trigger: str | None,
+    reason: str | None,
+) -> None:
+    from fsm.formats.turn import AnthropicTurn, ResponsesTurn
+    from fsm.states import stop_ending
+    from fsm.turn import Meta
+
+    assert stop_ending(fmt, how, signal, incomplete=incomplete) == (trigger, reason)
+    turn = (ResponsesTurn if fmt == "responses" else AnthropicTurn)(0, Meta())
+    turn.finish_reason = signal
+    if isinstance(turn, ResponsesTurn):
+        turn.incomplete_event = incomplete
+    assert turn.ending_row(how) == (trigger, reason)
+
+
+def test_stop_signal_table_lists_every_signal() -> None:
+    from fsm.states import STOP_SIGNALS, stop_signal_table
+
+    table = stop_signal_table()
+    for fmt, signals in STOP_SIGNALS.items():
+        for signal in signals:
+            assert f"| {fmt} | `{signal}` |" in table

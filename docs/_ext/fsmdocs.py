@@ -3,9 +3,11 @@ against the code.
 
 * At each build, ``docs/_generated/*.md`` is written from the code and included by the pages
   (``{include}``), so it cannot go stale: the tool-call state diagram
-  (:func:`fsm.states.mermaid_diagram`), the ending table (:func:`fsm.states.ending_table`) and
-  the exit statuses (the ``EXIT_*`` constants of :mod:`fsm.exitstatus` with their ``#:``
-  comments, and each typed error class's ``exit_code``). The CLI reference itself is sphinx-click
+  (:func:`fsm.states.mermaid_diagram`), the stream's (:func:`fsm.states.stream_diagram`), each
+  format's stop signals (:func:`fsm.states.stop_signal_table`), the ending table
+  (:func:`fsm.states.ending_table`) and the exit statuses (the ``EXIT_*`` constants of
+  :mod:`fsm.exitstatus` with their ``#:`` comments, and each typed error class's
+  ``exit_code``). The CLI reference itself is sphinx-click
   walking the click group.
 * A cross-reference to an ``fsm`` name that is not documented under that path (a docstring's
   ``:class:`~fsm.parser.Turn``` where the API reference documents ``fsm.Turn``) is resolved to
@@ -146,11 +148,13 @@ def exit_status_page() -> str:
 
 def generated_pages() -> dict[str, str]:
     """Every generated include, by file name."""
-    from fsm.states import ending_table, mermaid_diagram
+    from fsm.states import ending_table, mermaid_diagram, stop_signal_table, stream_diagram
 
     return {
         "state-diagram.md": f"```{{mermaid}}\n{mermaid_diagram()}```\n",
         "ending-table.md": ending_table() + "\n",
+        "stream-diagram.md": f"```{{mermaid}}\n{stream_diagram()}```\n",
+        "stop-signals.md": stop_signal_table() + "\n",
         "exit-status.md": exit_status_page(),
     }
 

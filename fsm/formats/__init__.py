@@ -2,12 +2,14 @@
 :class:`~fsm.parser.StreamParser` as Chat Completions (``shared/spec/formats.md``).
 
 ``StreamParser(format=...)`` takes ``"auto"`` (the default), ``"chat"``, ``"responses"`` or
-``"anthropic"``. A named format installs its handler (:mod:`fsm.formats.responses`,
-:mod:`fsm.formats.anthropic`) on the parser; ``"auto"`` installs a detector that looks at the
-first event carrying JSON: a ``type`` that starts with ``response.`` means Responses, an
-Anthropic event type (``message_start``, ...) Anthropic, anything else a Chat Completions chunk
-(the detector then removes itself: a Chat Completions stream runs exactly the code it ran
-before). Once the format is known, an event of another format is a protocol error.
+``"anthropic"``. Each format is one implementation of one protocol,
+:class:`fsm.formats.core.Format` (:mod:`fsm.formats.chat`, :mod:`fsm.formats.responses`,
+:mod:`fsm.formats.anthropic`), over one stream core (:class:`fsm.formats.core.StreamCore`:
+limits, anomalies, errors, events, endings). ``"auto"`` starts with a detector
+(:mod:`fsm.formats.auto`) that looks at the first event carrying JSON: a ``type`` that starts
+with ``response.`` means Responses, an Anthropic event type (``message_start``, ...) Anthropic,
+anything else a Chat Completions chunk; it then hands that event and every later one to the
+chosen format. Once the format is known, an event of another format is a protocol error.
 
 The same SSE framer, limits, anomalies, errors, events, :class:`~fsm.turn.Turn` and
 :class:`~fsm.toolcall.ToolCall` serve every format; the format turns are
@@ -16,28 +18,12 @@ The same SSE framer, limits, anomalies, errors, events, :class:`~fsm.turn.Turn` 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Final
 
-if TYPE_CHECKING:
-    from fsm.parser import StreamParser
+from fsm.formats.detect import detect, foreign_format
+from fsm.vocab import ANTHROPIC_EVENTS, FORMATS
 
-__all__ = ["ANTHROPIC_EVENTS", "FORMATS", "PROVIDER_BOUND", "detect", "foreign_format", "install"]
-
-#: the stream formats
-FORMATS: Final = ("chat", "responses", "anthropic")
-
-#: the event types of an Anthropic Messages stream (``error`` is shared with Responses)
-ANTHROPIC_EVENTS: Final = frozenset(
-    {
-        "message_start",
-        "message_delta",
-        "message_stop",
-        "content_block_start",
-        "content_block_delta",
-        "content_block_stop",
-        "ping",
-    }
-)
+__all__ = ["ANTHROPIC_EVENTS", "FORMATS", "PROVIDER_BOUND", "detect", "foreign_format"]
 
 #: item / block types only one provider understands: dropped when a turn is rendered for the
 #: other (:meth:`fsm.turn.Turn.to_items`, :meth:`fsm.turn.Turn.to_anthropic`). Every type not
@@ -46,51 +32,3 @@ PROVIDER_BOUND: Final = {
     "responses": "every item but message, function_call and custom_tool_call",
     "anthropic": "every block but text and tool_use",
 }
-
-
-def detect(event: Any) -> str:
-    """The format of a stream whose first JSON event is ``event``: ``"responses"`` for a
-    ``type`` starting with ``response.``, ``"anthropic"`` for an Anthropic event type, else
-    ``"chat"``. A first ``error`` event is Anthropic's when its ``error`` is an object with a
-    ``type``, else the Responses one."""
-    if type(event) is dict:
-        kind = event.get("type")
-        if type(kind) is str and "choices" not in event:
-            if kind.startswith("response."):
-                return "responses"
-            if kind in ANTHROPIC_EVENTS:
-                return "anthropic"
-            if kind == "error":
-                error = event.get("error")
-                if type(error) is dict and "type" in error and "code" not in error:
-                    return "anthropic"
-                return "responses"
-    return "chat"
-
-
-def foreign_format(kind: Any) -> str | None:
-    """The format an event ``type`` belongs to when it is not Chat Completions', else ``None``
-    (a shared or unknown type)."""
-    if type(kind) is not str:
-        return None
-    if kind.startswith("response."):
-        return "a Responses API"
-    if kind in ANTHROPIC_EVENTS:
-        return "an Anthropic Messages"
-    return None
-
-
-def install(parser: StreamParser, format: str) -> None:
-    """Give ``parser`` the handler of ``format`` (``"auto"``: the detector)."""
-    if format == "auto":
-        from fsm.formats.base import Detector
-
-        Detector(parser).install()
-    elif format == "responses":
-        from fsm.formats.responses import ResponsesHandler
-
-        ResponsesHandler(parser).install()
-    elif format == "anthropic":
-        from fsm.formats.anthropic import AnthropicHandler
-
-        AnthropicHandler(parser).install()

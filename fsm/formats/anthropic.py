@@ -15,7 +15,8 @@ from typing import Any, ClassVar, Final
 
 import orjson
 
-from fsm.formats.base import FormatHandler, utf8_len
+from fsm.formats.base import FormatHandler
+from fsm.formats.core import StreamCore, utf8_len
 from fsm.formats.turn import ANTHROPIC_STOPS, AnthropicTurn, Item, ItemToolCall, ItemTurn
 from fsm.jsonutil import json_depth, loads_strict
 from fsm.states import CallEnding, StreamState
@@ -64,8 +65,8 @@ class AnthropicHandler(FormatHandler):
         "error": "error",
     }
 
-    def __init__(self, parser: Any) -> None:
-        super().__init__(parser)
+    def __init__(self, core: StreamCore) -> None:
+        super().__init__(core)
         #: the open blocks of the current message, by index
         self.open: dict[int, Item] = {}
         #: every block of the current message, by index (to tell a reused index)
@@ -104,10 +105,12 @@ class AnthropicHandler(FormatHandler):
                 self.fail(f"must be a list, got {type(content).__name__}", "message.content")
             self.size = -1  # each block counted by its own size
             for i, block in enumerate(content):
-                if self.parser._status is not _OPEN:
+                if self.core.status is not _OPEN:
                     return
                 self.start(i, block, f"message.content[{i}]")
                 self.stop(i)
+        if self.core.status is not _OPEN:
+            return  # a limit ended the stream (an id, an item): its turn has ended
         stop = self.string(message, "stop_reason", "message")
         if stop:
             self._stop_reason(stop)
@@ -115,8 +118,8 @@ class AnthropicHandler(FormatHandler):
     def _usage(self, usage: dict[str, Any]) -> None:
         merged = dict(self.usage)
         merged.update(usage)
-        self.parser._usage(merged)
-        if self.parser._meta.usage is merged:
+        self.core.keep_usage(merged)
+        if self.core.meta.usage is merged:
             self.usage = merged
 
     def message_delta(self, event: dict[str, Any]) -> None:
@@ -128,16 +131,16 @@ class AnthropicHandler(FormatHandler):
             if stop:
                 self._stop_reason(stop)
         usage = self.obj(event, "usage", "")
-        if usage is not None and self.parser._status is _OPEN:
+        if usage is not None and self.core.status is _OPEN:
             self._usage(usage)
 
     def _stop_reason(self, stop: str) -> None:
         turn = self.the_turn()
         if stop not in ANTHROPIC_STOPS:
-            if utf8_len(stop) > self.parser.limits.max_id_bytes:
-                self.parser._limit(
+            if utf8_len(stop) > self.core.limits.max_id_bytes:
+                self.core.limit(
                     "max_id_bytes",
-                    f"a stop_reason is longer than {self.parser.limits.max_id_bytes} bytes",
+                    f"a stop_reason is longer than {self.core.limits.max_id_bytes} bytes",
                 )
                 return
             self.anomaly(
@@ -147,7 +150,7 @@ class AnthropicHandler(FormatHandler):
         turn.finish(stop)
         from fsm.events import FinishReasonReceived
 
-        self.parser._events.append(FinishReasonReceived(choice=0, finish_reason=stop))
+        self.core.events.append(FinishReasonReceived(choice=0, finish_reason=stop))
 
     def message_stop(self, event: dict[str, Any]) -> None:
         """``message_stop``: the stream ended normally (blocks never stopped are closed, with
@@ -159,9 +162,9 @@ class AnthropicHandler(FormatHandler):
                 f"content block {index} had no content_block_stop before message_stop",
             )
             self.stop(index)
-            if self.parser._status is not _OPEN:
+            if self.core.status is not _OPEN:
                 return
-        self.parser._end("done", None)
+        self.core.end("done", None)
 
     def ping(self, event: dict[str, Any]) -> None:
         """``ping``: ignored, wherever it comes."""
@@ -232,7 +235,7 @@ class AnthropicHandler(FormatHandler):
             signature = self.string(block, "signature", path)
             if signature:
                 self.text(item, "signature", None, signature)
-        if self.parser._status is not _OPEN:
+        if self.core.status is not _OPEN:
             return
         turn.items.append(item)
         self.blocks[index] = item
@@ -241,11 +244,11 @@ class AnthropicHandler(FormatHandler):
     def whole_input(self, call: ItemToolCall, value: Any) -> None:
         """The input of a call that came whole: its compact JSON is the arguments; nested
         deeper than ``max_json_depth`` the call ends ``aborted`` (``limit:max_json_depth``)."""
-        parser = self.parser
-        limit = parser.limits.max_json_depth
+        core = self.core
+        limit = core.limits.max_json_depth
         if json_depth(value, limit) > limit:
             call.exceed("max_json_depth", drop=True)
-            parser._anomaly(
+            core.anomaly(
                 "limit_exceeded",
                 f"choice {call.choice} call {call.ordinal}: its input nests deeper than {limit} "
                 "levels (Limits.max_json_depth); the call will end aborted",
@@ -269,17 +272,12 @@ class AnthropicHandler(FormatHandler):
                     if fragment:
                         if item.whole:
                             self._input_and_deltas(item)
-                        parser = self.parser
-                        if fragment.isascii() and call.over_limit is None:
-                            size = len(fragment)
-                            stream = parser._stream_bytes + size
-                            if (
-                                call.argument_bytes + size <= parser._max_argument_bytes
-                                and stream <= parser._max_stream_bytes
-                            ):
-                                parser._stream_bytes = stream
-                                parser._events.append(call.append(fragment, size))
-                                return
+                        if (
+                            fragment.isascii()
+                            and call.over_limit is None
+                            and self.core.fragment(call, fragment, len(fragment))
+                        ):
+                            return
                         self.arguments(call, fragment)
                     return
             elif item.kind == "text":
@@ -388,7 +386,7 @@ class AnthropicHandler(FormatHandler):
             value = data.get("input")
             self.arguments(call, compact_json(value if value is not None else {}))
         elif item.raw_input is not None:
-            limit = self.parser.limits.max_json_depth
+            limit = self.core.limits.max_json_depth
             try:
                 value = loads_strict(item.raw_input.value())
                 if json_depth(value, limit) >= limit:  # the block holds it one level deeper

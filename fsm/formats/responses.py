@@ -12,9 +12,11 @@ from __future__ import annotations
 from typing import Any, ClassVar, Final
 
 from fsm.formats.base import FormatHandler
+from fsm.formats.core import StreamCore
 from fsm.formats.turn import Item, ItemTurn, ResponsesTurn
 from fsm.states import CallEnding, StreamState
 from fsm.turn import CONTENT, REASONING, REFUSAL
+from fsm.vocab import ANTHROPIC_EVENTS
 
 __all__ = ["HOSTED_FAMILIES", "ResponsesHandler"]
 
@@ -91,8 +93,8 @@ class ResponsesHandler(FormatHandler):
         "error": "error",
     }
 
-    def __init__(self, parser: Any) -> None:
-        super().__init__(parser)
+    def __init__(self, core: StreamCore) -> None:
+        super().__init__(core)
         #: open items by their (first) id, and by output_index
         self.by_id: dict[str, Item] = {}
         self.by_output: dict[int, Item] = {}
@@ -142,17 +144,12 @@ class ResponsesHandler(FormatHandler):
             return
         if delta:
             # the hot path: ToolCall.append within the call's and the stream's limits
-            parser = self.parser
-            if delta.isascii() and call.over_limit is None:
-                size = len(delta)
-                stream = parser._stream_bytes + size
-                if (
-                    call.argument_bytes + size <= parser._max_argument_bytes
-                    and stream <= parser._max_stream_bytes
-                ):
-                    parser._stream_bytes = stream
-                    parser._events.append(call.append(delta, size))
-                    return
+            if (
+                delta.isascii()
+                and call.over_limit is None
+                and self.core.fragment(call, delta, len(delta))
+            ):
+                return
             self.arguments(call, delta)
 
     def call_done(self, event: dict[str, Any]) -> None:
@@ -167,7 +164,7 @@ class ResponsesHandler(FormatHandler):
             self.done_arguments(item.call, value, event["type"])
         name = self.string(event, "name", "")
         if name and not item.call.name:
-            item.call.merge(None, name, None, self.parser)
+            item.call.merge(None, name, None, self.core)
 
     # -- text -------------------------------------------------------------------------------------
     def _text_delta(self, event: dict[str, Any], prefix: str, index_key: str, field: int) -> None:
@@ -335,7 +332,7 @@ class ResponsesHandler(FormatHandler):
                 "item is kept",
             )
             self.item_added(event)
-            if self.parser._status is not _OPEN:
+            if self.core.status is not _OPEN:
                 return
             item = self.by_output.get(index)
             if item is None:
@@ -372,10 +369,10 @@ class ResponsesHandler(FormatHandler):
                 data["call_id"] = call.id
                 raw = b""
             elif cid and not call.id:
-                call.merge(cid, None, None, self.parser)
+                call.merge(cid, None, None, self.core)
             name = self.string(data, "name", "item")
             if name and not call.name:
-                call.merge(None, name, None, self.parser)
+                call.merge(None, name, None, self.core)
             text = self.string(data, _CALL_TEXT[item.kind], "item")
             if text is not None:
                 self.done_arguments(call, text, "output_item.done")
@@ -400,7 +397,7 @@ class ResponsesHandler(FormatHandler):
                         text = self.string(part, "text", "item.content")
                         if text is not None:
                             self.done_text(item, ("r", ci), REASONING, text, "output_item.done")
-        if self.parser._status is not _OPEN:
+        if self.core.status is not _OPEN:
             return
         if changed:
             item.replace(data, raw)
@@ -420,12 +417,12 @@ class ResponsesHandler(FormatHandler):
         self.meta_id(response.get("id"), "the response id")
         self.meta_model(response.get("model"))
         created = response.get("created_at")
-        meta = self.parser._meta
+        meta = self.core.meta
         if meta.created is None and type(created) is int and 0 <= created < 2**63:
             meta.created = created
         usage = response.get("usage")
-        if usage is not None and self.parser._status is _OPEN:
-            self.parser._usage(usage)
+        if usage is not None and self.core.status is _OPEN:
+            self.core.keep_usage(usage)
         return response
 
     def response_event(self, event: dict[str, Any]) -> None:
@@ -435,18 +432,18 @@ class ResponsesHandler(FormatHandler):
     def completed(self, event: dict[str, Any]) -> None:
         """``response.completed``: the stream ended normally."""
         self._response(event)
-        if self.parser._status is not _OPEN:
+        if self.core.status is not _OPEN:
             return
         turn = self.the_turn()
         turn.finish("completed")
-        self.parser._end("done", None)
+        self.core.end("done", None)
 
     def incomplete(self, event: dict[str, Any]) -> None:
         """``response.incomplete``: ``max_output_tokens`` -> calls ``truncated`` / ``length``,
         ``content_filter`` -> ``aborted``, any other reason -> ``aborted`` /
         ``incomplete:<reason>``."""
         response = self._response(event)
-        if self.parser._status is not _OPEN:
+        if self.core.status is not _OPEN:
             return
         details = response.get("incomplete_details")
         reason = details.get("reason") if type(details) is dict else None
@@ -458,12 +455,12 @@ class ResponsesHandler(FormatHandler):
         turn.finish(reason)
         if isinstance(turn, ResponsesTurn):
             turn.incomplete_event = True
-        self.parser._end("done", None)
+        self.core.end("done", None)
 
     def failed(self, event: dict[str, Any]) -> None:
         """``response.failed``: the stream ends ``error`` with the response's error."""
         response = self._response(event)
-        if self.parser._status is not _OPEN:
+        if self.core.status is not _OPEN:
             return
         self.the_turn().finish("failed")
         error = response.get("error")
@@ -475,8 +472,6 @@ class ResponsesHandler(FormatHandler):
     def unknown(self, event: dict[str, Any], kind: str) -> None:
         """Progress events of hosted tools are ignored; any other unknown type is an anomaly
         (an Anthropic event type is a change of format: a protocol error)."""
-        from fsm.formats import ANTHROPIC_EVENTS
-
         if kind in ANTHROPIC_EVENTS:
             self.fail(
                 f"the stream changed format: an Anthropic Messages event ({kind!r}) in a "

@@ -13,22 +13,33 @@ calls: only the mapping from the format's stop signal to the table's row is the 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Iterator
 from typing import Any, ClassVar, Final
 
 from fsm.jsonutil import dumps_kept, loads_strict
+from fsm.shapes import tool_call_entry
 from fsm.states import (
+    ANTHROPIC_LENGTH_STOPS,
+    ANTHROPIC_NORMAL_STOPS,
+    CALL_STOPS,
+    PAUSE_TURN,
+    STOP_SIGNALS,
     CallEnding,
     Ending,
     ToolCallState,
-    ending,
     fire,
+    stop_ending,
 )
 from fsm.toolcall import FLUSH_EVERY, ToolCall, pair_surrogates
-from fsm.turn import CONTENT, REASONING, REFUSAL, Turn, _Meta
-from fsm.types import CustomToolCall, FunctionToolCall
+from fsm.turn import CONTENT, REASONING, REFUSAL, Meta, Turn
+from fsm.types import FunctionToolCall
 
-__all__ = ["AnthropicTurn", "Item", "ItemToolCall", "ItemTurn", "ResponsesTurn", "Text"]
+__all__ = [
+    "ANTHROPIC_LENGTH_STOPS", "ANTHROPIC_NORMAL_STOPS", "ANTHROPIC_STOPS", "PAUSE_TURN",
+    "AnthropicTurn", "Item", "ItemToolCall", "ItemTurn", "ResponsesTurn", "Text",
+]  # fmt: skip
 
 _OPENED: Final = ToolCallState.OPENED
 
@@ -173,14 +184,7 @@ class ItemToolCall(ToolCall):
     def to_dict(self) -> FunctionToolCall:
         """The call as a Chat Completions ``tool_calls[]`` entry; a custom call in the custom
         shape (``{"id", "type": "custom", "custom": {"name", "input"}}``)."""
-        if self.custom:
-            custom: CustomToolCall = {
-                "id": self.id,
-                "type": "custom",
-                "custom": {"name": self.name, "input": self.arguments},
-            }
-            return custom  # type: ignore[return-value]
-        return super().to_dict()
+        return tool_call_entry(self.id, self.type, self.name, self.arguments, custom=self.custom)
 
 
 class ItemTurn(Turn):
@@ -192,7 +196,7 @@ class ItemTurn(Turn):
 
     format: ClassVar[str] = "?"
 
-    def __init__(self, index: int, meta: _Meta) -> None:
+    def __init__(self, index: int, meta: Meta) -> None:
         super().__init__(index, meta)
         #: every item / block, in arrival order
         self.items: list[Item] = []
@@ -254,12 +258,12 @@ class ItemTurn(Turn):
         return False
 
     # -- what goes back ---------------------------------------------------------------------------
-    def output_items(self) -> list[dict[str, Any]]:
-        """The turn's items, verbatim, in output order (JSON-serializable copies); see
-        :func:`fsm.formats.render.output_items`."""
-        from fsm.formats.render import output_items
-
-        return output_items(self)
+    def iter_output_items(self) -> Iterator[dict[str, Any]]:
+        """The items of :meth:`output_items`, decoded one at a time (a writer that serializes
+        each before the next holds one decoded item at a time, not the whole turn's)."""
+        make = _responses_item if self.format == "responses" else _anthropic_block
+        for item in self.ordered_items():
+            yield make(item)
 
     def to_json(self) -> dict[str, Any]:
         """The turn as ``fsm parse --json`` prints it: the Chat Completions shape, plus
@@ -282,7 +286,7 @@ class ResponsesTurn(ItemTurn):
 
     format: ClassVar[str] = "responses"
 
-    def __init__(self, index: int, meta: _Meta) -> None:
+    def __init__(self, index: int, meta: Meta) -> None:
         super().__init__(index, meta)
         #: whether ``response.incomplete`` ended the stream (whatever its reason says: a reason
         #: of ``"completed"`` there is still an incomplete response)
@@ -297,31 +301,11 @@ class ResponsesTurn(ItemTurn):
         return items
 
     def ending_row(self, how: str) -> Ending:
-        finish = self.finish_reason
-        if how == "eof":
-            return _EOF
-        if how != "done":
-            return ending(how, None)
-        if finish == "completed" and not self.incomplete_event:
-            return ending("done", None)
-        if finish == "max_output_tokens":
-            return ending("done", "length")
-        if finish == "content_filter":
-            return ending("done", "content_filter")
-        return Ending("abort", f"incomplete:{finish}")
+        return stop_ending("responses", how, self.finish_reason, incomplete=self.incomplete_event)
 
 
-#: stop reasons of an Anthropic message ended by its arguments
-ANTHROPIC_NORMAL_STOPS: Final = frozenset({"tool_use", "end_turn", "stop_sequence"})
-#: stop reasons meaning the output was cut by a token limit
-ANTHROPIC_LENGTH_STOPS: Final = frozenset({"max_tokens", "model_context_window_exceeded"})
-#: every stop reason with a meaning of its own
-ANTHROPIC_STOPS: Final = ANTHROPIC_NORMAL_STOPS | ANTHROPIC_LENGTH_STOPS | {"refusal", "pause_turn"}
-#: ``Turn.incomplete_reason`` of an Anthropic turn that stopped with ``pause_turn``: send it
-#: back as is to let the model continue; nothing is executed
-PAUSE_TURN: Final = "pause_turn"
-
-_EOF: Final = Ending("abort", "eof")
+#: every Anthropic stop reason with a meaning of its own (:data:`fsm.states.STOP_SIGNALS`)
+ANTHROPIC_STOPS: Final = frozenset(STOP_SIGNALS["anthropic"])
 
 
 class AnthropicTurn(ItemTurn):
@@ -333,21 +317,68 @@ class AnthropicTurn(ItemTurn):
     format: ClassVar[str] = "anthropic"
 
     def ending_row(self, how: str) -> Ending:
-        finish = self.finish_reason
-        if how == "eof":
-            return _EOF
-        if how != "done":
-            return ending(how, None)
-        if finish in ANTHROPIC_LENGTH_STOPS:
-            return ending("done", "length")
-        if finish == "refusal":
-            return Ending("abort", "refusal")
-        if finish == PAUSE_TURN:
-            return Ending("abort", PAUSE_TURN)
-        return ending("done", None)
+        return stop_ending("anthropic", how, self.finish_reason)
 
     def promises_calls(self) -> bool:
-        return self.finish_reason == "tool_use"
+        return self.finish_reason in CALL_STOPS["anthropic"]
+
+
+def _texts(item: Item, prefix: str) -> list[tuple[int, str]]:
+    return sorted(
+        (key[1], text.value())
+        for key, text in item.texts.items()
+        if type(key) is tuple and key[0] == prefix
+    )
+
+
+def _responses_item(item: Item) -> dict[str, Any]:
+    data: dict[str, Any] = item.data  # a fresh copy
+    data.update(item.first_ids)
+    call = item.call
+    if call is not None:
+        data["arguments" if item.kind == "function_call" else "input"] = call.arguments
+        if call.id:
+            data["call_id"] = call.id
+        if call.name:
+            data["name"] = call.name
+    elif not item.done and item.kind == "message":
+        content: list[dict[str, Any]] = []
+        for key, text in item.texts.items():
+            if text.field == 2:  # REFUSAL
+                content.append({"type": "refusal", "refusal": text.value()})
+            else:
+                content.append({"type": "output_text", "text": text.value(), "annotations": []})
+            del key
+        data["content"] = content
+    elif not item.done and item.kind == "reasoning":
+        data["summary"] = [{"type": "summary_text", "text": t} for _, t in _texts(item, "s")]
+        reasoning = _texts(item, "r")
+        if reasoning:
+            data["content"] = [{"type": "reasoning_text", "text": t} for _, t in reasoning]
+    return data
+
+
+def _anthropic_block(item: Item) -> dict[str, Any]:
+    data: dict[str, Any] = item.data  # a fresh copy
+    call = item.call
+    if call is not None:
+        with contextlib.suppress(ValueError):  # not JSON (incomplete): the block's input stays
+            data["input"] = call.input
+        if call.id:
+            data["id"] = call.id
+        if call.name:
+            data["name"] = call.name
+    elif item.kind == "text":
+        text = item.texts.get("text")
+        data["text"] = text.value() if text is not None else data.get("text") or ""
+    elif item.kind == "thinking":
+        thinking = item.texts.get("thinking")
+        signature = item.texts.get("signature")
+        data["thinking"] = thinking.value() if thinking is not None else data.get("thinking", "")
+        data["signature"] = (
+            signature.value() if signature is not None else data.get("signature", "")
+        )
+    return data
 
 
 def _by_index(item: Item) -> int:
