@@ -251,7 +251,7 @@ def _history_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
     """The rows of history for ``keys``: the call, its assistant message, its result (every
     value read raw, see :func:`_raw`), and its execution in the tool ledger when it went
     through one: the committed pending turn of its assistant message (found through
-    ``ix_pending_turns_conversation_id_committed_seq``) and that turn's execution at the call's position
+    ``ix_fsm_pending_turns_conversation_id_committed_seq``) and that turn's execution at the call's position
     (its key)."""
     t = _CALLS.alias("tc")
     a = _MESSAGES.alias("am")

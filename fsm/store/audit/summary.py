@@ -104,7 +104,7 @@ def _turns_query(
 
     Read from the token columns the store writes with each message (migration 0006, which
     backfilled the rows written before it), not from the usage JSON: unfiltered, the query is a
-    scan of ``ix_messages_stats`` alone (SQLite: in (model, day) order, no sort; PostgreSQL: an
+    scan of ``ix_fsm_messages_stats`` alone (SQLite: in (model, day) order, no sort; PostgreSQL: an
     index-only scan aggregated by hash). The columns' checks hold what the store writes (an
     integer from 0 to :data:`TOKEN_MAX`, or NULL); SQLite adds them up with ``total()``, which
     no value fails (raw SQL with the checks off can store anything there, and ``fsm audit
@@ -135,7 +135,7 @@ _ASSISTANT: Final[sa.ColumnElement[Any]] = sa.literal_column("'assistant'")
 
 def _day(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
     """A time column's UTC day: SQLite, the first 10 characters of its text (the expression
-    ``ix_messages_stats`` indexes); PostgreSQL, a ``date`` (read as ``YYYY-MM-DD``)."""
+    ``ix_fsm_messages_stats`` indexes); PostgreSQL, a ``date`` (read as ``YYYY-MM-DD``)."""
     if conn.dialect.name == "sqlite":
         # literal bounds: SQLite matches an indexed expression only with the same constants
         return sa.func.substr(
