@@ -224,7 +224,7 @@ def test_postgres_dropped_keys_let_duplicates_in(own_url: sa.URL) -> None:
                 ("fsm_tool_calls", "pk_fsm_tool_calls"),
                 (
                     "fsm_tool_calls",
-                    "uq_fsm_tool_calls_conversation_id_assistant_seq_position_call_id",
+                    "uq_fsm_tool_calls_call",
                 ),
             ):
                 conn.exec_driver_sql(f"ALTER TABLE {table} DROP CONSTRAINT {key} CASCADE")
@@ -236,8 +236,8 @@ def test_postgres_dropped_keys_let_duplicates_in(own_url: sa.URL) -> None:
         engine.dispose()
     found = [v for v in violations(own_url) if v.kind == "duplicate_key"]
     assert {v.detail.split(" rows share")[0] for v in found} == {
-        "2 attempt_calls",
-        "2 tool_calls",
+        "2 fsm_attempt_calls",
+        "2 fsm_tool_calls",
     }, found
     assert_cli_reports(own_url, {"duplicate_key"})
 
@@ -560,7 +560,7 @@ def test_arg_filters_before_migration_0003(
 ) -> None:
     """Without fsm_try_jsonb (a schema before 0003), the cast is guarded instead."""
     _commit_calls(own_url, HOSTILE_ARGUMENTS)
-    monkeypatch.setattr(audit_calls, "_pg_function", lambda conn, signature: False)
+    monkeypatch.setattr(audit_calls, "pg_function", lambda conn, signature: False)
     assert _call_ids(args=[("a", 1)])(own_url) == ["good"]
     assert "good" in _call_ids(args=[("b", 1)])(own_url)
 

@@ -312,11 +312,11 @@ def test_fsm_in_a_schema_of_its_own(host_dir: Path, empty_url: sa.URL, fsm_schem
     # every fsm object is in the schema: tables, version table, functions, the identity
     assert _tables(empty_url) == {"alembic_version", "host_items"}
     assert _tables(empty_url, fsm_schema) >= {
-        "conversations",
-        "messages",
-        "tool_calls",
-        "attempts",
-        "attempt_calls",
+        "fsm_conversations",
+        "fsm_messages",
+        "fsm_tool_calls",
+        "fsm_attempts",
+        "fsm_attempt_calls",
         VERSION_TABLE,
     }
     functions = _rows(
@@ -328,7 +328,7 @@ def test_fsm_in_a_schema_of_its_own(host_dir: Path, empty_url: sa.URL, fsm_schem
     sequences = _rows(
         empty_url, f"SELECT sequencename FROM pg_sequences WHERE schemaname = '{fsm_schema}'"
     )
-    assert sorted(sequences) == [("attempts_id_seq",), ("pending_turns_id_seq",)]
+    assert sorted(sequences) == [("fsm_attempts_id_seq",), ("fsm_pending_turns_id_seq",)]
 
     # the host sees none of it, even without the filter (it does not include other schemas)
     command.check(host_config(host_dir, empty_url, use_filter=False))
@@ -341,7 +341,7 @@ def test_fsm_in_a_schema_of_its_own(host_dir: Path, empty_url: sa.URL, fsm_schem
         with refused, store.engine.begin() as conn:  # the schema's check and function hold
             conn.execute(
                 sa.text(
-                    f'INSERT INTO "{fsm_schema}".messages (conversation_id,'
+                    f'INSERT INTO "{fsm_schema}".fsm_messages (conversation_id,'
                     " seq, role, n_calls, slots_left, block_end_seq)"
                     " VALUES (:c, 0, 'assistant', 1, 1, 1)"
                 ),
@@ -349,7 +349,7 @@ def test_fsm_in_a_schema_of_its_own(host_dir: Path, empty_url: sa.URL, fsm_schem
             )
             conn.execute(
                 sa.text(
-                    f'INSERT INTO "{fsm_schema}".tool_calls VALUES'
+                    f'INSERT INTO "{fsm_schema}".fsm_tool_calls VALUES'
                     " (:c, 0, 0, 1, 'x', NULL, 'function', 'f', '{', NULL,"
                     " false, 'finished')"
                 ),

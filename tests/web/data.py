@@ -111,7 +111,7 @@ def clone_attempts(url: sa.URL | str, conversation_id: str, count: int) -> None:
                 sa.text(
                     f"{numbers}INSERT INTO fsm_attempts (id, response_id, {columns}) "
                     f"SELECT :top + n.i, 'clone-' || n.i, {columns} FROM fsm_attempts, n "
-                    "WHERE attempts.id = :first"
+                    "WHERE fsm_attempts.id = :first"
                 ),
                 params,
             )
@@ -119,7 +119,7 @@ def clone_attempts(url: sa.URL | str, conversation_id: str, count: int) -> None:
                 sa.text(
                     f"{numbers}INSERT INTO fsm_attempt_calls (attempt_id, {call_columns}) "
                     f"SELECT :top + n.i, {call_columns} FROM fsm_attempt_calls, n "
-                    "WHERE attempt_calls.attempt_id = :first"
+                    "WHERE fsm_attempt_calls.attempt_id = :first"
                 ),
                 params,
             )

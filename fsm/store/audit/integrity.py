@@ -20,19 +20,19 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection
 
 from fsm.states import ToolCallState
-from fsm.store.audit.filters import _pg_function
+from fsm.store.audit.filters import pg_function
 from fsm.store.audit.read import (
-    _ATTEMPT_CALLS,
-    _ATTEMPTS,
-    _CALLS,
-    _CONVERSATIONS,
-    _MESSAGES,
+    ATTEMPT_CALLS,
+    ATTEMPTS,
+    CALLS,
+    CONVERSATIONS,
+    MESSAGES,
     Bind,
-    _connect,
-    _int,
-    _opt_text,
-    _Row,
-    _text,
+    Row,
+    as_int,
+    as_opt_text,
+    as_text,
+    connect,
 )
 from fsm.store.errors import (
     DatabaseCorruptError,
@@ -101,7 +101,7 @@ VIOLATION_KINDS: Final[dict[str, str]] = {
 
 
 @dataclass(frozen=True, slots=True)
-class Violation(_Row):
+class Violation(Row):
     """One broken rule: where (conversation, seq; ``None`` when not known), what, and details."""
 
     conversation_id: str | None
@@ -431,7 +431,7 @@ def _shape(conn: Connection) -> _Shape:
                 {"tables": list(_TABLES)},
             ).scalars()
         )
-        functions["fsm_json_valid"] = _pg_function(conn, "fsm_json_valid(text)")
+        functions["fsm_json_valid"] = pg_function(conn, "fsm_json_valid(text)")
     reflected = {table: inspector.get_columns(table) for table in _TABLES}
     if dialect == "postgresql":
         # a NOT NULL dropped lets NULLs in (SQLite cannot drop one without rebuilding the table)
@@ -477,11 +477,11 @@ def _shape(conn: Connection) -> _Shape:
 _TABLE: Final = {
     t.name: t
     for t in (
-        _CONVERSATIONS,
-        _MESSAGES,
-        _CALLS,
-        _ATTEMPTS,
-        _ATTEMPT_CALLS,
+        CONVERSATIONS,
+        MESSAGES,
+        CALLS,
+        ATTEMPTS,
+        ATTEMPT_CALLS,
         _PENDING,
         _EXECUTIONS,
     )
@@ -561,15 +561,15 @@ def _row_check_sql(table: str, rules: Sequence[_Rule], shape: _Shape, *, ranged:
 
 def _row_violations(table: str, rules: Sequence[_Rule], row: Any) -> Iterator[Violation]:
     cid, a, b, c, detail, *flags = row
-    conversation = _opt_text(cid)
+    conversation = as_opt_text(cid)
     seq: int | None = None
     if table == "fsm_conversations":
         where = f"conversation {conversation!r}"
     elif table == "fsm_messages":
-        seq = _int(a)
-        where = f"the {_text(b)} message at seq {_shown(a)}"
+        seq = as_int(a)
+        where = f"the {as_text(b)} message at seq {_shown(a)}"
     elif table == "fsm_tool_calls":
-        seq = _int(a)
+        seq = as_int(a)
         where = f"call {_shown(b)} (id {_shown(c, text=True)}) of the message at seq {_shown(a)}"
     elif table == "fsm_attempts":
         where = f"attempt {_shown(a)} (at seq {_shown(b)})"
@@ -589,7 +589,7 @@ def _row_violations(table: str, rules: Sequence[_Rule], row: Any) -> Iterator[Vi
         if rule.kind == "invalid_type" and rule.name.endswith("NOT NULL"):
             text = f"{rule.name.split('.', 1)[1].split()[0]} is NULL (the column is NOT NULL)"
         elif rule.kind == "invalid_type" and detail:
-            text = f"wrong type: {_text(detail)}"
+            text = f"wrong type: {as_text(detail)}"
         elif rule.name == "ck_fsm_messages_one_content":
             text = "has both a text content and content parts"
         elif rule.name == "ck_fsm_attempt_calls_position":
@@ -612,10 +612,10 @@ def _shown(value: Any, *, text: bool = False) -> str:
     if type(value) is int and not text:
         return str(value)
     if isinstance(value, str):
-        return repr(_text(value))
+        return repr(as_text(value))
     if value is None:
         return "NULL"
-    return f"{_text(value)!r} ({type(value).__name__})"
+    return f"{as_text(value)!r} ({type(value).__name__})"
 
 
 def _duplicates_sql(
@@ -637,11 +637,11 @@ def _duplicate_violations(table: str, columns: Sequence[str], row: Any) -> Viola
     *key, n = row
     values = ", ".join(f"{c} {_shown(v)}" for c, v in zip(columns, key, strict=True))
     conversation = (
-        _opt_text(key[0])
+        as_opt_text(key[0])
         if table in ("fsm_conversations", "fsm_messages", "fsm_tool_calls")
         else None
     )
-    seq = _int(key[1]) if table == "fsm_tool_calls" else None
+    seq = as_int(key[1]) if table == "fsm_tool_calls" else None
     return Violation(
         conversation,
         seq,
@@ -706,7 +706,7 @@ def check(
     if damaged:
         yield from damaged
         return
-    with _connect(bind, snapshot=True) as conn:
+    with connect(bind, snapshot=True) as conn:
         total = int(conn.execute(sa.text("SELECT count(*) FROM fsm_conversations")).scalar_one())
         # batches are ranges of text ids (an id of another type, which only raw SQL on SQLite
         # can store, sorts after every text: it falls in the last batch)
@@ -739,11 +739,11 @@ def check(
             engine = bind
 
             def run(bounds: tuple[str | None, str | None]) -> list[Violation]:
-                with _connect(engine, snapshot=True) as worker:
+                with connect(engine, snapshot=True) as worker:
                     return _check_batch(worker, *bounds, shape, own=True)
 
             def rows(table: str) -> list[Violation]:
-                with _connect(engine) as worker:
+                with connect(engine) as worker:
                     return _row_checks(worker, shape, table)
 
             with ThreadPoolExecutor(workers or 2, thread_name_prefix="fsm-check") as pool:
@@ -780,7 +780,7 @@ def engine_check(bind: Bind, *, deep: bool = False, note: Note | None = None) ->
     """
     found: list[Violation] = []
     try:
-        with _connect(bind) as conn:
+        with connect(bind) as conn:
             if conn.dialect.name == "sqlite":
                 pragma = "integrity_check" if deep else "quick_check"
                 lines = conn.exec_driver_sql(f"PRAGMA {pragma}({_SQLITE_MAX_ERRORS})").scalars()
@@ -1048,10 +1048,10 @@ def _check_range(
     for cid, n, n_distinct, first, last, orphan in run(_CHECK_SEQ):
         if orphan:
             yield Violation(
-                _text(cid),
+                as_text(cid),
                 None,
                 "orphan_row",
-                f"{n} message(s) of conversation {_text(cid)!r}, which does not exist",
+                f"{n} message(s) of conversation {as_text(cid)!r}, which does not exist",
             )
         if n != last + 1 or first != 0 or n_distinct != n:
             unordered.append(cid)
@@ -1061,7 +1061,7 @@ def _check_range(
             sa.bindparam("ids", expanding=True)
         )
         for cid, seq, p_seq in conn.execute(detail, {"ids": ids}):
-            cid = _text(cid)
+            cid = as_text(cid)
             if p_seq is None:
                 yield Violation(cid, seq, "seq_start", f"the first message has seq {seq}, not 0")
             elif seq == p_seq:
@@ -1080,10 +1080,10 @@ def _check_range(
         yield from _call_violations(row)
     for cid, n in run(_ORPHAN_ATTEMPTS):
         yield Violation(
-            _text(cid),
+            as_text(cid),
             None,
             "orphan_row",
-            f"{n} attempt(s) of conversation {_text(cid)!r}, which does not exist",
+            f"{n} attempt(s) of conversation {as_text(cid)!r}, which does not exist",
         )
     for table, columns, condition in shape.lost_keys:
         if table not in ("fsm_attempts", "fsm_attempt_calls"):
@@ -1116,19 +1116,19 @@ def _message_violations(row: Any) -> Iterator[Violation]:
     found = list(
         _message_findings(
             cid, seq, role, n_calls, slots_left, prev_seq, prev_slots, call_id, aseq, pos,
-            block_end, real_id if isinstance(real_id, str) else None, _int(call_n),
-            _opt_text(a_role), _int(calls) or 0, _opt_text(s_role), _int(s_aseq), _int(s_pos),
+            block_end, real_id if isinstance(real_id, str) else None, as_int(call_n),
+            as_opt_text(a_role), as_int(calls) or 0, as_opt_text(s_role), as_int(s_aseq), as_int(s_pos),
         )
     )  # fmt: skip
     if not found:  # the SQL picked it for a reason the findings do not name: never call it clean
         found.append(
             Violation(
-                _text(cid),
+                as_text(cid),
                 seq,
                 "invalid_row",
                 f"the {role} message at seq {seq} breaks a rule of the schema (n_calls {n_calls}, "
                 f"slots_left {slots_left}, prev_seq {prev_seq}, prev_slots_left {prev_slots}, "
-                f"tool_call_id {_opt_text(call_id)!r}, assistant_seq {aseq}, call_position {pos}, "
+                f"tool_call_id {as_opt_text(call_id)!r}, assistant_seq {aseq}, call_position {pos}, "
                 f"block_end_seq {block_end})",
             )
         )
@@ -1155,8 +1155,8 @@ def _message_findings(
     s_aseq: int | None,
     s_pos: int | None,
 ) -> Iterator[Violation]:
-    shown_id = _opt_text(call_id)
-    conversation = _text(cid)
+    shown_id = as_opt_text(call_id)
+    conversation = as_text(cid)
     tool = role == "tool"
     linked = aseq is not None and pos is not None
     if (
@@ -1212,7 +1212,7 @@ def _message_findings(
             seq,
             "result_id_mismatch",
             f"the tool result at seq {seq} has tool_call_id {shown_id!r}, but its call (position "
-            f"{pos} of the assistant message at seq {aseq}) has id {_text(real_id)!r}",
+            f"{pos} of the assistant message at seq {aseq}) has id {as_text(real_id)!r}",
         )
     if role == "assistant" and n_calls > 0 and calls != n_calls:
         yield Violation(
@@ -1275,17 +1275,17 @@ def _call_violations(row: Any) -> Iterator[Violation]:
         return
     found = list(
         _call_findings(
-            _text(cid), aseq, pos, _text(call_id), _text(name), state, n_decl, bool(repaired),
-            bool(no_raw), bool(has_result), _opt_text(a_role), _int(a_n), _opt_text(s_role),
+            as_text(cid), aseq, pos, as_text(call_id), as_text(name), state, n_decl, bool(repaired),
+            bool(no_raw), bool(has_result), as_opt_text(a_role), as_int(a_n), as_opt_text(s_role),
         )
     )  # fmt: skip
     if not found:  # never call a row the SQL picked clean
         found.append(
             Violation(
-                _text(cid),
+                as_text(cid),
                 aseq,
                 "invalid_row",
-                f"call {pos} (id {_text(call_id)!r}) of the message at seq {aseq} breaks a rule "
+                f"call {pos} (id {as_text(call_id)!r}) of the message at seq {aseq} breaks a rule "
                 f"of the schema (assistant_n_calls {n_decl}, state {state!r})",
             )
         )
