@@ -6,7 +6,7 @@ For each engine: seed the store with ``bench/seed.py`` (or reuse one with ``--sq
 * the first page (100 rows) of every filtered ``tool_calls()`` / ``failures()`` query, warm,
   median of 5 (target: < 100 ms);
 * ``stats()``, median and best of 5 after a warm-up (target: < 1 s); it reads the token columns
-  of migration 0006 through ``ix_messages_stats`` (the plan is printed);
+  of migration 0006 through ``ix_fsm_messages_stats`` (the plan is printed);
 * ``check()`` of the whole store, best of 2, as calls per second (target: > 200,000/s).
 
 Usage::
@@ -71,7 +71,7 @@ def timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
 def queries(engine: sa.Engine) -> list[tuple[str, Callable[[], object]]]:
     with engine.connect() as conn:
         conversation = conn.execute(
-            sa.text("SELECT id FROM conversations ORDER BY id LIMIT 1 OFFSET 1000")
+            sa.text("SELECT id FROM fsm_conversations ORDER BY id LIMIT 1 OFFSET 1000")
         ).scalar()
     page: dict[str, Any] = {"limit": PAGE}
 
@@ -140,7 +140,7 @@ def bench(url: sa.URL, label: str) -> dict[str, float]:
         )
         print("  stats() turns query plan: " + _stats_plan(engine))
         with engine.connect() as conn:
-            calls = int(conn.execute(sa.text("SELECT count(*) FROM tool_calls")).scalar_one())
+            calls = int(conn.execute(sa.text("SELECT count(*) FROM fsm_tool_calls")).scalar_one())
         best = float("inf")
         for _ in range(2):
             start = time.perf_counter()
@@ -161,7 +161,7 @@ def bench(url: sa.URL, label: str) -> dict[str, float]:
 
 def _stats_plan(engine: sa.Engine) -> str:
     """The plan of stats()'s grouped scan of the assistant messages (it should read
-    ``ix_messages_stats`` alone)."""
+    ``ix_fsm_messages_stats`` alone)."""
     from fsm.store.audit.read import _MESSAGES
     from fsm.store.audit.summary import _ASSISTANT, _turns_query
 
@@ -189,7 +189,7 @@ def render_md(runs: list[tuple[str, dict[str, float]]], argv: list[str], load: s
         f"turns, 30 days, 5 models). stats(): median of {STATS_RUNS} after a warm-up, target "
         "< 1 s. It reads the integer token columns the store writes with each message "
         "(migration 0006, which backfills older rows) through the partial index "
-        "`ix_messages_stats` alone: on SQLite `(model, substr(created_at, 1, 10), n_calls, "
+        "`ix_fsm_messages_stats` alone: on SQLite `(model, substr(created_at, 1, 10), n_calls, "
         "tokens...)`, grouped in index order with no sort; on PostgreSQL `(model, created_at) "
         "INCLUDE (n_calls, tokens...)`, an index-only scan aggregated by hash (it needs the "
         "visibility map the seed's `VACUUM` sets, as autovacuum does after a load). "

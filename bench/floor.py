@@ -140,9 +140,9 @@ def floor_rows(conversation_id: str, seq: int, turn: Turn, results: list[str]) -
 class PostgresFloor:
     """The same rows with psycopg: one pipelined, durable transaction per turn."""
 
-    A = _insert("messages", ASSISTANT_COLUMNS, "%s")
-    C = _insert("tool_calls", CALL_COLUMNS, "%s")
-    R = _insert("messages", RESULT_COLUMNS, "%s")
+    A = _insert("fsm_messages", ASSISTANT_COLUMNS, "%s")
+    C = _insert("fsm_tool_calls", CALL_COLUMNS, "%s")
+    R = _insert("fsm_messages", RESULT_COLUMNS, "%s")
 
     def __init__(self, url: sa.URL) -> None:
         import psycopg
@@ -163,7 +163,7 @@ class PostgresFloor:
     def create(self, ids: list[str]) -> None:
         with self.conn.transaction():
             self.conn.cursor().executemany(
-                "INSERT INTO conversations (id) VALUES (%s)", [(i,) for i in ids]
+                "INSERT INTO fsm_conversations (id) VALUES (%s)", [(i,) for i in ids]
             )
 
     def close(self) -> None:
@@ -173,9 +173,9 @@ class PostgresFloor:
 class SqliteFloor:
     """The same rows with sqlite3: one transaction per turn, fsm's pragmas."""
 
-    A = _insert("messages", ASSISTANT_COLUMNS, "?")
-    C = _insert("tool_calls", CALL_COLUMNS, "?")
-    R = _insert("messages", RESULT_COLUMNS, "?")
+    A = _insert("fsm_messages", ASSISTANT_COLUMNS, "?")
+    C = _insert("fsm_tool_calls", CALL_COLUMNS, "?")
+    R = _insert("fsm_messages", RESULT_COLUMNS, "?")
 
     def __init__(self, path: Path) -> None:
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -202,7 +202,7 @@ class SqliteFloor:
 
     def create(self, ids: list[str]) -> None:
         self.conn.execute("BEGIN")
-        self.conn.executemany("INSERT INTO conversations (id) VALUES (?)", [(i,) for i in ids])
+        self.conn.executemany("INSERT INTO fsm_conversations (id) VALUES (?)", [(i,) for i in ids])
         self.conn.execute("COMMIT")
 
     def close(self) -> None:

@@ -54,7 +54,13 @@ from fsm.store import upgrade
 from fsm.store.engine import create_engine, display_url, normalize_url
 from fsm.store.plans import usage_columns
 
-TABLES = ("conversations", "messages", "tool_calls", "attempts", "attempt_calls")
+TABLES = (
+    "fsm_conversations",
+    "fsm_messages",
+    "fsm_tool_calls",
+    "fsm_attempts",
+    "fsm_attempt_calls",
+)
 
 MESSAGE_COLUMNS = (
     "conversation_id",
@@ -582,11 +588,11 @@ def _load_sqlite(engine: sa.Engine, batches: Iterator[Batch], report: dict[str, 
         cursor.execute("PRAGMA synchronous=OFF")
         cursor.execute("PRAGMA cache_size=-262144")
         sqls = {
-            "conversations": _insert_sql("conversations", CONVERSATION_COLUMNS),
-            "messages": _insert_sql("messages", MESSAGE_COLUMNS),
-            "tool_calls": _insert_sql("tool_calls", CALL_COLUMNS),
-            "attempts": _insert_sql("attempts", ATTEMPT_COLUMNS),
-            "attempt_calls": _insert_sql("attempt_calls", ATTEMPT_CALL_COLUMNS),
+            "conversations": _insert_sql("fsm_conversations", CONVERSATION_COLUMNS),
+            "messages": _insert_sql("fsm_messages", MESSAGE_COLUMNS),
+            "tool_calls": _insert_sql("fsm_tool_calls", CALL_COLUMNS),
+            "attempts": _insert_sql("fsm_attempts", ATTEMPT_COLUMNS),
+            "attempt_calls": _insert_sql("fsm_attempt_calls", ATTEMPT_CALL_COLUMNS),
         }
         for batch in batches:
             cursor.execute("BEGIN IMMEDIATE")
@@ -651,7 +657,7 @@ def _load_postgres(engine: sa.Engine, batches: Iterator[Batch], report: dict[str
                 for table, columns in copies:
                     if not rows[table]:
                         continue
-                    with cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+                    with cur.copy(f"COPY fsm_{table} ({', '.join(columns)}) FROM STDIN") as copy:
                         for row in rows[table]:
                             copy.write_row(row)
                 _count(report, batch)
@@ -665,8 +671,8 @@ def _load_postgres(engine: sa.Engine, batches: Iterator[Batch], report: dict[str
                 if not partitioned:
                     cur.execute(f'ALTER TABLE {table} VALIDATE CONSTRAINT "{name}"')
             cur.execute(
-                "SELECT setval(pg_get_serial_sequence('attempts', 'id'), "
-                "(SELECT coalesce(max(id), 0) + 1 FROM attempts), false)"
+                "SELECT setval(pg_get_serial_sequence('fsm_attempts', 'id'), "
+                "(SELECT coalesce(max(id), 0) + 1 FROM fsm_attempts), false)"
             )
             finish += time.perf_counter() - begin
         pg.commit()
@@ -706,7 +712,7 @@ def seed(
     engine = create_engine(parsed, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
-            if conn.execute(sa.text("SELECT count(*) FROM conversations")).scalar():
+            if conn.execute(sa.text("SELECT count(*) FROM fsm_conversations")).scalar():
                 raise SystemExit(
                     f"{display_url(parsed)} already holds conversations: seed an empty store"
                 )

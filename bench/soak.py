@@ -342,7 +342,7 @@ def verify(url: str, shared: str, privates: Sequence[str], reports: Sequence[Rep
                 (c, rid, seq)
                 for c, rid, seq in conn.execute(
                     sa.text(
-                        "SELECT conversation_id, response_id, seq FROM messages "
+                        "SELECT conversation_id, response_id, seq FROM fsm_messages "
                         "WHERE role = 'assistant' AND conversation_id IN :convs"
                     ).bindparams(sa.bindparam("convs", expanding=True)),
                     {"convs": convs},
@@ -356,7 +356,9 @@ def verify(url: str, shared: str, privates: Sequence[str], reports: Sequence[Rep
             for conv in convs:
                 seqs = (
                     conn.execute(
-                        sa.text("SELECT seq FROM messages WHERE conversation_id = :c ORDER BY seq"),
+                        sa.text(
+                            "SELECT seq FROM fsm_messages WHERE conversation_id = :c ORDER BY seq"
+                        ),
                         {"c": conv},
                     )
                     .scalars()
@@ -366,7 +368,7 @@ def verify(url: str, shared: str, privates: Sequence[str], reports: Sequence[Rep
                     problems.append(f"{conv}: seqs are not dense from 0")
             users = conn.execute(
                 sa.text(
-                    "SELECT count(*) FROM messages WHERE conversation_id = :c AND role = 'user'"
+                    "SELECT count(*) FROM fsm_messages WHERE conversation_id = :c AND role = 'user'"
                 ),
                 {"c": shared},
             ).scalar_one()
@@ -374,7 +376,8 @@ def verify(url: str, shared: str, privates: Sequence[str], reports: Sequence[Rep
             if users != appended:
                 problems.append(f"{users} user messages stored, {appended} acknowledged")
             attempts = conn.execute(
-                sa.text("SELECT count(*) FROM attempts WHERE conversation_id = :c"), {"c": shared}
+                sa.text("SELECT count(*) FROM fsm_attempts WHERE conversation_id = :c"),
+                {"c": shared},
             ).scalar_one()
             if attempts != sum(r.attempts for r in reports):
                 problems.append(

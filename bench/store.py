@@ -221,10 +221,10 @@ def bench_fsm_async(
 
 FLOOR_MESSAGES = (
     "SELECT seq, role, content, content_parts, name, refusal, tool_call_id, n_calls"
-    " FROM messages WHERE conversation_id = {p} ORDER BY seq"
+    " FROM fsm_messages WHERE conversation_id = {p} ORDER BY seq"
 )
 FLOOR_CALLS = (
-    "SELECT assistant_seq, call_id, type, name, arguments FROM tool_calls"
+    "SELECT assistant_seq, call_id, type, name, arguments FROM fsm_tool_calls"
     " WHERE conversation_id = {p} ORDER BY assistant_seq, position"
 )
 

@@ -110,18 +110,20 @@ def targets(app: App, engine: sa.Engine) -> list[tuple[str, str]]:
     """The pages timed: (label, target)."""
     with engine.connect() as conn:
         model = conn.execute(
-            sa.text("SELECT model FROM attempts WHERE model IS NOT NULL ORDER BY id LIMIT 1")
+            sa.text("SELECT model FROM fsm_attempts WHERE model IS NOT NULL ORDER BY id LIMIT 1")
         ).scalar()
-        day = str(conn.execute(sa.text("SELECT min(created_at) FROM conversations")).scalar())[:10]
+        day = str(conn.execute(sa.text("SELECT min(created_at) FROM fsm_conversations")).scalar())[
+            :10
+        ]
         # the conversation with the most messages (one scan, outside the timings)
         longest = conn.execute(
             sa.text(
-                "SELECT conversation_id FROM messages GROUP BY conversation_id "
+                "SELECT conversation_id FROM fsm_messages GROUP BY conversation_id "
                 "ORDER BY max(seq) DESC LIMIT 1"
             )
         ).scalar()
         attempted = conn.execute(
-            sa.text("SELECT conversation_id FROM attempts ORDER BY id LIMIT 1 OFFSET 1000")
+            sa.text("SELECT conversation_id FROM fsm_attempts ORDER BY id LIMIT 1 OFFSET 1000")
         ).scalar()
     first = _json(app, "/")["rows"][0]["id"]
     assert isinstance(longest, str) and isinstance(attempted, str)
@@ -201,10 +203,10 @@ def bench(url: sa.URL, label: str, repeat: int) -> dict[str, Any]:
             )
         with engine.connect() as conn:
             results["calls"] = int(
-                conn.execute(sa.text("SELECT count(*) FROM tool_calls")).scalar_one()
+                conn.execute(sa.text("SELECT count(*) FROM fsm_tool_calls")).scalar_one()
             )
             results["conversations"] = int(
-                conn.execute(sa.text("SELECT count(*) FROM conversations")).scalar_one()
+                conn.execute(sa.text("SELECT count(*) FROM fsm_conversations")).scalar_one()
             )
     finally:
         engine.dispose()

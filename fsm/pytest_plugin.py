@@ -259,7 +259,7 @@ def fsm_db_url(fsm_engine: str, request: pytest.FixtureRequest, tmp_path: Path) 
     try:
         with engine.begin() as conn:
             # every table hangs off conversations (ON DELETE CASCADE)
-            conn.execute(sa.text("DELETE FROM conversations"))
+            conn.execute(sa.text("DELETE FROM fsm_conversations"))
     finally:
         engine.dispose()
     rendered: str = url.render_as_string(hide_password=False)

@@ -27,6 +27,7 @@ This module imports only the store's metadata (and its URL helpers) from fsm.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Collection
 from logging.config import fileConfig
 
 import sqlalchemy as sa
@@ -41,7 +42,7 @@ from fsm.store.migrate import LEGACY_VERSION_TABLE, VERSION_TABLE, is_partition
 from fsm.store.models import SQLITE_ROWID_KEY, STATS_INDEX, Base
 
 config = context.config
-# SQLite: SQLAlchemy cannot reflect ix_messages_stats (an index on an expression), which fsm's
+# SQLite: SQLAlchemy cannot reflect ix_fsm_messages_stats (an index on an expression), which fsm's
 # own comparison leaves out anyway (see _include)
 warnings.filterwarnings("ignore", "Skipped unsupported reflection of expression-based index")
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):
@@ -132,23 +133,51 @@ def _adopt_legacy_version_table(connection: Connection, schema: str | None) -> N
         sa.Table(LEGACY_VERSION_TABLE, sa.MetaData(), schema=schema).drop(connection)
 
 
-def _refuse_clashes(connection: Connection, schema: str | None) -> None:
+#: fsm's tables before revision 0009 (``messages``, ...), which the revisions up to it create
+#: and rename: a database that gets them by running those revisions must not have them already.
+LEGACY_TABLES = (
+    "conversations",
+    "messages",
+    "tool_calls",
+    "attempts",
+    "attempt_calls",
+    "pending_turns",
+    "tool_executions",
+)
+
+
+def _refuse_clashes(
+    connection: Connection, schema: str | None, names: Collection[str] = ()
+) -> None:
     """A database with no fsm revision whose tables already use fsm's names (a host's own
-    ``messages``, ``conversations``, ...): a typed error naming them, nothing changed (creating
-    fsm's tables there would fail half-way, or worse, adopt the host's)."""
+    ``fsm_messages``, ...; with ``names``, those too): a typed error naming them, nothing
+    changed (creating fsm's tables there would fail half-way, or worse, adopt the host's)."""
     inspector = sa.inspect(connection)
     if inspector.has_table(VERSION_TABLE, schema=schema):
         return
-    clash = sorted(set(inspector.get_table_names(schema=schema)) & set(target_metadata.tables))
+    ours = {*target_metadata.tables, *names}
+    clash = sorted(set(inspector.get_table_names(schema=schema)) & ours)
     if clash:
         where = f"schema {schema!r}" if schema else "the database"
-        names = ", ".join(clash)
+        found = ", ".join(clash)
         raise StoreLayoutError(
-            f"{where} already has table(s) named {names}, which fsm did not create (no fsm "
+            f"{where} already has table(s) named {found}, which fsm did not create (no fsm "
             "revision is recorded there): fsm's tables would collide with them; nothing was "
             "changed. Give fsm a database of its own, or on PostgreSQL a schema of its own "
             "(fsm db upgrade --schema fsm)"
         )
+
+
+def _new_at_head() -> bool:
+    """Whether this is ``upgrade`` to head of a database with no fsm revision: it is created
+    from the models at head (which the revisions are tested to build identically) and stamped,
+    so it never has the names of older revisions (a host's own ``messages`` is left alone)."""
+    migration = context.get_context()
+    if getattr(migration.opts.get("fn"), "__name__", None) != "upgrade":
+        return False  # stamp, check, current, downgrade: as Alembic does them
+    if migration.get_current_revision() is not None:
+        return False
+    return context.get_revision_argument() in ("head", context.script.get_current_head())
 
 
 def _run(connection: Connection) -> None:
@@ -185,7 +214,12 @@ def _run(connection: Connection) -> None:
                 )
             fsm_partitions.create_at_head(connection, schema, partitions)
             context.get_context().stamp(context.script, "head")
+        elif _new_at_head():
+            target_metadata.create_all(connection)
+            context.get_context().stamp(context.script, "head")
         else:
+            if context.get_context().get_current_revision() is None:
+                _refuse_clashes(connection, schema, LEGACY_TABLES)
             context.run_migrations()
         if old_path is not None:
             connection.execute(

@@ -100,7 +100,7 @@ def db_url(engine_name: str, request: pytest.FixtureRequest, tmp_path: Path) -> 
         with engine.begin() as conn:
             # every table hangs off conversations with ON DELETE CASCADE; much faster than
             # TRUNCATE on tables this small
-            conn.execute(sa.text("DELETE FROM conversations"))
+            conn.execute(sa.text("DELETE FROM fsm_conversations"))
     finally:
         engine.dispose()
     return url

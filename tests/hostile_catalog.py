@@ -133,7 +133,7 @@ def _bad_json(phrase: str = "not valid JSON", event: int = 2) -> Outcome:
 
 TC = "choices[0].delta.tool_calls[0]"
 NUL_ID = "call_\x00\x01\x1b[31m\n\r\t\u2028\u200b"
-SQL_ID = "call_'); DROP TABLE tool_calls; -- \" OR 1=1 /*"
+SQL_ID = "call_'); DROP TABLE fsm_tool_calls; -- \" OR 1=1 /*"
 LONG_ID = "call_" + "A" * MiB  # 1 MiB
 UNICODE_NAME = "天気_получить_🌦️_طقس"  # CJK, Cyrillic, emoji with VS16, Arabic (RTL)
 DEEP = 100_000

@@ -358,7 +358,7 @@ class WriteLock:
         self._pg = self._engine.connect()
         self._pg.begin()
         locked = self._pg.execute(
-            sa.text("SELECT id FROM conversations WHERE id = :id FOR UPDATE"),
+            sa.text("SELECT id FROM fsm_conversations WHERE id = :id FOR UPDATE"),
             {"id": self.conversation},
         ).all()
         assert locked, "the conversation must exist to be locked"
@@ -404,7 +404,7 @@ def trigger(url: str, *, sqlite: str | None, pg_errcode: str, message: str) -> I
         with engine.begin() as conn:
             if on_sqlite:
                 conn.exec_driver_sql(
-                    "CREATE TRIGGER fsm_test_refuse BEFORE INSERT ON messages "
+                    "CREATE TRIGGER fsm_test_refuse BEFORE INSERT ON fsm_messages "
                     f"WHEN NEW.role = 'tool' BEGIN SELECT RAISE({sqlite}, '{message}'); END"
                 )
             else:
@@ -413,14 +413,14 @@ def trigger(url: str, *, sqlite: str | None, pg_errcode: str, message: str) -> I
                     f"BEGIN RAISE EXCEPTION '{message}' USING ERRCODE = '{pg_errcode}'; END $$"
                 )
                 conn.exec_driver_sql(
-                    "CREATE TRIGGER fsm_test_refuse BEFORE INSERT ON messages FOR EACH ROW "
+                    "CREATE TRIGGER fsm_test_refuse BEFORE INSERT ON fsm_messages FOR EACH ROW "
                     "WHEN (NEW.role = 'tool') EXECUTE FUNCTION fsm_test_refuse()"
                 )
         yield
     finally:
         with engine.begin() as conn:
             conn.exec_driver_sql(
-                "DROP TRIGGER IF EXISTS fsm_test_refuse" + ("" if on_sqlite else " ON messages")
+                "DROP TRIGGER IF EXISTS fsm_test_refuse" + ("" if on_sqlite else " ON fsm_messages")
             )
             if not on_sqlite:
                 conn.exec_driver_sql("DROP FUNCTION IF EXISTS fsm_test_refuse()")
@@ -453,7 +453,7 @@ def make_conversation(url: str, conversation: str = "conv") -> None:
 # -- typed errors at the commit ------------------------------------------------------------------
 def _driver_error() -> Exception:
     return sa.exc.OperationalError(
-        "INSERT INTO messages (content) VALUES (?)",
+        "INSERT INTO fsm_messages (content) VALUES (?)",
         {"content": "6912"},
         Exception("server closed the connection unexpectedly"),
     )

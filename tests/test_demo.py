@@ -119,14 +119,14 @@ def assert_stored(url: str, conversation: str) -> None:
             rows = conn.execute(
                 sa.text(
                     "SELECT seq, role, n_calls, tool_call_id, response_id, finish_reason "
-                    "FROM messages WHERE conversation_id = :c ORDER BY seq"
+                    "FROM fsm_messages WHERE conversation_id = :c ORDER BY seq"
                 ),
                 {"c": conversation},
             ).all()
             calls = conn.execute(
                 sa.text(
                     "SELECT assistant_seq, position, call_id, name, arguments, state "
-                    "FROM tool_calls WHERE conversation_id = :c ORDER BY assistant_seq, position"
+                    "FROM fsm_tool_calls WHERE conversation_id = :c ORDER BY assistant_seq, position"
                 ),
                 {"c": conversation},
             ).all()

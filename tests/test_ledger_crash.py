@@ -195,7 +195,7 @@ def _ledger(url: str, cid: str) -> list[dict[str, Any]]:
         with engine.connect() as conn:
             turns = conn.execute(
                 sa.text(
-                    "SELECT id, state, committed_seq FROM pending_turns"
+                    "SELECT id, state, committed_seq FROM fsm_pending_turns"
                     " WHERE conversation_id = :c ORDER BY id"
                 ),
                 {"c": cid},
@@ -204,7 +204,7 @@ def _ledger(url: str, cid: str) -> list[dict[str, Any]]:
             for pid, state, seq in turns:
                 calls = conn.execute(
                     sa.text(
-                        "SELECT name, state, starts FROM tool_executions"
+                        "SELECT name, state, starts FROM fsm_tool_executions"
                         " WHERE conversation_id = :c AND pending_id = :p ORDER BY position"
                     ),
                     {"c": cid, "p": pid},

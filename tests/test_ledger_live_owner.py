@@ -435,7 +435,7 @@ def test_a_long_fault_keeps_the_result_in_hand_for_the_next_run(
             assert [m.get("content") for m in history[2:4]] == ["6912", "408"]
             with store.engine.connect() as conn:
                 starts = conn.execute(
-                    sa.text("SELECT name, state, starts FROM tool_executions ORDER BY position")
+                    sa.text("SELECT name, state, starts FROM fsm_tool_executions ORDER BY position")
                 ).all()
             assert [tuple(r) for r in starts] == [
                 ("add", "succeeded", 1),

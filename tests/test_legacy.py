@@ -271,7 +271,9 @@ def test_a_function_result_naming_another_function_is_corrupt(store: Conversatio
     store.commit_turn(conversation, fsm.parse(legacy_stream()).turn(0), ["18"])
     with store.engine.begin() as conn:
         conn.execute(
-            sa.text("UPDATE messages SET name = 'other' WHERE conversation_id = :c AND seq = 2"),
+            sa.text(
+                "UPDATE fsm_messages SET name = 'other' WHERE conversation_id = :c AND seq = 2"
+            ),
             {"c": conversation},
         )
     with pytest.raises(CorruptStoreError, match="answers function 'other'"):

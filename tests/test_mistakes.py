@@ -474,7 +474,7 @@ CATALOG: list[Mistake] = [
         2,
         "error: no revision '9999' in fsm's migrations: give head (the default) or one of 0001, "
         "0002, 0003, 0004_attempts_by_conversation, 0005_tool_ledger, 0006_token_columns, 0007_stream_formats, "
-        "0008_ledger_leases",
+        "0008_ledger_leases, 0009_fsm_prefix",
         check=nothing_at("up.db"),
     ),
     Mistake(

@@ -1,9 +1,9 @@
 """The store's schema: typed SQLAlchemy models whose constraints enforce the history contract.
 
-History is two tables. ``messages`` holds every message of every conversation, one row each,
-numbered by ``seq`` (0, 1, 2, ... per conversation); ``tool_calls`` holds the calls of assistant
-messages, one row each. A tool result is a ``messages`` row with role ``tool`` that points at its
-call's row. ``attempts`` and ``attempt_calls`` keep incomplete turns for audit; they are never
+History is two tables. ``fsm_messages`` holds every message of every conversation, one row each,
+numbered by ``seq`` (0, 1, 2, ... per conversation); ``fsm_tool_calls`` holds the calls of assistant
+messages, one row each. A tool result is a ``fsm_messages`` row with role ``tool`` that points at its
+call's row. ``fsm_attempts`` and ``fsm_attempt_calls`` keep incomplete turns for audit; they are never
 part of history.
 
 How the database itself enforces the contract of ``spec/store.md`` (the same on SQLite and
@@ -25,10 +25,10 @@ PostgreSQL check):
   ``seq = assistant_seq + 1 + call_position``. The text ``tool_call_id`` is part of the key, so it
   must equal the call's id byte for byte (``""`` and repeated ids are fine: the link is the row).
   A second result for a call would need the same slot (unique ``seq``).
-* **A call belongs to an assistant message of its conversation**: ``tool_calls`` has a foreign key
+* **A call belongs to an assistant message of its conversation**: ``fsm_tool_calls`` has a foreign key
   ``(conversation_id, assistant_seq, assistant_n_calls)`` to the message's ``(seq, n_calls)`` and
   a check ``0 <= position < assistant_n_calls``; only assistant rows have ``n_calls > 0``.
-* **Only finished calls**: ``tool_calls.state`` is checked to be ``finished``.
+* **Only finished calls**: ``fsm_tool_calls.state`` is checked to be ``finished``.
 * **A block is complete when the transaction commits**: an assistant row with calls carries
   ``block_end_seq = seq + n_calls`` and a *deferred* foreign key to that row, checked at COMMIT.
   By the rules above that row can only be its last result, so a transaction that leaves an
@@ -40,13 +40,13 @@ PostgreSQL check):
   ``typeof(x) = 'integer' AND x IN (0, 1)`` for booleans, ``typeof(x) = 'text'`` for text and
   ``json_valid(x)`` for JSON columns. (``STRICT`` tables would do the same, but do not accept
   SQLAlchemy's type names.)
-* **Finished means more than a label.** A row of ``tool_calls`` has a non-blank name (at least
-  one character other than space, tab, CR and LF: ``ck_tool_calls_name``) and arguments that are
-  blank or valid JSON (``ck_tool_calls_arguments``: SQLite's ``json_valid``; on PostgreSQL the
+* **Finished means more than a label.** A row of ``fsm_tool_calls`` has a non-blank name (at least
+  one character other than space, tab, CR and LF: ``ck_fsm_tool_calls_name``) and arguments that are
+  blank or valid JSON (``ck_fsm_tool_calls_arguments``: SQLite's ``json_valid``; on PostgreSQL the
   function ``fsm_json_valid(text)`` of migration 0003, a cast to ``json`` in an exception block).
   Arguments stored marked by :mod:`fsm.store.codec` (a split surrogate pair) are checked as the
   text they stand for. A ``system``, ``developer``, ``user`` or ``tool`` message has non-null
-  content (``ck_messages_content``; a tool result may be ``""``).
+  content (``ck_fsm_messages_content``; a tool result may be ``""``).
 
 Text is stored through :class:`fsm.store.codec.StoredText`: U+0000 and lone surrogates, which
 neither engine can store as they are, are written in a documented lossless encoding, and JSON
@@ -212,7 +212,7 @@ ROLE = sa.Enum(
 
 _NOW = sa.text("CURRENT_TIMESTAMP")
 
-#: ``attempts.id`` and ``attempt_calls.attempt_id``: ``bigint`` (PostgreSQL); exactly
+#: ``fsm_attempts.id`` and ``fsm_attempt_calls.attempt_id``: ``bigint`` (PostgreSQL); exactly
 #: ``INTEGER`` on SQLite, where only that type makes a one-column primary key the rowid.
 ATTEMPT_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
@@ -285,10 +285,10 @@ def _postgres_check(sql: str, name: str) -> sa.CheckConstraint:
 _SQLITE_BLANK = "' ' || char(9, 10, 13)"
 _PG_BLANK = r"E' \t\r\n'"
 
-#: ``tool_calls.name`` has at least one character that is not JSON whitespace.
+#: ``fsm_tool_calls.name`` has at least one character that is not JSON whitespace.
 SQLITE_NAME_CHECK = f"trim(name, {_SQLITE_BLANK}) <> ''"
 PG_NAME_CHECK = f"btrim(name, {_PG_BLANK}) <> ''"
-#: ``tool_calls.arguments`` is blank or valid JSON. On SQLite a value marked by the codec (its
+#: ``fsm_tool_calls.arguments`` is blank or valid JSON. On SQLite a value marked by the codec (its
 #: first character U+FDD0) is checked as the text it stands for: each ``\\`` is hidden as
 #: U+D800 (which no stored text holds: the codec escapes surrogates, and U+0000, the obvious
 #: choice, cannot be a ``replace()`` pattern), then each remaining ``\uXXXX`` (a lone surrogate)
@@ -302,18 +302,18 @@ SQLITE_ARGUMENTS_CHECK = (
     r" char(55296), '\')))"
 )
 PG_ARGUMENTS_CHECK = f"btrim(arguments, {_PG_BLANK}) = '' OR fsm_json_valid(arguments)"
-#: ``ck_tool_calls_arguments`` (migration 0007): the checks above, except for a ``custom`` call
+#: ``ck_fsm_tool_calls_arguments`` (migration 0007): the checks above, except for a ``custom`` call
 #: (a Responses ``custom_tool_call``), whose input is free text and never JSON.
 SQLITE_CALL_ARGUMENTS_CHECK = f"type = 'custom' OR {SQLITE_ARGUMENTS_CHECK}"
 PG_CALL_ARGUMENTS_CHECK = f"type = 'custom' OR {PG_ARGUMENTS_CHECK}"
-#: The stream formats a message may come from (``messages.format``, migration 0007).
+#: The stream formats a message may come from (``fsm_messages.format``, migration 0007).
 FORMATS = ("chat", "responses", "anthropic")
 #: only an assistant row has a format (one of :data:`FORMATS`) or provider items.
 MESSAGE_FORMAT_CHECK = (
     "(format IS NULL OR (role = 'assistant' AND format IN ('chat', 'responses', 'anthropic')))"
     " AND (provider_items IS NULL OR role = 'assistant')"
 )
-#: ``attempts.format`` (migration 0007): one of :data:`FORMATS`, or NULL.
+#: ``fsm_attempts.format`` (migration 0007): one of :data:`FORMATS`, or NULL.
 ATTEMPT_FORMAT_CHECK = "format IS NULL OR format IN ('chat', 'responses', 'anthropic')"
 #: the SQLite types of the columns of migration 0007 (a check of their own).
 MESSAGE_FORMAT_TYPES: dict[str, list[str]] = {
@@ -388,10 +388,10 @@ ATTEMPT_CALL_TYPES: dict[str, list[str]] = {
 }
 
 
-#: the largest token count the store keeps in the token columns of ``messages`` (and that
+#: the largest token count the store keeps in the token columns of ``fsm_messages`` (and that
 #: ``fsm audit stats`` adds up): a count is an integer from 0 to this.
 TOKEN_MAX = 10**9 - 1
-#: ``messages``' token columns (migration 0006), derived from ``usage`` when the row is written:
+#: ``fsm_messages``' token columns (migration 0006), derived from ``usage`` when the row is written:
 #: each count is the usage's value when it is an integer from 0 to :data:`TOKEN_MAX`, else NULL.
 TOKEN_COLUMNS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -410,15 +410,15 @@ def token_check(column: str, *, sqlite: bool) -> str:
 #: aggregates by hash, keeps ``created_at`` and INCLUDEs the rest, for an index-only scan), so
 #: it is created by this DDL after the table (and by the migration), and left out of Alembic's
 #: comparison (``migrations/env.py``).
-STATS_INDEX = "ix_messages_stats"
+STATS_INDEX = "ix_fsm_messages_stats"
 STATS_INDEX_DDL: dict[str, str] = {
     "sqlite": (
-        f"CREATE INDEX {STATS_INDEX} ON messages (model, substr(created_at, 1, 10), n_calls, "
+        f"CREATE INDEX {STATS_INDEX} ON fsm_messages (model, substr(created_at, 1, 10), n_calls, "
         "prompt_tokens, completion_tokens, total_tokens, usage_unreadable) "
         "WHERE role = 'assistant'"
     ),
     "postgresql": (
-        f"CREATE INDEX {STATS_INDEX} ON messages (model, created_at) INCLUDE (n_calls, "
+        f"CREATE INDEX {STATS_INDEX} ON fsm_messages (model, created_at) INCLUDE (n_calls, "
         "prompt_tokens, completion_tokens, total_tokens, usage_unreadable) "
         "WHERE role = 'assistant'"
     ),
@@ -428,7 +428,7 @@ STATS_INDEX_DDL: dict[str, str] = {
 class Conversation(Base):
     """A conversation: the owner of messages and attempts (deleting it deletes them)."""
 
-    __tablename__ = "conversations"
+    __tablename__ = "fsm_conversations"
 
     #: clean text (no U+0000, no surrogate, no leading U+FDD0): stored as it is.
     id: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
@@ -445,10 +445,10 @@ class Conversation(Base):
 class Message(Base):
     """One history message. Structural columns (``n_calls`` onwards) carry the contract."""
 
-    __tablename__ = "messages"
+    __tablename__ = "fsm_messages"
 
     conversation_id: Mapped[str] = mapped_column(
-        sa.String(255), sa.ForeignKey("conversations.id", ondelete="CASCADE"), primary_key=True
+        sa.String(255), sa.ForeignKey("fsm_conversations.id", ondelete="CASCADE"), primary_key=True
     )
     seq: Mapped[int] = mapped_column(primary_key=True)
     role: Mapped[str] = mapped_column(ROLE)
@@ -498,24 +498,24 @@ class Message(Base):
         sa.UniqueConstraint("conversation_id", "seq", "n_calls"),
         sa.ForeignKeyConstraint(
             ["conversation_id", "prev_seq", "prev_slots_left"],
-            ["messages.conversation_id", "messages.seq", "messages.slots_left"],
-            name="fk_messages_prev",
+            ["fsm_messages.conversation_id", "fsm_messages.seq", "fsm_messages.slots_left"],
+            name="fk_fsm_messages_prev",
         ),
         sa.ForeignKeyConstraint(
             ["conversation_id", "assistant_seq", "call_position", "tool_call_id"],
             [
-                "tool_calls.conversation_id",
-                "tool_calls.assistant_seq",
-                "tool_calls.position",
-                "tool_calls.call_id",
+                "fsm_tool_calls.conversation_id",
+                "fsm_tool_calls.assistant_seq",
+                "fsm_tool_calls.position",
+                "fsm_tool_calls.call_id",
             ],
-            name="fk_messages_result_call",
+            name="fk_fsm_messages_result_call",
             use_alter=True,
         ),
         sa.ForeignKeyConstraint(
             ["conversation_id", "block_end_seq"],
-            ["messages.conversation_id", "messages.seq"],
-            name="fk_messages_block_end",
+            ["fsm_messages.conversation_id", "fsm_messages.seq"],
+            name="fk_fsm_messages_block_end",
             deferrable=True,
             initially="DEFERRED",
         ),
@@ -559,7 +559,7 @@ class Message(Base):
         sa.CheckConstraint(MESSAGE_FORMAT_CHECK, name="format"),
         _sqlite_check(sqlite_types_check(**MESSAGE_FORMAT_TYPES), "format_types"),
         # the token columns of migration 0006 (added with their checks: SQLite cannot change
-        # ck_messages_types without rebuilding the table, so each pins its own type)
+        # ck_fsm_messages_types without rebuilding the table, so each pins its own type)
         *(
             _sqlite_check(token_check(column, sqlite=True), column)
             for column in (*TOKEN_COLUMNS, "usage_unreadable")
@@ -568,9 +568,9 @@ class Message(Base):
             _postgres_check(token_check(column, sqlite=False), column)
             for column in (*TOKEN_COLUMNS, "usage_unreadable")
         ),
-        sa.Index("ix_messages_conversation_id_prev_seq", "conversation_id", "prev_seq"),
+        sa.Index("ix_fsm_messages_conversation_id_prev_seq", "conversation_id", "prev_seq"),
         sa.Index(
-            "ix_messages_conversation_id_assistant_seq_call_position",
+            "ix_fsm_messages_conversation_id_assistant_seq_call_position",
             "conversation_id",
             "assistant_seq",
             "call_position",
@@ -578,21 +578,21 @@ class Message(Base):
             **_partial("assistant_seq IS NOT NULL"),
         ),
         sa.Index(
-            "ix_messages_conversation_id_block_end_seq",
+            "ix_fsm_messages_conversation_id_block_end_seq",
             "conversation_id",
             "block_end_seq",
             **_partial("block_end_seq IS NOT NULL"),
         ),
         # not unique: some servers reuse response ids, and their users need idempotency keys
         sa.Index(
-            "ix_messages_conversation_id_response_id_choice",
+            "ix_fsm_messages_conversation_id_response_id_choice",
             "conversation_id",
             "response_id",
             "choice",
             **_partial("response_id IS NOT NULL"),
         ),
         sa.Index(
-            "ix_messages_conversation_id_idempotency_key",
+            "ix_fsm_messages_conversation_id_idempotency_key",
             "conversation_id",
             "idempotency_key",
             unique=True,
@@ -601,16 +601,16 @@ class Message(Base):
         # audit (migration 0002): calls by model in key order, and by time, through their
         # assistant message; partial, so plain messages pay nothing for them
         sa.Index(
-            "ix_messages_model_conversation_id_seq",
+            "ix_fsm_messages_model_conversation_id_seq",
             "model",
             "conversation_id",
             "seq",
             **_partial("role = 'assistant'"),
         ),
-        sa.Index("ix_messages_created_at", "created_at", **_partial("role = 'assistant'")),
+        sa.Index("ix_fsm_messages_created_at", "created_at", **_partial("role = 'assistant'")),
         # fsm audit calls --format (migration 0007)
         sa.Index(
-            "ix_messages_format_conversation_id_seq",
+            "ix_fsm_messages_format_conversation_id_seq",
             "format",
             "conversation_id",
             "seq",
@@ -622,13 +622,13 @@ class Message(Base):
 class ToolCallRow(Base):
     """A finished tool call of an assistant message in history."""
 
-    __tablename__ = "tool_calls"
+    __tablename__ = "fsm_tool_calls"
 
     conversation_id: Mapped[str] = mapped_column(
-        sa.String(255), sa.ForeignKey("conversations.id", ondelete="CASCADE"), primary_key=True
+        sa.String(255), sa.ForeignKey("fsm_conversations.id", ondelete="CASCADE"), primary_key=True
     )
     assistant_seq: Mapped[int] = mapped_column(primary_key=True)
-    #: 0-based place in the assistant message's ``tool_calls``.
+    #: 0-based place in the assistant message's ``fsm_tool_calls``.
     position: Mapped[int] = mapped_column(primary_key=True)
     assistant_n_calls: Mapped[int] = mapped_column()
     #: the provider's id, byte-exact (may be ``""``, may repeat).
@@ -645,11 +645,15 @@ class ToolCallRow(Base):
     state: Mapped[ToolCallState] = mapped_column(TOOL_CALL_STATE)
 
     __table_args__ = (
-        sa.UniqueConstraint("conversation_id", "assistant_seq", "position", "call_id"),
+        # what a result's foreign key points at (fk_fsm_messages_result_call); named, as the
+        # convention's name would pass PostgreSQL's 63 characters
+        sa.UniqueConstraint(
+            "conversation_id", "assistant_seq", "position", "call_id", name="uq_fsm_tool_calls_call"
+        ),
         sa.ForeignKeyConstraint(
             ["conversation_id", "assistant_seq", "assistant_n_calls"],
-            ["messages.conversation_id", "messages.seq", "messages.n_calls"],
-            name="fk_tool_calls_assistant",
+            ["fsm_messages.conversation_id", "fsm_messages.seq", "fsm_messages.n_calls"],
+            name="fk_fsm_tool_calls_assistant",
         ),
         sa.CheckConstraint("position >= 0 AND position < assistant_n_calls", name="position"),
         sa.CheckConstraint("state = 'finished'", name="finished"),
@@ -662,10 +666,10 @@ class ToolCallRow(Base):
         _sqlite_check(SQLITE_CALL_ARGUMENTS_CHECK, "arguments"),
         _postgres_check(PG_CALL_ARGUMENTS_CHECK, "arguments"),
         _sqlite_check(sqlite_types_check(**TOOL_CALL_TYPES), "types"),
-        sa.Index("ix_tool_calls_name", "name"),
+        sa.Index("ix_fsm_tool_calls_name", "name"),
         # audit (migration 0002): the calls of one tool in key order (a LIMIT stops early)
         sa.Index(
-            "ix_tool_calls_name_conversation_id_assistant_seq_position",
+            "ix_fsm_tool_calls_name_conversation_id_assistant_seq_position",
             "name",
             "conversation_id",
             "assistant_seq",
@@ -684,10 +688,10 @@ class Attempt(Base):
     :func:`_sqlite_rowid_key`.
     """
 
-    __tablename__ = "attempts"
+    __tablename__ = "fsm_attempts"
 
     conversation_id: Mapped[str] = mapped_column(
-        sa.String(255), sa.ForeignKey("conversations.id", ondelete="CASCADE"), index=True
+        sa.String(255), sa.ForeignKey("fsm_conversations.id", ondelete="CASCADE"), index=True
     )
     id: Mapped[int] = mapped_column(ATTEMPT_ID, sa.Identity(always=False), nullable=False)
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=_NOW)
@@ -720,12 +724,12 @@ class Attempt(Base):
         _sqlite_check(sqlite_types_check(**ATTEMPT_TYPES), "types"),
         sa.CheckConstraint(ATTEMPT_FORMAT_CHECK, name="format"),
         _sqlite_check(sqlite_types_check(nullable_texts=["format"]), "format_types"),
-        sa.Index("ix_attempts_conversation_id_at_seq_id", "conversation_id", "at_seq", "id"),
+        sa.Index("ix_fsm_attempts_conversation_id_at_seq_id", "conversation_id", "at_seq", "id"),
         # an attempt by its id alone, as the audit joins calls to it (migration 0004: the key
         # now leads with conversation_id)
-        sa.Index("ix_attempts_id", "id"),
-        sa.Index("ix_attempts_model", "model", postgresql_using="hash"),
-        sa.Index("ix_attempts_created_at", "created_at"),
+        sa.Index("ix_fsm_attempts_id", "id"),
+        sa.Index("ix_fsm_attempts_model", "model", postgresql_using="hash"),
+        sa.Index("ix_fsm_attempts_created_at", "created_at"),
         {"info": {SQLITE_ROWID_KEY: ("id", ("conversation_id", "id"))}},
     )
 
@@ -733,7 +737,7 @@ class Attempt(Base):
 class AttemptCall(Base):
     """A tool call of an attempt, in whatever final state it reached."""
 
-    __tablename__ = "attempt_calls"
+    __tablename__ = "fsm_attempt_calls"
 
     #: the attempt's conversation (migration 0004): the key leads with it, like every table's.
     conversation_id: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
@@ -755,8 +759,8 @@ class AttemptCall(Base):
     __table_args__ = (
         sa.ForeignKeyConstraint(
             ["conversation_id", "attempt_id"],
-            ["attempts.conversation_id", "attempts.id"],
-            name="fk_attempt_calls_attempt",
+            ["fsm_attempts.conversation_id", "fsm_attempts.id"],
+            name="fk_fsm_attempt_calls_attempt",
             ondelete="CASCADE",
         ),
         sa.CheckConstraint("position >= 0", name="position"),
@@ -765,17 +769,17 @@ class AttemptCall(Base):
         # PostgreSQL for the texts of any length, migration 0003)
         # the calls of an attempt by its id alone, as the audit joins them (migration 0004: the
         # key now leads with conversation_id)
-        sa.Index("ix_attempt_calls_attempt_id_position", "attempt_id", "position"),
-        sa.Index("ix_attempt_calls_name", "name", postgresql_using="hash"),
-        sa.Index("ix_attempt_calls_state", "state"),
-        sa.Index("ix_attempt_calls_reason", "reason", postgresql_using="hash"),
+        sa.Index("ix_fsm_attempt_calls_attempt_id_position", "attempt_id", "position"),
+        sa.Index("ix_fsm_attempt_calls_name", "name", postgresql_using="hash"),
+        sa.Index("ix_fsm_attempt_calls_state", "state"),
+        sa.Index("ix_fsm_attempt_calls_reason", "reason", postgresql_using="hash"),
     )
 
 
-#: ``pending_turns.state``: waiting for its tools (at most one per conversation), moved into
+#: ``fsm_pending_turns.state``: waiting for its tools (at most one per conversation), moved into
 #: history by ``commit``, or kept for audit only by ``abandon``.
 PENDING_STATES = ("pending", "committed", "abandoned")
-#: ``tool_executions.state``: never started, started (the tool may have run), and its outcome.
+#: ``fsm_tool_executions.state``: never started, started (the tool may have run), and its outcome.
 EXECUTION_STATES = ("not_started", "started", "succeeded", "failed")
 
 PENDING_TURN_TYPES: dict[str, list[str]] = {
@@ -840,17 +844,17 @@ class PendingTurnRow(Base):
     message and calls, outside history.
 
     At most one ``pending`` row per conversation (the partial unique index
-    ``ix_pending_turns_conversation_id_pending``); ``commit`` moves it into history and marks it
+    ``ix_fsm_pending_turns_conversation_id_pending``); ``commit`` moves it into history and marks it
     ``committed`` with the seq of its assistant message (a foreign key to that message, with the
     same number of calls); ``abandon`` marks it ``abandoned`` with a reason, for audit only.
-    Keyed like ``attempts``: ``(conversation_id, id)``, ``id`` a ``bigint`` identity
+    Keyed like ``fsm_attempts``: ``(conversation_id, id)``, ``id`` a ``bigint`` identity
     (SQLite: its rowid).
     """
 
-    __tablename__ = "pending_turns"
+    __tablename__ = "fsm_pending_turns"
 
     conversation_id: Mapped[str] = mapped_column(
-        sa.String(255), sa.ForeignKey("conversations.id", ondelete="CASCADE")
+        sa.String(255), sa.ForeignKey("fsm_conversations.id", ondelete="CASCADE")
     )
     id: Mapped[int] = mapped_column(ATTEMPT_ID, sa.Identity(always=False), nullable=False)
     state: Mapped[str] = mapped_column(sa.String(9))
@@ -876,7 +880,7 @@ class PendingTurnRow(Base):
     #: the token of the process that owns the turn (``begin`` or ``claim``): only it records.
     owner: Mapped[str] = mapped_column(sa.Text)
     #: the assistant message's ``format`` and ``provider_items``, as history will hold them
-    #: (migration 0007; checked by ``messages`` when the turn is committed)
+    #: (migration 0007; checked by ``fsm_messages`` when the turn is committed)
     format: Mapped[str | None] = mapped_column(sa.Text)
     provider_items: Mapped[list[Any] | None] = mapped_column()
     #: until when the owner holds the turn (the database's clock; migration 0008): ``begin``,
@@ -889,8 +893,8 @@ class PendingTurnRow(Base):
         sa.UniqueConstraint("conversation_id", "id", "n_calls"),
         sa.ForeignKeyConstraint(
             ["conversation_id", "committed_seq", "n_calls"],
-            ["messages.conversation_id", "messages.seq", "messages.n_calls"],
-            name="fk_pending_turns_committed",
+            ["fsm_messages.conversation_id", "fsm_messages.seq", "fsm_messages.n_calls"],
+            name="fk_fsm_pending_turns_committed",
         ),
         sa.CheckConstraint("state IN ('pending', 'committed', 'abandoned')", name="pending_state"),
         sa.CheckConstraint(PENDING_STATE_CHECK, name="resolution"),
@@ -898,14 +902,14 @@ class PendingTurnRow(Base):
         _sqlite_check(sqlite_types_check(**PENDING_TURN_TYPES), "types"),
         # at most one pending turn per conversation
         sa.Index(
-            "ix_pending_turns_conversation_id_pending",
+            "ix_fsm_pending_turns_conversation_id_pending",
             "conversation_id",
             unique=True,
             **_partial("state = 'pending'"),
         ),
-        sa.Index("ix_pending_turns_state_created_at", "state", "created_at"),
+        sa.Index("ix_fsm_pending_turns_state_created_at", "state", "created_at"),
         sa.Index(
-            "ix_pending_turns_conversation_id_committed_seq", "conversation_id", "committed_seq"
+            "ix_fsm_pending_turns_conversation_id_committed_seq", "conversation_id", "committed_seq"
         ),
         {"info": {SQLITE_ROWID_KEY: ("id", ("conversation_id", "id"))}},
     )
@@ -916,7 +920,7 @@ class ToolExecution(Base):
     state (``not_started``, ``started``, ``succeeded``, ``failed``), how many times it was
     started, when, and its result or error text."""
 
-    __tablename__ = "tool_executions"
+    __tablename__ = "fsm_tool_executions"
 
     conversation_id: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
     pending_id: Mapped[int] = mapped_column(ATTEMPT_ID, primary_key=True)
@@ -946,11 +950,11 @@ class ToolExecution(Base):
         sa.ForeignKeyConstraint(
             ["conversation_id", "pending_id", "pending_n_calls"],
             [
-                "pending_turns.conversation_id",
-                "pending_turns.id",
-                "pending_turns.n_calls",
+                "fsm_pending_turns.conversation_id",
+                "fsm_pending_turns.id",
+                "fsm_pending_turns.n_calls",
             ],
-            name="fk_tool_executions_pending",
+            name="fk_fsm_tool_executions_pending",
             ondelete="CASCADE",
         ),
         sa.CheckConstraint("position >= 0 AND position < pending_n_calls", name="position"),
@@ -966,7 +970,7 @@ class ToolExecution(Base):
         _sqlite_check(SQLITE_NAME_CHECK, "name"),
         _postgres_check(PG_NAME_CHECK, "name"),
         _sqlite_check(sqlite_types_check(**TOOL_EXECUTION_TYPES), "types"),
-        sa.Index("ix_tool_executions_state", "state"),
+        sa.Index("ix_fsm_tool_executions_state", "state"),
     )
 
 

@@ -1,8 +1,8 @@
 """Hash partitions by conversation on PostgreSQL (``fsm db upgrade --partitions N``).
 
-Every key of every fsm table leads with the conversation (``conversations.id``, the others'
-``conversation_id``; ``attempts`` and ``attempt_calls`` since migration 0004, ``pending_turns`` and
-``tool_executions`` from migration 0005), so each table can
+Every key of every fsm table leads with the conversation (``fsm_conversations.id``, the others'
+``conversation_id``; ``fsm_attempts`` and ``fsm_attempt_calls`` since migration 0004,
+``fsm_pending_turns`` and ``fsm_tool_executions`` from migration 0005), so each table can
 be ``PARTITION BY HASH`` on that column with every key, foreign key and check intact:
 partitions ``<table>_p0`` ... ``<table>_p<N-1>`` (``FOR VALUES WITH (MODULUS N, REMAINDER
 i)``), the same ``N`` for every table, so one conversation's rows sit in partitions of the same
@@ -23,20 +23,20 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from fsm.store.errors import StoreLayoutError
-from fsm.store.models import Base
+from fsm.store.migrate import VERSION_TABLE
+from fsm.store.models import Base, Conversation
 
 __all__ = ["PARTITION_KEYS", "create_at_head", "partition_count", "partition_names", "prepare"]
 
 #: the partition (and Citus distribution) column of each table.
 PARTITION_KEYS: dict[str, str] = {
-    "conversations": "id",
-    "messages": "conversation_id",
-    "tool_calls": "conversation_id",
-    "attempts": "conversation_id",
-    "attempt_calls": "conversation_id",
-    "pending_turns": "conversation_id",
-    "tool_executions": "conversation_id",
+    table.name: "id" if table.name == Conversation.__tablename__ else "conversation_id"
+    for table in Base.metadata.sorted_tables
 }
+
+
+#: the conversations table before revision 0009 gave fsm's tables their prefix.
+LEGACY_CONVERSATIONS = "conversations"
 
 
 def partition_names(table: str, partitions: int) -> list[str]:
@@ -70,9 +70,14 @@ def prepare(connection: Connection, schema: str | None, partitions: int) -> bool
             f"hash partitions are a PostgreSQL feature: {connection.dialect.name} keeps each "
             "table whole; drop --partitions"
         )
-    if not sa.inspect(connection).has_table("conversations", schema=schema):
-        return True
-    found = partition_count(connection, schema, "conversations")
+    inspector = sa.inspect(connection)
+    if not inspector.has_table(Conversation.__tablename__, schema=schema):
+        if not inspector.has_table(VERSION_TABLE, schema=schema):
+            return True  # no fsm revision: a new database (a host's own tables are its own)
+        # an fsm database before revision 0009 (its tables without fsm's prefix)
+        found = partition_count(connection, schema, LEGACY_CONVERSATIONS)
+    else:
+        found = partition_count(connection, schema, Conversation.__tablename__)
     if found is None:
         raise StoreLayoutError(
             "this database was created unpartitioned: fsm cannot partition its tables in place; "

@@ -64,9 +64,9 @@ def pg_partitions() -> int | None:
 def pg_constraint(store: ConversationStore, name: str) -> str:
     """The fsm constraint or index a PostgreSQL error names. On a partitioned database a key or
     unique index is violated in a partition (``messages_p2_pkey``), whose index is attached to
-    the parent's (``pk_messages``), and a foreign key referencing a partitioned table is checked
+    the parent's (``pk_fsm_messages``), and a foreign key referencing a partitioned table is checked
     by one internal constraint per partition (``messages_..._fkey2``), whose ``conparentid``
-    leads to the declared one (``fk_messages_prev``); any other name is returned as it is."""
+    leads to the declared one (``fk_fsm_messages_prev``); any other name is returned as it is."""
     with store.engine.connect() as conn:
         parent = conn.execute(
             sa.text(
@@ -252,9 +252,9 @@ def dump(store: ConversationStore) -> dict[str, list[Any]]:
                 tuple(row) for row in conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY {key}"))
             ]
             for table, key in (
-                ("conversations", "id"),
-                ("messages", "conversation_id, seq"),
-                ("tool_calls", "conversation_id, assistant_seq, position"),
+                ("fsm_conversations", "id"),
+                ("fsm_messages", "conversation_id, seq"),
+                ("fsm_tool_calls", "conversation_id, assistant_seq, position"),
             )
         }
 

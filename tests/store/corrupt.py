@@ -96,17 +96,17 @@ _C = f"conversation_id = '{CONVERSATION}'"
 
 #: a result row for seq 6 whose predecessor does not exist (a gap)
 _GAP_ROW = (
-    "INSERT INTO messages (conversation_id, seq, role, content, n_calls, slots_left, prev_seq,"
+    "INSERT INTO fsm_messages (conversation_id, seq, role, content, n_calls, slots_left, prev_seq,"
     f" prev_slots_left) VALUES ('{CONVERSATION}', 6, 'user', 'after a gap', 0, 0, 5, 0)"
 )
 #: a call row on the user message at seq 0
 _ORPHAN_CALL = (
-    "INSERT INTO tool_calls (conversation_id, assistant_seq, position, assistant_n_calls,"
+    "INSERT INTO fsm_tool_calls (conversation_id, assistant_seq, position, assistant_n_calls,"
     " call_id, type, name, arguments, repaired, state)"
     f" VALUES ('{CONVERSATION}', 0, 0, 1, 'o', 'function', 'f', '{{}}', false, 'finished')"
 )
-_DROP_RESULT = f"DELETE FROM messages WHERE {_C} AND seq >= 3"
-_MISMATCH = f"UPDATE messages SET tool_call_id = 'zz' WHERE {_C} AND seq = 2"
+_DROP_RESULT = f"DELETE FROM fsm_messages WHERE {_C} AND seq >= 3"
+_MISMATCH = f"UPDATE fsm_messages SET tool_call_id = 'zz' WHERE {_C} AND seq = 2"
 
 
 def _statements(
@@ -227,7 +227,7 @@ _LIST: list[Corruption] = [
         "PRAGMA ignore_check_constraints=ON",
         "the last message has seq '4x' (a text in an integer key)",
         {"invalid_type"},
-        [f"UPDATE messages SET seq = '4x' WHERE {_C} AND seq = 4"],
+        [f"UPDATE fsm_messages SET seq = '4x' WHERE {_C} AND seq = 4"],
         _CK_OFF,
         tail=True,
     ),
@@ -238,7 +238,7 @@ _LIST: list[Corruption] = [
         "a third call of a two-call message at position 1.5 (a real in an integer key)",
         {"invalid_type", "call_count_mismatch", "invalid_row"},
         [
-            "INSERT INTO tool_calls (conversation_id, assistant_seq, position, assistant_n_calls,"
+            "INSERT INTO fsm_tool_calls (conversation_id, assistant_seq, position, assistant_n_calls,"
             " call_id, type, name, arguments, repaired, state)"
             f" VALUES ('{CONVERSATION}', 1, 1.5, 2, 'z', 'function', 'f', '{{}}', 0, 'finished')"
         ],
@@ -250,7 +250,7 @@ _LIST: list[Corruption] = [
         "PRAGMA ignore_check_constraints=ON",
         "a user message's content is the blob X'00'",
         {"invalid_type"},
-        [f"UPDATE messages SET content = X'00' WHERE {_C} AND seq = 0"],
+        [f"UPDATE fsm_messages SET content = X'00' WHERE {_C} AND seq = 0"],
         _CK_OFF,
     ),
     _statements(
@@ -259,7 +259,7 @@ _LIST: list[Corruption] = [
         "PRAGMA ignore_check_constraints=ON",
         "a finished call named ' '",
         {"invalid_name"},
-        [f"UPDATE tool_calls SET name = ' ' WHERE {_C} AND position = 1"],
+        [f"UPDATE fsm_tool_calls SET name = ' ' WHERE {_C} AND position = 1"],
         _CK_OFF,
     ),
     _statements(
@@ -268,7 +268,7 @@ _LIST: list[Corruption] = [
         "PRAGMA ignore_check_constraints=ON",
         'a finished call with arguments {"a": NaN}',
         {"invalid_arguments"},
-        [f"""UPDATE tool_calls SET arguments = '{{"a": NaN}}' WHERE {_C} AND position = 0"""],
+        [f"""UPDATE fsm_tool_calls SET arguments = '{{"a": NaN}}' WHERE {_C} AND position = 0"""],
         _CK_OFF,
     ),
     _statements(
@@ -277,7 +277,7 @@ _LIST: list[Corruption] = [
         "PRAGMA ignore_check_constraints=ON",
         "a user message and a tool result without content",
         {"missing_content"},
-        [f"UPDATE messages SET content = NULL WHERE {_C} AND seq IN (0, 2)"],
+        [f"UPDATE fsm_messages SET content = NULL WHERE {_C} AND seq IN (0, 2)"],
         _CK_OFF,
     ),
     _statements(
@@ -286,7 +286,7 @@ _LIST: list[Corruption] = [
         "PRAGMA ignore_check_constraints=ON",
         "a call in history in state truncated (rule 4)",
         {"not_finished"},
-        [f"UPDATE tool_calls SET state = 'truncated' WHERE {_C} AND position = 0"],
+        [f"UPDATE fsm_tool_calls SET state = 'truncated' WHERE {_C} AND position = 0"],
         _CK_OFF,
     ),
     # -- PostgreSQL, replica role ------------------------------------------------------------
@@ -320,14 +320,14 @@ _LIST: list[Corruption] = [
         "postgresql_disabled_triggers_orphan_call",
         "a call on a user message (rule 2)",
         {"orphan_call"},
-        "tool_calls",
+        "fsm_tool_calls",
         _ORPHAN_CALL,
     ),
     _disabled_triggers(
         "postgresql_disabled_triggers_missing_result",
         "an assistant message with two calls keeps one result (rule 2)",
         {"missing_result"},
-        "messages",
+        "fsm_messages",
         _DROP_RESULT,
     ),
     # -- PostgreSQL, checks added back NOT VALID ---------------------------------------------
@@ -335,25 +335,25 @@ _LIST: list[Corruption] = [
         "postgresql_not_valid_blank_name",
         "a finished call named ' '",
         {"invalid_name"},
-        "tool_calls",
-        "ck_tool_calls_name",
-        f"UPDATE tool_calls SET name = ' ' WHERE {_C} AND position = 1",
+        "fsm_tool_calls",
+        "ck_fsm_tool_calls_name",
+        f"UPDATE fsm_tool_calls SET name = ' ' WHERE {_C} AND position = 1",
     ),
     _not_valid_builder(
         "postgresql_not_valid_invalid_arguments",
         "a finished call with arguments '{'",
         {"invalid_arguments"},
-        "tool_calls",
-        "ck_tool_calls_arguments",
-        f"UPDATE tool_calls SET arguments = '{{' WHERE {_C} AND position = 0",
+        "fsm_tool_calls",
+        "ck_fsm_tool_calls_arguments",
+        f"UPDATE fsm_tool_calls SET arguments = '{{' WHERE {_C} AND position = 0",
     ),
     _not_valid_builder(
         "postgresql_not_valid_null_content",
         "a user message and a tool result without content",
         {"missing_content"},
-        "messages",
-        "ck_messages_content",
-        f"UPDATE messages SET content = NULL WHERE {_C} AND seq IN (0, 2)",
+        "fsm_messages",
+        "ck_fsm_messages_content",
+        f"UPDATE fsm_messages SET content = NULL WHERE {_C} AND seq IN (0, 2)",
     ),
 ]
 

@@ -182,7 +182,13 @@ def test_conversation_lifecycle(url: str, sync_store: ConversationStore) -> None
 
     run(body())
     with sync_store.engine.connect() as conn:
-        for table in ("conversations", "messages", "tool_calls", "attempts", "attempt_calls"):
+        for table in (
+            "fsm_conversations",
+            "fsm_messages",
+            "fsm_tool_calls",
+            "fsm_attempts",
+            "fsm_attempt_calls",
+        ):
             assert conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar() == 0
 
 
@@ -293,7 +299,9 @@ def test_concurrent_tasks(url: str, sync_store: ConversationStore, optimistic: b
         seqs = [
             row[0]
             for row in conn.execute(
-                sa.text("SELECT seq FROM messages WHERE conversation_id = 'shared' ORDER BY seq")
+                sa.text(
+                    "SELECT seq FROM fsm_messages WHERE conversation_id = 'shared' ORDER BY seq"
+                )
             )
         ]
     assert seqs == list(range(len(history)))  # dense, no gaps, no duplicates

@@ -81,7 +81,7 @@ def build(store: ConversationStore) -> None:
     store.commit_turn("c3", turn.turn(0), ["12:00", "found", "noted"])
     with store.engine.begin() as conn:
         for cid, when in DAY.items():
-            for table in ("messages", "attempts"):
+            for table in ("fsm_messages", "fsm_attempts"):
                 conn.execute(
                     sa.text(f"UPDATE {table} SET created_at = :t WHERE conversation_id = :c"),
                     {"t": datetime.fromisoformat(when).replace(tzinfo=UTC), "c": cid},
@@ -434,11 +434,11 @@ def test_stats(engine: Any) -> None:
 # -- read-only ----------------------------------------------------------------------------------
 def test_the_audit_connection_refuses_writes(engine: Any) -> None:
     with engine.connect() as conn, pytest.raises(sa.exc.DBAPIError) as caught:
-        conn.execute(sa.text("DELETE FROM conversations"))
+        conn.execute(sa.text("DELETE FROM fsm_conversations"))
     message = str(caught.value.orig).lower()
     assert "readonly" in message or "read-only" in message
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT count(*) FROM conversations")).scalar() == 3
+        assert conn.execute(sa.text("SELECT count(*) FROM fsm_conversations")).scalar() == 3
 
 
 def test_a_missing_sqlite_file_is_an_error_and_stays_missing(tmp_path: Path) -> None:
@@ -458,7 +458,7 @@ def test_a_path_with_uri_characters(tmp_path: Path) -> None:
     engine = A.open_readonly(f"sqlite:///{path}")
     try:
         with engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT id FROM conversations")).scalar() == "x"
+            assert conn.execute(sa.text("SELECT id FROM fsm_conversations")).scalar() == "x"
     finally:
         engine.dispose()
 

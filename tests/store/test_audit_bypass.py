@@ -148,7 +148,13 @@ def rolled_back(url: sa.URL) -> Iterator[sa.Connection]:
         engine.dispose()
 
 
-TABLES = ("conversations", "messages", "tool_calls", "attempts", "attempt_calls")
+TABLES = (
+    "fsm_conversations",
+    "fsm_messages",
+    "fsm_tool_calls",
+    "fsm_attempts",
+    "fsm_attempt_calls",
+)
 
 
 def fill(url: sa.URL) -> None:
@@ -186,7 +192,7 @@ def test_every_bypass_is_reported_with_its_kind(own_url: sa.URL, name: str) -> N
 def test_sqlite_foreign_keys_off_orphan_rows(own_url: sa.URL) -> None:
     fill(own_url)
     with sqlite_raw(own_url, foreign_keys=False) as conn:
-        conn.exec_driver_sql("DELETE FROM conversations")  # no cascade with the keys off
+        conn.exec_driver_sql("DELETE FROM fsm_conversations")  # no cascade with the keys off
     found = {(v.kind, v.conversation_id) for v in violations(own_url)}
     assert ("orphan_row", "corrupt") in found
     assert_cli_reports(own_url, {"orphan_row"})
@@ -199,7 +205,7 @@ def test_postgres_replica_role_skips_cascades(own_url: sa.URL) -> None:
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
-            conn.exec_driver_sql("DELETE FROM conversations")  # ON DELETE CASCADE is a trigger
+            conn.exec_driver_sql("DELETE FROM fsm_conversations")  # ON DELETE CASCADE is a trigger
     finally:
         engine.dispose()
     found = {(v.kind, v.conversation_id) for v in violations(own_url)}
@@ -214,21 +220,24 @@ def test_postgres_dropped_keys_let_duplicates_in(own_url: sa.URL) -> None:
     try:
         with engine.begin() as conn:
             for table, key in (
-                ("attempt_calls", "pk_attempt_calls"),
-                ("tool_calls", "pk_tool_calls"),
-                ("tool_calls", "uq_tool_calls_conversation_id_assistant_seq_position_call_id"),
+                ("fsm_attempt_calls", "pk_fsm_attempt_calls"),
+                ("fsm_tool_calls", "pk_fsm_tool_calls"),
+                (
+                    "fsm_tool_calls",
+                    "uq_fsm_tool_calls_call",
+                ),
             ):
                 conn.exec_driver_sql(f"ALTER TABLE {table} DROP CONSTRAINT {key} CASCADE")
-            conn.exec_driver_sql("INSERT INTO attempt_calls SELECT * FROM attempt_calls")
+            conn.exec_driver_sql("INSERT INTO fsm_attempt_calls SELECT * FROM fsm_attempt_calls")
             conn.exec_driver_sql(
-                "INSERT INTO tool_calls SELECT * FROM tool_calls WHERE position = 0"
+                "INSERT INTO fsm_tool_calls SELECT * FROM fsm_tool_calls WHERE position = 0"
             )
     finally:
         engine.dispose()
     found = [v for v in violations(own_url) if v.kind == "duplicate_key"]
     assert {v.detail.split(" rows share")[0] for v in found} == {
-        "2 attempt_calls",
-        "2 tool_calls",
+        "2 fsm_attempt_calls",
+        "2 fsm_tool_calls",
     }, found
     assert_cli_reports(own_url, {"duplicate_key"})
 
@@ -238,17 +247,17 @@ def test_a_schema_that_no_longer_enforces_is_reported(own_url: sa.URL, engine_na
     refused, and the check says so (kind unenforced), naming what is missing."""
     fill(own_url)
     if engine_name == "sqlite":
-        statements = ["DROP INDEX ix_messages_conversation_id_idempotency_key"]
-        expected = {"ix_messages_conversation_id_idempotency_key"}
+        statements = ["DROP INDEX ix_fsm_messages_conversation_id_idempotency_key"]
+        expected = {"ix_fsm_messages_conversation_id_idempotency_key"}
     else:
         statements = [
-            "ALTER TABLE tool_calls DISABLE TRIGGER ALL",
-            "ALTER TABLE tool_calls DROP CONSTRAINT ck_tool_calls_name",
-            "ALTER TABLE tool_calls DROP CONSTRAINT ck_tool_calls_arguments",
-            "ALTER TABLE tool_calls ADD CONSTRAINT ck_tool_calls_arguments CHECK "
+            "ALTER TABLE fsm_tool_calls DISABLE TRIGGER ALL",
+            "ALTER TABLE fsm_tool_calls DROP CONSTRAINT ck_fsm_tool_calls_name",
+            "ALTER TABLE fsm_tool_calls DROP CONSTRAINT ck_fsm_tool_calls_arguments",
+            "ALTER TABLE fsm_tool_calls ADD CONSTRAINT ck_fsm_tool_calls_arguments CHECK "
             "(btrim(arguments, E' \\t\\r\\n') = '' OR fsm_json_valid(arguments)) NOT VALID",
         ]
-        expected = {"ck_tool_calls_name", "ck_tool_calls_arguments", "ENABLE TRIGGER ALL"}
+        expected = {"ck_fsm_tool_calls_name", "ck_fsm_tool_calls_arguments", "ENABLE TRIGGER ALL"}
     engine = create_engine(own_url, foreign_keys=False)
     try:
         with engine.begin() as conn:
@@ -266,11 +275,11 @@ def test_a_schema_that_no_longer_enforces_is_reported(own_url: sa.URL, engine_na
 # -- wrong types in every integer column ---------------------------------------------------------
 #: where each table's row sits in the conversation of ``fill``.
 ROW = {
-    "conversations": "id = 'corrupt'",
-    "messages": "conversation_id = 'corrupt' AND seq = 1",
-    "tool_calls": "conversation_id = 'corrupt' AND assistant_seq = 1 AND position = 0",
-    "attempts": "conversation_id = 'corrupt'",
-    "attempt_calls": "position = 0",
+    "fsm_conversations": "id = 'corrupt'",
+    "fsm_messages": "conversation_id = 'corrupt' AND seq = 1",
+    "fsm_tool_calls": "conversation_id = 'corrupt' AND assistant_seq = 1 AND position = 0",
+    "fsm_attempts": "conversation_id = 'corrupt'",
+    "fsm_attempt_calls": "position = 0",
 }
 HOSTILE = {"text": "'5x'", "real": "0.5", "huge": "1e300", "blob": "X'00'"}
 
@@ -281,7 +290,7 @@ def _integer_columns() -> list[tuple[str, str]]:
         for column in Base.metadata.tables[table].columns:
             if not isinstance(column.type, sa.Integer | sa.Boolean):
                 continue
-            if table == "attempts" and column.name == "id":
+            if table == "fsm_attempts" and column.name == "id":
                 continue  # INTEGER PRIMARY KEY: SQLite itself refuses anything but an integer
             out.append((table, column.name))
     return out
@@ -345,7 +354,7 @@ def test_postgres_integer_columns_refuse_wrong_types_and_extremes_do_not_overflo
             ]
         # a choice, a provider's index, an attempt's seq and a positive position may be anything
         free = column in ("choice", "provider_index", "at_seq") or (
-            table == "attempt_calls" and column == "position" and extreme > 0
+            table == "fsm_attempt_calls" and column == "position" and extreme > 0
         )
         assert bool(found) != free, (table, column, extreme, found)
         assert all(v.kind in A.VIOLATION_KINDS for v in found)
@@ -358,11 +367,11 @@ def test_sqlite_the_issue_rows_with_foreign_keys_on(own_url: sa.URL) -> None:
     crashed or called the store clean."""
     fill(own_url)
     call = (
-        "INSERT INTO tool_calls (conversation_id, assistant_seq, position, assistant_n_calls,"
+        "INSERT INTO fsm_tool_calls (conversation_id, assistant_seq, position, assistant_n_calls,"
         " call_id, type, name, arguments, repaired, state) VALUES"
     )
     message = (
-        "INSERT INTO messages (conversation_id, seq, role, content, n_calls, slots_left,"
+        "INSERT INTO fsm_messages (conversation_id, seq, role, content, n_calls, slots_left,"
         " prev_seq, prev_slots_left, created_at) VALUES"
     )
     with sqlite_raw(own_url, ignore_checks=True) as conn:
@@ -391,9 +400,9 @@ def test_sqlite_wrong_types_everywhere_at_once(own_url: sa.URL) -> None:
         for i, (table, column) in enumerate(INTEGER_COLUMNS):
             value = list(HOSTILE.values())[i % len(HOSTILE)]
             conn.exec_driver_sql(f"UPDATE {table} SET {column} = {value} WHERE {ROW[table]}")
-        conn.exec_driver_sql("UPDATE messages SET conversation_id = X'ff' WHERE seq = 4")
-        conn.exec_driver_sql("UPDATE messages SET usage = 'not json' WHERE seq = 2")
-        conn.exec_driver_sql("UPDATE attempts SET anomalies = '[' , created_at = 5")
+        conn.exec_driver_sql("UPDATE fsm_messages SET conversation_id = X'ff' WHERE seq = 4")
+        conn.exec_driver_sql("UPDATE fsm_messages SET usage = 'not json' WHERE seq = 2")
+        conn.exec_driver_sql("UPDATE fsm_attempts SET anomalies = '[' , created_at = 5")
     found = violations(own_url)
     assert len([v for v in found if v.kind == "invalid_type"]) >= 5
     assert_cli_reports(own_url, {"invalid_type"})
@@ -407,15 +416,15 @@ def test_sqlite_wrong_types_everywhere_at_once(own_url: sa.URL) -> None:
 @pytest.mark.parametrize(
     ("statement", "kind"),
     [
-        ("UPDATE tool_calls SET name = '' WHERE position = 0", "invalid_name"),
-        ("UPDATE tool_calls SET name = ' \t' WHERE position = 0", "invalid_name"),
-        ("UPDATE tool_calls SET arguments = '{\"a\":' WHERE position = 0", "invalid_arguments"),
-        ("UPDATE tool_calls SET arguments = 'NaN' WHERE position = 0", "invalid_arguments"),
-        ("UPDATE messages SET content = NULL WHERE seq = 0", "missing_content"),
-        ("UPDATE messages SET content = NULL WHERE seq = 2", "missing_content"),
-        ("UPDATE messages SET content_parts = '[]' WHERE seq = 0", "invalid_row"),
-        ("UPDATE attempt_calls SET position = -1", "invalid_row"),
-        ("UPDATE attempt_calls SET state = 'lost'", "invalid_row"),
+        ("UPDATE fsm_tool_calls SET name = '' WHERE position = 0", "invalid_name"),
+        ("UPDATE fsm_tool_calls SET name = ' \t' WHERE position = 0", "invalid_name"),
+        ("UPDATE fsm_tool_calls SET arguments = '{\"a\":' WHERE position = 0", "invalid_arguments"),
+        ("UPDATE fsm_tool_calls SET arguments = 'NaN' WHERE position = 0", "invalid_arguments"),
+        ("UPDATE fsm_messages SET content = NULL WHERE seq = 0", "missing_content"),
+        ("UPDATE fsm_messages SET content = NULL WHERE seq = 2", "missing_content"),
+        ("UPDATE fsm_messages SET content_parts = '[]' WHERE seq = 0", "invalid_row"),
+        ("UPDATE fsm_attempt_calls SET position = -1", "invalid_row"),
+        ("UPDATE fsm_attempt_calls SET state = 'lost'", "invalid_row"),
     ],
 )
 def test_each_check_of_the_models_is_reported(own_url: sa.URL, statement: str, kind: str) -> None:
@@ -471,7 +480,7 @@ def test_the_types_terms_are_the_models_types_check() -> None:
         }
         terms = set()
         for column, ok in integrity._sqlite_type_terms(Base.metadata.tables[table]):
-            if table == "pending_turns" and column in ("format", "provider_items"):
+            if table == "fsm_pending_turns" and column in ("format", "provider_items"):
                 continue
             if f"ck_{table}_{column}" in own:
                 assert f"typeof({column}) = 'integer'" in own[f"ck_{table}_{column}"]
@@ -551,7 +560,7 @@ def test_arg_filters_before_migration_0003(
 ) -> None:
     """Without fsm_try_jsonb (a schema before 0003), the cast is guarded instead."""
     _commit_calls(own_url, HOSTILE_ARGUMENTS)
-    monkeypatch.setattr(audit_calls, "_pg_function", lambda conn, signature: False)
+    monkeypatch.setattr(audit_calls, "pg_function", lambda conn, signature: False)
     assert _call_ids(args=[("a", 1)])(own_url) == ["good"]
     assert "good" in _call_ids(args=[("b", 1)])(own_url)
 
@@ -592,6 +601,7 @@ def test_stats_survive_any_usage(own_url: sa.URL, engine_name: str) -> None:
             store.append(f"u{i}", [{"role": "user", "content": "go"}])
             store.append(f"u{i}", [{"role": "assistant", "content": "ok"}])
     good = '\'{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}\''
+    # revision 0005 below: the tables before migration 0009 (no fsm_ prefix)
     statements = ["UPDATE messages SET model = 'm' WHERE role = 'assistant'"]
     statements += [f"UPDATE messages SET usage = {good} WHERE conversation_id = 'u0' AND seq = 1"]
     statements += [
@@ -726,7 +736,7 @@ def test_a_mismatch_of_marked_ids_is_shown_decoded(own_url: sa.URL) -> None:
         store.commit_turn("m", make_turn([("id\x00", "f", "{}")], response_id="r"), ["ok"])
     with rolled_back(own_url) as conn:
         conn.execute(
-            sa.text("UPDATE messages SET tool_call_id = :v WHERE seq = 2"),
+            sa.text("UPDATE fsm_messages SET tool_call_id = :v WHERE seq = 2"),
             {"v": "\ufdd0other\\0"},  # the codec's form of "other\x00"
         )
         [found] = [v for v in A.check(conn) if v.kind != "unenforced"]
@@ -789,10 +799,12 @@ def test_the_guard_functions_never_run_in_a_parallel_worker(own_url: sa.URL) -> 
                 " AND proparallel <> 'u'"
             ).all()
             assert parallel == []
-            conn.exec_driver_sql("SELECT count(fsm_try_jsonb(arguments)) FROM tool_calls").all()
+            conn.exec_driver_sql("SELECT count(fsm_try_jsonb(arguments)) FROM fsm_tool_calls").all()
             assert [c.call_id for c in A.tool_calls(conn, args=[("a", 1)])] == ["good"]
-            conn.exec_driver_sql("ALTER TABLE tool_calls DROP CONSTRAINT ck_tool_calls_arguments")
-            conn.exec_driver_sql("UPDATE tool_calls SET arguments = '{' WHERE call_id = 'good'")
+            conn.exec_driver_sql(
+                "ALTER TABLE fsm_tool_calls DROP CONSTRAINT ck_fsm_tool_calls_arguments"
+            )
+            conn.exec_driver_sql("UPDATE fsm_tool_calls SET arguments = '{' WHERE call_id = 'good'")
             kinds = {v.kind for v in A.check(conn)}  # the arguments rule: fsm_json_valid
             assert {"invalid_arguments", "unenforced"} <= kinds
             conn.rollback()

@@ -27,7 +27,13 @@ from fsm.store import audit as A
 from fsm.store.engine import create_engine
 from tests.helpers import CORPUS, chunk, require_corpus, sse, tc
 
-TABLES = ("conversations", "messages", "tool_calls", "attempts", "attempt_calls")
+TABLES = (
+    "fsm_conversations",
+    "fsm_messages",
+    "fsm_tool_calls",
+    "fsm_attempts",
+    "fsm_attempt_calls",
+)
 
 
 def build(store: ConversationStore) -> None:
@@ -139,12 +145,16 @@ def message(seq: int, role: str = "user", **cols: object) -> str:
         "created_at": "CURRENT_TIMESTAMP",
     }
     row.update(cols)
-    return f"INSERT INTO messages ({', '.join(row)}) VALUES ({', '.join(map(str, row.values()))})"
+    return (
+        f"INSERT INTO fsm_messages ({', '.join(row)}) VALUES ({', '.join(map(str, row.values()))})"
+    )
 
 
 CASES = [
-    Case("seq_start", ["DELETE FROM messages WHERE conversation_id = 'c' AND seq = 0"], ("c", 1)),
-    Case("seq_gap", ["DELETE FROM messages WHERE conversation_id = 'c' AND seq = 5"], ("c", 6)),
+    Case(
+        "seq_start", ["DELETE FROM fsm_messages WHERE conversation_id = 'c' AND seq = 0"], ("c", 1)
+    ),
+    Case("seq_gap", ["DELETE FROM fsm_messages WHERE conversation_id = 'c' AND seq = 5"], ("c", 6)),
     Case(
         "seq_duplicate",
         [message(5, content="'twin'")],
@@ -154,27 +164,27 @@ CASES = [
     ),
     Case(
         "invalid_row",
-        ["UPDATE messages SET n_calls = 2 WHERE conversation_id = 'c' AND seq = 0"],
+        ["UPDATE fsm_messages SET n_calls = 2 WHERE conversation_id = 'c' AND seq = 0"],
         ("c", 0),
     ),
     Case(
         "invalid_row",
-        ["UPDATE messages SET role = 'robot' WHERE conversation_id = 'c' AND seq = 5"],
+        ["UPDATE fsm_messages SET role = 'robot' WHERE conversation_id = 'c' AND seq = 5"],
         ("c", 5),
     ),
     Case(
         "result_misplaced",  # the two results of seq 1 swapped
         [
-            "UPDATE messages SET seq = 100 WHERE conversation_id = 'c' AND seq = 2",
-            "UPDATE messages SET seq = 2 WHERE conversation_id = 'c' AND seq = 3",
-            "UPDATE messages SET seq = 3 WHERE conversation_id = 'c' AND seq = 100",
+            "UPDATE fsm_messages SET seq = 100 WHERE conversation_id = 'c' AND seq = 2",
+            "UPDATE fsm_messages SET seq = 2 WHERE conversation_id = 'c' AND seq = 3",
+            "UPDATE fsm_messages SET seq = 3 WHERE conversation_id = 'c' AND seq = 100",
         ],
         ("c", 2),
     ),
     Case(
         "duplicate_result",  # a second result for call x, after the last message
         [
-            "DROP INDEX ix_messages_conversation_id_assistant_seq_call_position",
+            "DROP INDEX ix_fsm_messages_conversation_id_assistant_seq_call_position",
             message(
                 8, "tool", tool_call_id="'x'", assistant_seq=1, call_position=0, prev_slots_left=1
             ),
@@ -184,36 +194,38 @@ CASES = [
     Case(
         "interleaved",  # the result of y turned into a user message
         [
-            "UPDATE messages SET role = 'user', tool_call_id = NULL, assistant_seq = NULL, "
+            "UPDATE fsm_messages SET role = 'user', tool_call_id = NULL, assistant_seq = NULL, "
             "call_position = NULL, prev_slots_left = 0, slots_left = 0 "
             "WHERE conversation_id = 'c' AND seq = 3"
         ],
         ("c", 3),
     ),
     Case(
-        "missing_result", ["DELETE FROM messages WHERE conversation_id = 'c' AND seq = 7"], ("c", 6)
+        "missing_result",
+        ["DELETE FROM fsm_messages WHERE conversation_id = 'c' AND seq = 7"],
+        ("c", 6),
     ),
     Case(
         "result_id_mismatch",
-        ["UPDATE messages SET tool_call_id = 'not-x' WHERE conversation_id = 'c' AND seq = 2"],
+        ["UPDATE fsm_messages SET tool_call_id = 'not-x' WHERE conversation_id = 'c' AND seq = 2"],
         ("c", 2),
     ),
     Case(
         "orphan_result",
-        ["DELETE FROM tool_calls WHERE conversation_id = 'c' AND assistant_seq = 6"],
+        ["DELETE FROM fsm_tool_calls WHERE conversation_id = 'c' AND assistant_seq = 6"],
         ("c", 7),
     ),
     Case(
         "not_finished",
         [
-            "UPDATE tool_calls SET state = 'truncated' WHERE conversation_id = 'c' AND assistant_seq = 6"
+            "UPDATE fsm_tool_calls SET state = 'truncated' WHERE conversation_id = 'c' AND assistant_seq = 6"
         ],
         ("c", 6),
     ),
     Case(
         "call_count_mismatch",  # declares 3 calls, has 2
         [
-            "UPDATE messages SET n_calls = 3, slots_left = 3, block_end_seq = 4 "
+            "UPDATE fsm_messages SET n_calls = 3, slots_left = 3, block_end_seq = 4 "
             "WHERE conversation_id = 'c' AND seq = 1"
         ],
         ("c", 1),
@@ -221,7 +233,7 @@ CASES = [
     Case(
         "call_count_mismatch",  # a call beyond the declared count
         [
-            "INSERT INTO tool_calls (conversation_id, assistant_seq, position, assistant_n_calls, "
+            "INSERT INTO fsm_tool_calls (conversation_id, assistant_seq, position, assistant_n_calls, "
             "call_id, type, name, arguments, repaired, state) VALUES "
             "('c', 6, 1, 2, 'extra', 'function', 'f', '{}', false, 'finished')"
         ],
@@ -230,66 +242,68 @@ CASES = [
     Case(
         "orphan_call",  # a call of the user message at seq 0
         [
-            "INSERT INTO tool_calls (conversation_id, assistant_seq, position, assistant_n_calls, "
+            "INSERT INTO fsm_tool_calls (conversation_id, assistant_seq, position, assistant_n_calls, "
             "call_id, type, name, arguments, repaired, state) VALUES "
             "('c', 0, 0, 1, 'ghost', 'function', 'f', '{}', false, 'finished')"
         ],
         ("c", 0),
     ),
-    Case("orphan_row", ["DELETE FROM conversations WHERE id = 'd'"], ("d", None)),
-    Case("orphan_row", ["DELETE FROM attempts WHERE conversation_id = 'd'"], (None, None)),
+    Case("orphan_row", ["DELETE FROM fsm_conversations WHERE id = 'd'"], ("d", None)),
+    Case("orphan_row", ["DELETE FROM fsm_attempts WHERE conversation_id = 'd'"], (None, None)),
     Case(
         "invalid_type",  # SQLite's type affinity keeps a text in an INTEGER column
-        ["UPDATE messages SET n_calls = '2x' WHERE conversation_id = 'c' AND seq = 0"],
+        ["UPDATE fsm_messages SET n_calls = '2x' WHERE conversation_id = 'c' AND seq = 0"],
         ("c", 0),
         postgres=False,
     ),
     Case(
         "invalid_type",  # a NOT NULL dropped
         [
-            "ALTER TABLE tool_calls ALTER COLUMN type DROP NOT NULL",
-            "UPDATE tool_calls SET type = NULL WHERE conversation_id = 'c' AND assistant_seq = 6",
+            "ALTER TABLE fsm_tool_calls ALTER COLUMN type DROP NOT NULL",
+            "UPDATE fsm_tool_calls SET type = NULL WHERE conversation_id = 'c' AND assistant_seq = 6",
         ],
         ("c", 6),
         sqlite=False,
     ),
     Case(
         "invalid_name",
-        ["UPDATE tool_calls SET name = ' ' WHERE conversation_id = 'c' AND assistant_seq = 6"],
+        ["UPDATE fsm_tool_calls SET name = ' ' WHERE conversation_id = 'c' AND assistant_seq = 6"],
         ("c", 6),
     ),
     Case(
         "invalid_arguments",
-        ["UPDATE tool_calls SET arguments = '{' WHERE conversation_id = 'c' AND assistant_seq = 6"],
+        [
+            "UPDATE fsm_tool_calls SET arguments = '{' WHERE conversation_id = 'c' AND assistant_seq = 6"
+        ],
         ("c", 6),
     ),
     Case(
         "missing_content",
-        ["UPDATE messages SET content = NULL WHERE conversation_id = 'c' AND seq = 5"],
+        ["UPDATE fsm_messages SET content = NULL WHERE conversation_id = 'c' AND seq = 5"],
         ("c", 5),
     ),
     Case(
         "duplicate_key",  # the idempotency key of seq 6 given to seq 1 too
         [
-            "DROP INDEX ix_messages_conversation_id_idempotency_key",
-            "UPDATE messages SET idempotency_key = 'second' WHERE conversation_id = 'c' AND seq = 1",
+            "DROP INDEX ix_fsm_messages_conversation_id_idempotency_key",
+            "UPDATE fsm_messages SET idempotency_key = 'second' WHERE conversation_id = 'c' AND seq = 1",
         ],
         ("c", None),
     ),
     Case(
         "unenforced",
-        ["DROP INDEX ix_messages_conversation_id_assistant_seq_call_position"],
+        ["DROP INDEX ix_fsm_messages_conversation_id_assistant_seq_call_position"],
         (None, None),
     ),
     Case(
         "bookkeeping",
-        ["UPDATE messages SET prev_slots_left = 1 WHERE conversation_id = 'c' AND seq = 5"],
+        ["UPDATE fsm_messages SET prev_slots_left = 1 WHERE conversation_id = 'c' AND seq = 5"],
         ("c", 5),
     ),
     Case(
         "bookkeeping",  # a result's open slots that disagree with its block
         [
-            "UPDATE messages SET slots_left = 4, prev_slots_left = 5 "
+            "UPDATE fsm_messages SET slots_left = 4, prev_slots_left = 5 "
             "WHERE conversation_id = 'c' AND seq = 2"
         ],
         ("c", 2),
@@ -338,7 +352,7 @@ def test_check_finds(url: sa.URL, case: Case) -> None:
 def test_progress_and_batches(url: sa.URL) -> None:
     calls: list[tuple[int, int]] = []
     with unguarded(url) as conn:
-        conn.execute(sa.text("DELETE FROM messages WHERE conversation_id = 'd' AND seq = 2"))
+        conn.execute(sa.text("DELETE FROM fsm_messages WHERE conversation_id = 'd' AND seq = 2"))
         found = list(
             A.check(conn, progress=lambda done, total: calls.append((done, total)), batch_size=1)
         )
@@ -356,10 +370,12 @@ def test_the_check_command_exits_1_and_lists_violations(url: sa.URL) -> None:
     engine = create_engine(url, foreign_keys=False)
     try:
         with engine.begin() as conn:
-            conn.execute(sa.text("DELETE FROM messages WHERE conversation_id = 'c' AND seq = 7"))
+            conn.execute(
+                sa.text("DELETE FROM fsm_messages WHERE conversation_id = 'c' AND seq = 7")
+            )
             conn.execute(
                 sa.text(
-                    "UPDATE messages SET tool_call_id = 'zz' WHERE conversation_id = 'd' AND seq = 2"
+                    "UPDATE fsm_messages SET tool_call_id = 'zz' WHERE conversation_id = 'd' AND seq = 2"
                 )
             )
     finally:

@@ -179,7 +179,9 @@ def test_the_execution_join_reads_the_ledger_through_its_keys(
         engine.dispose()
     assert plans
     for text in plans:
-        index = r"SEARCH pt USING (COVERING )?INDEX ix_pending_turns_conversation_id_committed_seq"
+        index = (
+            r"SEARCH pt USING (COVERING )?INDEX ix_fsm_pending_turns_conversation_id_committed_seq"
+        )
         assert re.search(index, text), text
         assert "SEARCH te" in text, text
         assert "SCAN pt" not in text and "SCAN te" not in text, text

@@ -37,7 +37,13 @@ def dump(store: ConversationStore) -> dict[str, list[Any]]:
                     for row in conn.execute(sa.text(f"SELECT * FROM {table}"))
                 ),
             )
-            for table in ("conversations", "messages", "tool_calls", "attempts", "attempt_calls")
+            for table in (
+                "fsm_conversations",
+                "fsm_messages",
+                "fsm_tool_calls",
+                "fsm_attempts",
+                "fsm_attempt_calls",
+            )
         }
 
 
@@ -63,7 +69,7 @@ def test_commit_turn_stores_assistant_and_results(store: ConversationStore, conv
     with store.engine.connect() as conn:
         row = conn.execute(
             sa.text(
-                "SELECT model, response_id, choice, finish_reason, n_calls FROM messages "
+                "SELECT model, response_id, choice, finish_reason, n_calls FROM fsm_messages "
                 "WHERE conversation_id = 'conv-1' AND seq = 1"
             )
         ).one()
@@ -161,7 +167,7 @@ def test_empty_and_repeated_ids_link_by_row(store: ConversationStore, conv: str)
     with store.engine.connect() as conn:
         links = conn.execute(
             sa.text(
-                "SELECT m.content, c.name FROM messages m JOIN tool_calls c"
+                "SELECT m.content, c.name FROM fsm_messages m JOIN fsm_tool_calls c"
                 " ON c.conversation_id = m.conversation_id AND c.assistant_seq = m.assistant_seq"
                 " AND c.position = m.call_position"
                 " WHERE m.conversation_id = 'conv-1' ORDER BY m.seq"
@@ -435,9 +441,9 @@ def test_delete_conversation_removes_everything(store: ConversationStore, conv: 
     assert store.delete_conversation(conv)
     assert not store.delete_conversation(conv)
     remaining = dump(store)
-    assert remaining["conversations"] == [tuple(remaining["conversations"][0])]
+    assert remaining["fsm_conversations"] == [tuple(remaining["fsm_conversations"][0])]
     assert all("conv-1" not in row for rows in remaining.values() for row in rows)
-    assert remaining["attempts"] == [] and remaining["attempt_calls"] == []
+    assert remaining["fsm_attempts"] == [] and remaining["fsm_attempt_calls"] == []
     assert store.history(other) == [{"role": "user", "content": "stay"}]
 
 

@@ -89,7 +89,7 @@ def test_concurrent_writers(store: ConversationStore, db_url: sa.URL, optimistic
         seqs = [
             row[0]
             for row in conn.execute(
-                sa.text("SELECT seq FROM messages WHERE conversation_id = :c ORDER BY seq"),
+                sa.text("SELECT seq FROM fsm_messages WHERE conversation_id = :c ORDER BY seq"),
                 {"c": conv},
             )
         ]

@@ -70,175 +70,181 @@ class Case:
     rule: str = ""
 
 
-A4 = ("messages", assistant_row("c", 4, 2))
-P = ("tool_calls", call_row("c", 4, 0, 2, "p"))
-Q = ("tool_calls", call_row("c", 4, 1, 2, "q"))
-R5 = ("messages", result_row("c", 5, 4, 0, 2, "p"))
+A4 = ("fsm_messages", assistant_row("c", 4, 2))
+P = ("fsm_tool_calls", call_row("c", 4, 0, 2, "p"))
+Q = ("fsm_tool_calls", call_row("c", 4, 1, 2, "q"))
+R5 = ("fsm_messages", result_row("c", 5, 4, 0, 2, "p"))
 
 CASES: dict[str, Case] = {
     "a_result_for_no_call": Case(
-        [("messages", assistant_row("c", 4, 1)), ("messages", result_row("c", 5, 4, 0, 1, "zz"))],
-        {"fk_messages_result_call"},
+        [
+            ("fsm_messages", assistant_row("c", 4, 1)),
+            ("fsm_messages", result_row("c", 5, 4, 0, 1, "zz")),
+        ],
+        {"fk_fsm_messages_result_call"},
         "FOREIGN KEY",
         "(a)",
     ),
     "a_result_for_call_of_other_conversation": Case(
         # d has a call at (assistant_seq 4, position 0, id d0); c's row cannot reach it
-        [("messages", assistant_row("c", 4, 1)), ("messages", result_row("c", 5, 4, 0, 1, "d0"))],
-        {"fk_messages_result_call"},
+        [
+            ("fsm_messages", assistant_row("c", 4, 1)),
+            ("fsm_messages", result_row("c", 5, 4, 0, 1, "d0")),
+        ],
+        {"fk_fsm_messages_result_call"},
         "FOREIGN KEY",
         "(a)",
     ),
     "b_second_result_in_the_slot": Case(
-        [("messages", result_row("c", 2, 1, 0, 2, "x"))],
-        {"pk_messages", "ix_messages_conversation_id_assistant_seq_call_position"},
-        "UNIQUE constraint failed: messages.conversation_id, messages.",
+        [("fsm_messages", result_row("c", 2, 1, 0, 2, "x"))],
+        {"pk_fsm_messages", "ix_fsm_messages_conversation_id_assistant_seq_call_position"},
+        "UNIQUE constraint failed: fsm_messages.conversation_id, fsm_messages.",
         "(b)",
     ),
     "b_second_result_after_the_block": Case(
-        [("messages", result_row("c", 4, 1, 0, 2, "x"))],
-        {"ck_messages_result_slot"},
-        "CHECK constraint failed: ck_messages_result_slot",
+        [("fsm_messages", result_row("c", 4, 1, 0, 2, "x"))],
+        {"ck_fsm_messages_result_slot"},
+        "CHECK constraint failed: ck_fsm_messages_result_slot",
         "(b)",
     ),
     "c_tool_call_id_differs": Case(
         [
-            ("messages", assistant_row("c", 4, 1)),
-            ("tool_calls", call_row("c", 4, 0, 1, "good")),
-            ("messages", result_row("c", 5, 4, 0, 1, "bad")),
+            ("fsm_messages", assistant_row("c", 4, 1)),
+            ("fsm_tool_calls", call_row("c", 4, 0, 1, "good")),
+            ("fsm_messages", result_row("c", 5, 4, 0, 1, "bad")),
         ],
-        {"fk_messages_result_call"},
+        {"fk_fsm_messages_result_call"},
         "FOREIGN KEY",
         "(c)",
     ),
     "c_tool_call_id_updated": Case(
-        ["UPDATE messages SET tool_call_id = 'other' WHERE conversation_id = 'c' AND seq = 2"],
-        {"fk_messages_result_call"},
+        ["UPDATE fsm_messages SET tool_call_id = 'other' WHERE conversation_id = 'c' AND seq = 2"],
+        {"fk_fsm_messages_result_call"},
         "FOREIGN KEY",
         "(c)",
     ),
     "c_call_id_updated_under_its_result": Case(
         [
-            "UPDATE tool_calls SET call_id = 'other'"
+            "UPDATE fsm_tool_calls SET call_id = 'other'"
             " WHERE conversation_id = 'c' AND assistant_seq = 1 AND position = 0"
         ],
-        {"fk_messages_result_call"},
+        {"fk_fsm_messages_result_call"},
         "FOREIGN KEY",
         "(c)",
     ),
     "d_result_out_of_its_slot": Case(
-        [A4, P, Q, ("messages", result_row("c", 5, 4, 1, 2, "q"))],
-        {"ck_messages_result_slot"},
-        "CHECK constraint failed: ck_messages_result_slot",
+        [A4, P, Q, ("fsm_messages", result_row("c", 5, 4, 1, 2, "q"))],
+        {"ck_fsm_messages_result_slot"},
+        "CHECK constraint failed: ck_fsm_messages_result_slot",
         "(d)",
     ),
     "d_result_claiming_another_slot": Case(
         # seq 5 = 3 + 1 + 1 adds up, but there is no call (3, 1) in c
-        [A4, P, Q, ("messages", result_row("c", 5, 3, 1, 2, "q"))],
-        {"fk_messages_result_call", "fk_messages_prev"},
+        [A4, P, Q, ("fsm_messages", result_row("c", 5, 3, 1, 2, "q"))],
+        {"fk_fsm_messages_result_call", "fk_fsm_messages_prev"},
         "FOREIGN KEY",
         "(d)",
     ),
     "e_two_messages_same_seq": Case(
-        [("messages", user_row("c", 3))],
-        {"pk_messages"},
-        "UNIQUE constraint failed: messages.conversation_id, messages.seq",
+        [("fsm_messages", user_row("c", 3))],
+        {"pk_fsm_messages"},
+        "UNIQUE constraint failed: fsm_messages.conversation_id, fsm_messages.seq",
         "(e)",
     ),
     "f_truncated_call_into_history": Case(
         [
-            ("messages", assistant_row("c", 4, 1)),
-            ("tool_calls", call_row("c", 4, 0, 1, "t", "truncated")),
+            ("fsm_messages", assistant_row("c", 4, 1)),
+            ("fsm_tool_calls", call_row("c", 4, 0, 1, "t", "truncated")),
         ],
-        {"ck_tool_calls_finished"},
-        "CHECK constraint failed: ck_tool_calls_finished",
+        {"ck_fsm_tool_calls_finished"},
+        "CHECK constraint failed: ck_fsm_tool_calls_finished",
         "(f)",
     ),
     "f_call_updated_to_aborted": Case(
-        ["UPDATE tool_calls SET state = 'aborted' WHERE conversation_id = 'c'"],
-        {"ck_tool_calls_finished"},
-        "CHECK constraint failed: ck_tool_calls_finished",
+        ["UPDATE fsm_tool_calls SET state = 'aborted' WHERE conversation_id = 'c'"],
+        {"ck_fsm_tool_calls_finished"},
+        "CHECK constraint failed: ck_fsm_tool_calls_finished",
         "(f)",
     ),
     "f_unknown_state": Case(
         [
-            ("messages", assistant_row("c", 4, 1)),
-            ("tool_calls", call_row("c", 4, 0, 1, "t", "done")),
+            ("fsm_messages", assistant_row("c", 4, 1)),
+            ("fsm_tool_calls", call_row("c", 4, 0, 1, "t", "done")),
         ],
-        {"ck_tool_calls_finished", "ck_tool_calls_tool_call_state"},
-        "CHECK constraint failed: ck_tool_calls_",
+        {"ck_fsm_tool_calls_finished", "ck_fsm_tool_calls_tool_call_state"},
+        "CHECK constraint failed: ck_fsm_tool_calls_",
         "(f)",
     ),
     "5_user_inside_a_tool_block": Case(
-        [A4, P, Q, R5, ("messages", user_row("c", 6))],
-        {"fk_messages_prev"},
+        [A4, P, Q, R5, ("fsm_messages", user_row("c", 6))],
+        {"fk_fsm_messages_prev"},
         "FOREIGN KEY",
         "rule 5",
     ),
     "5_user_inside_a_tool_block_admitting_it": Case(
-        [A4, P, Q, R5, ("messages", user_row("c", 6, prev_slots_left=1))],
-        {"ck_messages_prev"},
-        "CHECK constraint failed: ck_messages_prev",
+        [A4, P, Q, R5, ("fsm_messages", user_row("c", 6, prev_slots_left=1))],
+        {"ck_fsm_messages_prev"},
+        "CHECK constraint failed: ck_fsm_messages_prev",
         "rule 5",
     ),
     "5_assistant_right_after_an_assistant_with_calls": Case(
-        [A4, P, Q, ("messages", assistant_row("c", 5, 0))],
-        {"fk_messages_prev"},
+        [A4, P, Q, ("fsm_messages", assistant_row("c", 5, 0))],
+        {"fk_fsm_messages_prev"},
         "FOREIGN KEY",
         "rule 5",
     ),
     "5_block_left_incomplete_at_commit": Case(
         [A4, P, Q, R5],
-        {"fk_messages_block_end"},
+        {"fk_fsm_messages_block_end"},
         "FOREIGN KEY",
         "rule 2",
     ),
     "5_assistant_with_calls_but_no_rows": Case(
-        [("messages", assistant_row("c", 4, 1))],
-        {"fk_messages_block_end"},
+        [("fsm_messages", assistant_row("c", 4, 1))],
+        {"fk_fsm_messages_block_end"},
         "FOREIGN KEY",
         "rule 2",
     ),
     "2_call_beyond_n_calls": Case(
-        [("tool_calls", call_row("c", 1, 2, 2, "z"))],
-        {"ck_tool_calls_position"},
-        "CHECK constraint failed: ck_tool_calls_position",
+        [("fsm_tool_calls", call_row("c", 1, 2, 2, "z"))],
+        {"ck_fsm_tool_calls_position"},
+        "CHECK constraint failed: ck_fsm_tool_calls_position",
         "rule 2",
     ),
     "2_call_lying_about_n_calls": Case(
-        [("tool_calls", call_row("c", 1, 2, 3, "z"))],
-        {"fk_tool_calls_assistant"},
+        [("fsm_tool_calls", call_row("c", 1, 2, 3, "z"))],
+        {"fk_fsm_tool_calls_assistant"},
         "FOREIGN KEY",
         "rule 2",
     ),
     "2_call_on_a_user_message": Case(
-        [("tool_calls", call_row("c", 0, 0, 1, "u"))],
-        {"fk_tool_calls_assistant"},
+        [("fsm_tool_calls", call_row("c", 0, 0, 1, "u"))],
+        {"fk_fsm_tool_calls_assistant"},
         "FOREIGN KEY",
         "rule 2",
     ),
     "1_gap_in_seq": Case(
-        [("messages", user_row("c", 5))],
-        {"fk_messages_prev"},
+        [("fsm_messages", user_row("c", 5))],
+        {"fk_fsm_messages_prev"},
         "FOREIGN KEY",
         "rule 1",
     ),
     "1_delete_in_the_middle": Case(
-        ["DELETE FROM messages WHERE conversation_id = 'c' AND seq = 0"],
-        {"fk_messages_prev"},
+        ["DELETE FROM fsm_messages WHERE conversation_id = 'c' AND seq = 0"],
+        {"fk_fsm_messages_prev"},
         "FOREIGN KEY",
         "rule 1",
     ),
     "1_delete_a_result": Case(
-        ["DELETE FROM messages WHERE conversation_id = 'c' AND seq = 3"],
-        {"fk_messages_block_end"},
+        ["DELETE FROM fsm_messages WHERE conversation_id = 'c' AND seq = 3"],
+        {"fk_fsm_messages_block_end"},
         "FOREIGN KEY",
         "rule 1",
     ),
     "1_renumber": Case(
-        ["UPDATE messages SET seq = seq + 10 WHERE conversation_id = 'c' AND seq = 0"],
-        {"ck_messages_prev"},
-        "CHECK constraint failed: ck_messages_prev",
+        ["UPDATE fsm_messages SET seq = seq + 10 WHERE conversation_id = 'c' AND seq = 0"],
+        {"ck_fsm_messages_prev"},
+        "CHECK constraint failed: ck_fsm_messages_prev",
         "rule 1",
     ),
 }
@@ -271,8 +277,8 @@ def test_the_same_rows_written_correctly_are_accepted(seeded: ConversationStore)
                 P,
                 Q,
                 R5,
-                ("messages", result_row("c", 6, 4, 1, 2, "q")),
-                ("messages", user_row("c", 7)),
+                ("fsm_messages", result_row("c", 6, 4, 1, 2, "q")),
+                ("fsm_messages", user_row("c", 7)),
             ],
         )
     history = seeded.history("c")
@@ -284,9 +290,9 @@ def test_the_same_rows_written_correctly_are_accepted(seeded: ConversationStore)
 
 def test_deleting_the_conversation_with_raw_sql_cascades(seeded: ConversationStore) -> None:
     with seeded.engine.begin() as conn:
-        conn.execute(sa.text("DELETE FROM conversations WHERE id = 'c'"))
+        conn.execute(sa.text("DELETE FROM fsm_conversations WHERE id = 'c'"))
     with seeded.engine.connect() as conn:
-        for table in ("messages", "tool_calls"):
+        for table in ("fsm_messages", "fsm_tool_calls"):
             count = conn.execute(
                 sa.text(f"SELECT count(*) FROM {table} WHERE conversation_id = 'c'")
             ).scalar()
@@ -306,77 +312,86 @@ def test_sqlite_store_connections_enforce_foreign_keys(store: ConversationStore)
 def _call_with(conv: str, seq: int, **values: Any) -> list[Step]:
     """An assistant at ``seq`` with one call (its values overridden) and its result."""
     return [
-        ("messages", assistant_row(conv, seq, 1)),
-        ("tool_calls", {**call_row(conv, seq, 0, 1, "p"), **values}),
-        ("messages", result_row(conv, seq + 1, seq, 0, 1, "p")),
+        ("fsm_messages", assistant_row(conv, seq, 1)),
+        ("fsm_tool_calls", {**call_row(conv, seq, 0, 1, "p"), **values}),
+        ("fsm_messages", result_row(conv, seq + 1, seq, 0, 1, "p")),
     ]
 
 
 _MARKED = "\ufdd0"
 FINISHED_CASES: dict[str, tuple[list[Step], str]] = {
-    "empty_name": (_call_with("c", 4, name=""), "ck_tool_calls_name"),
-    "blank_name": (_call_with("c", 4, name=" \t\r\n"), "ck_tool_calls_name"),
-    "invalid_json_arguments": (_call_with("c", 4, arguments='{"a": 1'), "ck_tool_calls_arguments"),
-    "nan_arguments": (_call_with("c", 4, arguments='{"a": NaN}'), "ck_tool_calls_arguments"),
-    "bare_nan_arguments": (_call_with("c", 4, arguments="NaN"), "ck_tool_calls_arguments"),
-    "infinity_arguments": (_call_with("c", 4, arguments="[Infinity]"), "ck_tool_calls_arguments"),
+    "empty_name": (_call_with("c", 4, name=""), "ck_fsm_tool_calls_name"),
+    "blank_name": (_call_with("c", 4, name=" \t\r\n"), "ck_fsm_tool_calls_name"),
+    "invalid_json_arguments": (
+        _call_with("c", 4, arguments='{"a": 1'),
+        "ck_fsm_tool_calls_arguments",
+    ),
+    "nan_arguments": (_call_with("c", 4, arguments='{"a": NaN}'), "ck_fsm_tool_calls_arguments"),
+    "bare_nan_arguments": (_call_with("c", 4, arguments="NaN"), "ck_fsm_tool_calls_arguments"),
+    "infinity_arguments": (
+        _call_with("c", 4, arguments="[Infinity]"),
+        "ck_fsm_tool_calls_arguments",
+    ),
     "single_quoted_arguments": (
         _call_with("c", 4, arguments="{'a': 1}"),
-        "ck_tool_calls_arguments",
+        "ck_fsm_tool_calls_arguments",
     ),
-    "trailing_garbage_arguments": (_call_with("c", 4, arguments="{} x"), "ck_tool_calls_arguments"),
+    "trailing_garbage_arguments": (
+        _call_with("c", 4, arguments="{} x"),
+        "ck_fsm_tool_calls_arguments",
+    ),
     "marked_invalid_arguments": (
         _call_with("c", 4, arguments=encode_text("{\ud83d")),
-        "ck_tool_calls_arguments",
+        "ck_fsm_tool_calls_arguments",
     ),
     "marked_nul_arguments": (
         _call_with("c", 4, arguments=encode_text('"\x00\ud83d"')),
-        "ck_tool_calls_arguments",
+        "ck_fsm_tool_calls_arguments",
     ),
     "marked_surrogate_outside_a_string": (
         _call_with("c", 4, arguments=encode_text("[\ud83d]")),
-        "ck_tool_calls_arguments",
+        "ck_fsm_tool_calls_arguments",
     ),
     "marked_surrogate_after_a_backslash": (
         # the original is {"a": "\<U+D83D>"}: a backslash escaping a raw surrogate
         _call_with("c", 4, arguments=encode_text('{"a": "\\\ud83d"}')),
-        "ck_tool_calls_arguments",
+        "ck_fsm_tool_calls_arguments",
     ),
     "marked_text_that_is_not_the_codec_s": (
         _call_with("c", 4, arguments=_MARKED + "not json"),
-        "ck_tool_calls_arguments",
+        "ck_fsm_tool_calls_arguments",
     ),
     "null_user_content": (
-        [("messages", {**user_row("c", 4), "content": None})],
-        "ck_messages_content",
+        [("fsm_messages", {**user_row("c", 4), "content": None})],
+        "ck_fsm_messages_content",
     ),
     "null_system_content": (
-        [("messages", {**user_row("c", 4), "role": "system", "content": None})],
-        "ck_messages_content",
+        [("fsm_messages", {**user_row("c", 4), "role": "system", "content": None})],
+        "ck_fsm_messages_content",
     ),
     "null_developer_content": (
-        [("messages", {**user_row("c", 4), "role": "developer", "content": None})],
-        "ck_messages_content",
+        [("fsm_messages", {**user_row("c", 4), "role": "developer", "content": None})],
+        "ck_fsm_messages_content",
     ),
     "null_tool_content": (
         [
-            ("messages", assistant_row("c", 4, 1)),
-            ("tool_calls", call_row("c", 4, 0, 1, "p")),
-            ("messages", {**result_row("c", 5, 4, 0, 1, "p"), "content": None}),
+            ("fsm_messages", assistant_row("c", 4, 1)),
+            ("fsm_tool_calls", call_row("c", 4, 0, 1, "p")),
+            ("fsm_messages", {**result_row("c", 5, 4, 0, 1, "p"), "content": None}),
         ],
-        "ck_messages_content",
+        "ck_fsm_messages_content",
     ),
     "null_user_content_by_update": (
-        ["UPDATE messages SET content = NULL WHERE conversation_id = 'c' AND seq = 0"],
-        "ck_messages_content",
+        ["UPDATE fsm_messages SET content = NULL WHERE conversation_id = 'c' AND seq = 0"],
+        "ck_fsm_messages_content",
     ),
     "blank_name_by_update": (
-        ["UPDATE tool_calls SET name = '  ' WHERE conversation_id = 'c' AND position = 0"],
-        "ck_tool_calls_name",
+        ["UPDATE fsm_tool_calls SET name = '  ' WHERE conversation_id = 'c' AND position = 0"],
+        "ck_fsm_tool_calls_name",
     ),
     "invalid_arguments_by_update": (
-        ["UPDATE tool_calls SET arguments = '{' WHERE conversation_id = 'c' AND position = 0"],
-        "ck_tool_calls_arguments",
+        ["UPDATE fsm_tool_calls SET arguments = '{' WHERE conversation_id = 'c' AND position = 0"],
+        "ck_fsm_tool_calls_arguments",
     ),
 }
 
@@ -423,7 +438,7 @@ def test_blank_or_valid_json_arguments_are_accepted(
         run_steps(conn, _call_with("c", 4, arguments=arguments, name=" f "))
         conn.execute(
             sa.text(
-                "INSERT INTO messages (conversation_id, seq, role, content, n_calls, slots_left,"
+                "INSERT INTO fsm_messages (conversation_id, seq, role, content, n_calls, slots_left,"
                 " prev_seq, prev_slots_left, tool_call_id, assistant_seq, call_position)"
                 " VALUES ('c', 6, 'assistant', NULL, 0, 0, 5, 0, NULL, NULL, NULL)"
             )
@@ -438,9 +453,9 @@ def test_a_tool_result_may_be_empty_and_an_assistant_may_have_no_content(
         run_steps(
             conn,
             [
-                ("messages", assistant_row("c", 4, 1)),
-                ("tool_calls", call_row("c", 4, 0, 1, "p")),
-                ("messages", {**result_row("c", 5, 4, 0, 1, "p"), "content": ""}),
+                ("fsm_messages", assistant_row("c", 4, 1)),
+                ("fsm_tool_calls", call_row("c", 4, 0, 1, "p")),
+                ("fsm_messages", {**result_row("c", 5, 4, 0, 1, "p"), "content": ""}),
             ],
         )
     assert seeded.history("c")[-1] == {"role": "tool", "tool_call_id": "p", "content": ""}
@@ -501,33 +516,33 @@ def _attempt_call(**values: Any) -> Row:
 
 def _type_steps(table: str, column: str, value: Any) -> list[tuple[str, Row]]:
     """Otherwise valid rows with ``value`` in ``table.column``."""
-    if table == "messages":
+    if table == "fsm_messages":
         if column in ("assistant_seq", "call_position"):
             return [
-                ("messages", assistant_row("c", 4, 1)),
-                ("tool_calls", call_row("c", 4, 0, 1, "p")),
-                ("messages", {**result_row("c", 5, 4, 0, 1, "p"), column: value}),
+                ("fsm_messages", assistant_row("c", 4, 1)),
+                ("fsm_tool_calls", call_row("c", 4, 0, 1, "p")),
+                ("fsm_messages", {**result_row("c", 5, 4, 0, 1, "p"), column: value}),
             ]
         if column in ("n_calls", "slots_left", "block_end_seq"):
             return [
-                ("messages", {**assistant_row("c", 4, 1), column: value}),
-                ("tool_calls", call_row("c", 4, 0, 1, "p")),
-                ("messages", result_row("c", 5, 4, 0, 1, "p")),
+                ("fsm_messages", {**assistant_row("c", 4, 1), column: value}),
+                ("fsm_tool_calls", call_row("c", 4, 0, 1, "p")),
+                ("fsm_messages", result_row("c", 5, 4, 0, 1, "p")),
             ]
-        return [("messages", {**user_row("c", 4), column: value})]
-    if table == "tool_calls":
+        return [("fsm_messages", {**user_row("c", 4), column: value})]
+    if table == "fsm_tool_calls":
         return [
-            ("messages", assistant_row("c", 4, 1)),
-            ("tool_calls", {**call_row("c", 4, 0, 1, "p"), column: value}),
-            ("messages", result_row("c", 5, 4, 0, 1, "p")),
+            ("fsm_messages", assistant_row("c", 4, 1)),
+            ("fsm_tool_calls", {**call_row("c", 4, 0, 1, "p"), column: value}),
+            ("fsm_messages", result_row("c", 5, 4, 0, 1, "p")),
         ]
-    if table == "attempts":
-        return [("attempts", _attempt(**{column: value}))]
-    return [("attempts", _attempt()), ("attempt_calls", _attempt_call(**{column: value}))]
+    if table == "fsm_attempts":
+        return [("fsm_attempts", _attempt(**{column: value}))]
+    return [("fsm_attempts", _attempt()), ("fsm_attempt_calls", _attempt_call(**{column: value}))]
 
 
 INTEGER_COLUMNS = {
-    "messages": [
+    "fsm_messages": [
         "seq",
         "choice",
         "n_calls",
@@ -538,14 +553,14 @@ INTEGER_COLUMNS = {
         "call_position",
         "block_end_seq",
     ],
-    "tool_calls": ["assistant_seq", "position", "assistant_n_calls", "provider_index"],
-    "attempts": ["id", "at_seq", "choice"],
-    "attempt_calls": ["attempt_id", "position", "provider_index"],
+    "fsm_tool_calls": ["assistant_seq", "position", "assistant_n_calls", "provider_index"],
+    "fsm_attempts": ["id", "at_seq", "choice"],
+    "fsm_attempt_calls": ["attempt_id", "position", "provider_index"],
 }
 BOOLEAN_COLUMNS = {
-    "tool_calls": ["repaired"],
-    "attempts": ["complete"],
-    "attempt_calls": ["repaired"],
+    "fsm_tool_calls": ["repaired"],
+    "fsm_attempts": ["complete"],
+    "fsm_attempt_calls": ["repaired"],
 }
 
 #: (label, SQLite literal, PostgreSQL literal): text, real and blob values
@@ -621,25 +636,25 @@ def test_the_type_steps_are_valid_with_valid_values(seeded: ConversationStore) -
     """Control: each template with an ordinary value of its column is accepted (so the
     rejections above are the value's doing)."""
     normal = {
-        ("messages", "seq"): 4,
-        ("messages", "choice"): 0,
-        ("messages", "prev_seq"): 3,
-        ("messages", "prev_slots_left"): 0,
-        ("messages", "n_calls"): 1,
-        ("messages", "slots_left"): 1,
-        ("messages", "block_end_seq"): 5,
-        ("messages", "assistant_seq"): 4,
-        ("messages", "call_position"): 0,
-        ("tool_calls", "assistant_seq"): 4,
-        ("tool_calls", "position"): 0,
-        ("tool_calls", "assistant_n_calls"): 1,
-        ("tool_calls", "provider_index"): 7,
-        ("attempts", "id"): 1000,
-        ("attempts", "at_seq"): 4,
-        ("attempts", "choice"): 0,
-        ("attempt_calls", "attempt_id"): 1000,
-        ("attempt_calls", "position"): 0,
-        ("attempt_calls", "provider_index"): 3,
+        ("fsm_messages", "seq"): 4,
+        ("fsm_messages", "choice"): 0,
+        ("fsm_messages", "prev_seq"): 3,
+        ("fsm_messages", "prev_slots_left"): 0,
+        ("fsm_messages", "n_calls"): 1,
+        ("fsm_messages", "slots_left"): 1,
+        ("fsm_messages", "block_end_seq"): 5,
+        ("fsm_messages", "assistant_seq"): 4,
+        ("fsm_messages", "call_position"): 0,
+        ("fsm_tool_calls", "assistant_seq"): 4,
+        ("fsm_tool_calls", "position"): 0,
+        ("fsm_tool_calls", "assistant_n_calls"): 1,
+        ("fsm_tool_calls", "provider_index"): 7,
+        ("fsm_attempts", "id"): 1000,
+        ("fsm_attempts", "at_seq"): 4,
+        ("fsm_attempts", "choice"): 0,
+        ("fsm_attempt_calls", "attempt_id"): 1000,
+        ("fsm_attempt_calls", "position"): 0,
+        ("fsm_attempt_calls", "provider_index"): 3,
     }
     before = dump(seeded)
     for (table, column), value in normal.items():
@@ -653,12 +668,12 @@ def _undo(store: ConversationStore) -> None:
     at their assistant message), then the other messages."""
     where = "conversation_id = 'c' AND seq >= 4"
     with store.engine.begin() as conn:
-        conn.execute(sa.text(f"DELETE FROM messages WHERE {where} AND role = 'tool'"))
+        conn.execute(sa.text(f"DELETE FROM fsm_messages WHERE {where} AND role = 'tool'"))
         conn.execute(
-            sa.text("DELETE FROM tool_calls WHERE conversation_id = 'c' AND assistant_seq >= 4")
+            sa.text("DELETE FROM fsm_tool_calls WHERE conversation_id = 'c' AND assistant_seq >= 4")
         )
-        conn.execute(sa.text(f"DELETE FROM messages WHERE {where}"))
-        conn.execute(sa.text("DELETE FROM attempts WHERE id = 1000"))
+        conn.execute(sa.text(f"DELETE FROM fsm_messages WHERE {where}"))
+        conn.execute(sa.text("DELETE FROM fsm_attempts WHERE id = 1000"))
 
 
 def test_sqlite_text_keys_refuse_blobs(seeded: ConversationStore) -> None:
@@ -667,13 +682,13 @@ def test_sqlite_text_keys_refuse_blobs(seeded: ConversationStore) -> None:
     if seeded.engine.dialect.name != "sqlite":
         pytest.skip("SQLite only: PostgreSQL's text columns hold text")
     cases: list[list[tuple[str, Row]]] = [
-        [("messages", {**user_row("c", 4), "role": Raw("X'75736572'")})],
-        [("messages", {**user_row("c", 4), "content": Raw("X'00'")})],
+        [("fsm_messages", {**user_row("c", 4), "role": Raw("X'75736572'")})],
+        [("fsm_messages", {**user_row("c", 4), "content": Raw("X'00'")})],
         *[
-            _type_steps("tool_calls", column, Raw("X'66'"))
+            _type_steps("fsm_tool_calls", column, Raw("X'66'"))
             for column in ("call_id", "name", "arguments", "type", "state")
         ],
-        [("attempts", _attempt(conversation_id=Raw("X'63'")))],
+        [("fsm_attempts", _attempt(conversation_id=Raw("X'63'")))],
     ]
     for steps in cases:
         error = _rejected(seeded, steps)

@@ -50,13 +50,13 @@ def url(db_url: sa.URL) -> str:
         store.append("c", [{"role": "assistant", "content": "x"}] * 2)
         with store.engine.begin() as conn:
             for cid, when in WHEN.items():
-                for table, at in (("conversations", "id"), ("messages", "conversation_id")):
+                for table, at in (("fsm_conversations", "id"), ("fsm_messages", "conversation_id")):
                     conn.execute(
                         sa.text(f"UPDATE {table} SET created_at = :t WHERE {at} = :c"),
                         {"t": when, "c": cid},
                     )
             conn.execute(
-                sa.text("UPDATE attempts SET created_at = :t WHERE conversation_id = 'a'"),
+                sa.text("UPDATE fsm_attempts SET created_at = :t WHERE conversation_id = 'a'"),
                 {"t": datetime(2026, 11, 5, 12, 30, tzinfo=UTC)},
             )
     return db_url.render_as_string(hide_password=False)

@@ -151,7 +151,8 @@ def test_a_lock_held_elsewhere_ends_in_a_retryable_error_within_the_deadline(
         try:
             with holder.connect() as conn:
                 conn.execute(
-                    sa.text("SELECT id FROM conversations WHERE id = :c FOR UPDATE"), {"c": conv}
+                    sa.text("SELECT id FROM fsm_conversations WHERE id = :c FOR UPDATE"),
+                    {"c": conv},
                 )
                 started = time.monotonic()
                 with pytest.raises(StoreBusyError) as busy:

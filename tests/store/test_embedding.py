@@ -165,7 +165,7 @@ def test_the_store_never_disposes_an_engine_it_did_not_create(host_engine: sa.En
         store.create_conversation("c1")
     assert host_engine.pool is pool  # dispose() would have replaced the pool
     with host_engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT count(*) FROM conversations")).scalar_one() == 1
+        assert conn.execute(sa.text("SELECT count(*) FROM fsm_conversations")).scalar_one() == 1
 
 
 def test_url_and_engine_together_are_refused(host_engine: sa.Engine, db_url: sa.URL) -> None:

@@ -38,7 +38,13 @@ from fsm.store import ConversationStore, audit
 from fsm.store.errors import CommitOutcomeUnknownError, StoreUnavailableError
 from tests.helpers.store import make_turn
 
-TABLES = ("conversations", "messages", "tool_calls", "attempts", "attempt_calls")
+TABLES = (
+    "fsm_conversations",
+    "fsm_messages",
+    "fsm_tool_calls",
+    "fsm_attempts",
+    "fsm_attempt_calls",
+)
 CALLS = [
     ("call_a", "add", '{"a": 2, "b": 3}'),
     ("", "noop", "{}"),
@@ -350,14 +356,14 @@ def test_writer_killed_under_load(store: ConversationStore, db_url: sa.URL) -> N
     with store.engine.connect() as conn:
         rows = conn.execute(
             sa.text(
-                "SELECT conversation_id, response_id, seq FROM messages WHERE role = 'assistant'"
+                "SELECT conversation_id, response_id, seq FROM fsm_messages WHERE role = 'assistant'"
             )
         ).all()
         if db_url.get_backend_name() == "sqlite":
             assert conn.exec_driver_sql("PRAGMA integrity_check").scalars().all() == ["ok"]
         for conv in [shared, *privates]:
             seqs = conn.execute(
-                sa.text("SELECT seq FROM messages WHERE conversation_id = :c ORDER BY seq"),
+                sa.text("SELECT seq FROM fsm_messages WHERE conversation_id = :c ORDER BY seq"),
                 {"c": conv},
             ).scalars()
             assert list(seqs) == list(range(len(store.history(conv))))

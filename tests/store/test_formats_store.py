@@ -172,7 +172,7 @@ def test_provider_items_hold_references_not_copies_of_the_calls(store: Conversat
     store.commit_turn("c", turn, _results(turn))
     with store.engine.connect() as conn:
         fmt, raw = conn.execute(
-            sa.text("SELECT format, provider_items FROM messages WHERE seq = 0")
+            sa.text("SELECT format, provider_items FROM fsm_messages WHERE seq = 0")
         ).one()
     items = json.loads(raw) if isinstance(raw, str) else raw
     assert fmt == "responses"
@@ -296,25 +296,27 @@ def test_a_custom_tool_call_is_free_text_in_every_format(store: ConversationStor
     with store.engine.begin() as conn:
         if store.engine.dialect.name == "sqlite":
             conn.exec_driver_sql("PRAGMA ignore_check_constraints = ON")
-            conn.execute(sa.text("UPDATE tool_calls SET type = 'function'"))
+            conn.execute(sa.text("UPDATE fsm_tool_calls SET type = 'function'"))
             conn.exec_driver_sql("PRAGMA ignore_check_constraints = OFF")
         else:
-            conn.execute(sa.text("ALTER TABLE tool_calls DROP CONSTRAINT ck_tool_calls_arguments"))
-            conn.execute(sa.text("UPDATE tool_calls SET type = 'function'"))
+            conn.execute(
+                sa.text("ALTER TABLE fsm_tool_calls DROP CONSTRAINT ck_fsm_tool_calls_arguments")
+            )
+            conn.execute(sa.text("UPDATE fsm_tool_calls SET type = 'function'"))
     try:
         found = list(check(store.engine))
     finally:
         with store.engine.begin() as conn:
-            conn.execute(sa.text("UPDATE tool_calls SET type = 'custom'"))
+            conn.execute(sa.text("UPDATE fsm_tool_calls SET type = 'custom'"))
             if store.engine.dialect.name == "postgresql":  # the schema is shared: restore it
                 conn.execute(
                     sa.text(
-                        "ALTER TABLE tool_calls ADD CONSTRAINT ck_tool_calls_arguments"
+                        "ALTER TABLE fsm_tool_calls ADD CONSTRAINT ck_fsm_tool_calls_arguments"
                         f" CHECK ({PG_CALL_ARGUMENTS_CHECK})"
                     )
                 )
     if store.engine.dialect.name == "sqlite":  # its own quick_check sees the broken check first
-        assert [(v.kind, "tool_calls" in v.detail) for v in found] == [("corrupt", True)]
+        assert [(v.kind, "fsm_tool_calls" in v.detail) for v in found] == [("corrupt", True)]
     else:
         assert "invalid_arguments" in [v.kind for v in found], found
     assert list(check(store.engine)) == []
@@ -369,16 +371,22 @@ def _assistant(seq: int, **values: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("rows", "constraint"),
     [
-        ([("messages", _assistant(1, format="gemini"))], "ck_messages_format"),
-        ([("messages", {**user_row("c", 1), "format": "chat"})], "ck_messages_format"),
-        ([("messages", {**user_row("c", 1), "provider_items": "[]"})], "ck_messages_format"),
+        ([("fsm_messages", _assistant(1, format="gemini"))], "ck_fsm_messages_format"),
+        ([("fsm_messages", {**user_row("c", 1), "format": "chat"})], "ck_fsm_messages_format"),
+        (
+            [("fsm_messages", {**user_row("c", 1), "provider_items": "[]"})],
+            "ck_fsm_messages_format",
+        ),
         (
             [
-                ("messages", {**_assistant(1), "n_calls": 1, "slots_left": 1, "block_end_seq": 2}),
-                ("tool_calls", {**call_row("c", 1, 0, 1, "p"), "arguments": "SELECT 1"}),
-                ("messages", result_row("c", 2, 1, 0, 1, "p")),
+                (
+                    "fsm_messages",
+                    {**_assistant(1), "n_calls": 1, "slots_left": 1, "block_end_seq": 2},
+                ),
+                ("fsm_tool_calls", {**call_row("c", 1, 0, 1, "p"), "arguments": "SELECT 1"}),
+                ("fsm_messages", result_row("c", 2, 1, 0, 1, "p")),
             ],
-            "ck_tool_calls_arguments",
+            "ck_fsm_tool_calls_arguments",
         ),
     ],
     ids=["unknown_format", "format_on_a_user_row", "items_on_a_user_row", "free_text_function"],
@@ -396,7 +404,7 @@ def test_raw_sql_within_the_format_columns_is_accepted(seeded: ConversationStore
     with seeded.engine.begin() as conn:
         _insert(
             conn,
-            "messages",
+            "fsm_messages",
             {
                 **_assistant(1),
                 "n_calls": 1,
@@ -408,10 +416,10 @@ def test_raw_sql_within_the_format_columns_is_accepted(seeded: ConversationStore
         )
         _insert(
             conn,
-            "tool_calls",
+            "fsm_tool_calls",
             {**call_row("c", 1, 0, 1, "p"), "type": "custom", "arguments": "SELECT 1"},
         )
-        _insert(conn, "messages", result_row("c", 2, 1, 0, 1, "p"))
+        _insert(conn, "fsm_messages", result_row("c", 2, 1, 0, 1, "p"))
     assert seeded.history("c", format="responses")[1:] == [
         {"type": "custom_tool_call", "call_id": "p", "name": "f", "input": "SELECT 1"},
         {"type": "custom_tool_call_output", "call_id": "p", "output": "result"},
@@ -422,11 +430,11 @@ def test_sqlite_pins_the_types_of_the_format_columns(seeded: ConversationStore) 
     if seeded.engine.dialect.name != "sqlite":
         pytest.skip("PostgreSQL's column types refuse the value")
     for values, constraint in (
-        ({"format": 5}, "ck_messages_format"),
-        ({"provider_items": "not json"}, "ck_messages_format_types"),
+        ({"format": 5}, "ck_fsm_messages_format"),
+        ({"provider_items": "not json"}, "ck_fsm_messages_format_types"),
     ):
         with pytest.raises(sa.exc.IntegrityError, match=constraint), seeded.engine.begin() as conn:
-            _insert(conn, "messages", _assistant(1, **values))
+            _insert(conn, "fsm_messages", _assistant(1, **values))
 
 
 def test_the_async_store_renders_the_same_history(db_url: sa.URL) -> None:

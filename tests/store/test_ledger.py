@@ -188,7 +188,7 @@ def test_the_database_allows_one_pending_turn_per_conversation(store: Conversati
     with pytest.raises(sa.exc.IntegrityError), store.engine.begin() as conn:
         conn.execute(
             sa.text(
-                "INSERT INTO pending_turns (conversation_id, state, owner, at_seq, n_calls)"
+                "INSERT INTO fsm_pending_turns (conversation_id, state, owner, at_seq, n_calls)"
                 " VALUES (:c, 'pending', 'x', 1, 0)"
             ),
             {"c": cid},
@@ -202,7 +202,7 @@ def test_the_database_allows_one_pending_turn_per_conversation(store: Conversati
         with pytest.raises(sa.exc.IntegrityError), store.engine.begin() as conn:
             conn.execute(
                 sa.text(
-                    "INSERT INTO pending_turns (conversation_id, state, owner, at_seq, n_calls,"
+                    "INSERT INTO fsm_pending_turns (conversation_id, state, owner, at_seq, n_calls,"
                     f" resolved_at, reason, committed_seq) VALUES (:c, {values})"
                 ),
                 {"c": cid},
@@ -224,7 +224,7 @@ def test_the_database_checks_each_execution_state(store: ConversationStore) -> N
         with pytest.raises(sa.exc.IntegrityError), store.engine.begin() as conn:
             conn.execute(
                 sa.text(
-                    f"UPDATE tool_executions SET {change}"
+                    f"UPDATE fsm_tool_executions SET {change}"
                     " WHERE conversation_id = :c AND pending_id = :p AND position = 0"
                 ),
                 {"c": cid, "p": pending.id},
@@ -236,8 +236,8 @@ def test_deleting_the_conversation_deletes_its_ledger(store: ConversationStore) 
     pending = store.begin(cid, make_turn(CALLS))
     store.delete_conversation(cid)
     with store.engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT count(*) FROM pending_turns")).scalar() == 0
-        assert conn.execute(sa.text("SELECT count(*) FROM tool_executions")).scalar() == 0
+        assert conn.execute(sa.text("SELECT count(*) FROM fsm_pending_turns")).scalar() == 0
+        assert conn.execute(sa.text("SELECT count(*) FROM fsm_tool_executions")).scalar() == 0
     with pytest.raises(ConversationNotFoundError):
         store.started(pending, 0)
 
@@ -345,7 +345,7 @@ def test_audit_check_re_verifies_the_ledger_rows(store: ConversationStore) -> No
         conn.exec_driver_sql("PRAGMA ignore_check_constraints = ON")
         conn.execute(
             sa.text(
-                "UPDATE tool_executions SET state = 'succeeded', starts = -3"
+                "UPDATE fsm_tool_executions SET state = 'succeeded', starts = -3"
                 " WHERE pending_id = :p AND position = 1"
             ),
             {"p": pending.id},

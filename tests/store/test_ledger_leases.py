@@ -104,7 +104,7 @@ def test_a_turn_written_before_leases_can_be_claimed_at_once(store: Conversation
     cid = _conv(store)
     store.begin(cid, make_turn(CALLS))
     with store.engine.begin() as conn:  # as revision 0007 left it
-        conn.execute(sa.text("UPDATE pending_turns SET lease_expires_at = NULL"))
+        conn.execute(sa.text("UPDATE fsm_pending_turns SET lease_expires_at = NULL"))
     seen = store.pending(cid)
     assert seen is not None and seen.lease_expires_at is None
     assert store.claim(seen).lease_expires_at is not None

@@ -75,7 +75,7 @@ def test_existing_attempts_keep_their_ids_and_get_their_conversation(empty_url: 
     try:
         with engine.connect() as conn:
             rows = conn.execute(
-                sa.text("SELECT conversation_id, attempt_id FROM attempt_calls ORDER BY 2")
+                sa.text("SELECT conversation_id, attempt_id FROM fsm_attempt_calls ORDER BY 2")
             ).all()
     finally:
         engine.dispose()
@@ -131,12 +131,12 @@ def test_keys_lead_with_the_conversation(db_url: sa.URL) -> None:
         inspector = sa.inspect(engine)
         pg = engine.dialect.name == "postgresql"
         keys = {t: inspector.get_pk_constraint(t)["constrained_columns"] for t in PARTITION_KEYS}
-        [fk] = inspector.get_foreign_keys("attempt_calls")
-        columns = {c["name"]: c for c in inspector.get_columns("attempts")}
+        [fk] = inspector.get_foreign_keys("fsm_attempt_calls")
+        columns = {c["name"]: c for c in inspector.get_columns("fsm_attempts")}
     finally:
         engine.dispose()
-    assert keys["attempt_calls"] == ["conversation_id", "attempt_id", "position"]
-    assert keys["attempts"] == (["conversation_id", "id"] if pg else ["id"])  # SQLite: rowid
+    assert keys["fsm_attempt_calls"] == ["conversation_id", "attempt_id", "position"]
+    assert keys["fsm_attempts"] == (["conversation_id", "id"] if pg else ["id"])  # SQLite: rowid
     assert fk["constrained_columns"] == ["conversation_id", "attempt_id"]
     assert fk["referred_columns"] == ["conversation_id", "id"]
     if pg:
@@ -191,13 +191,13 @@ def test_a_partitioned_database_holds_the_whole_contract(empty_url: sa.URL) -> N
         with engine.connect() as conn:
             spread = conn.execute(
                 sa.text(
-                    "SELECT tableoid::regclass::text, count(*) FROM messages GROUP BY 1 ORDER BY 1"
+                    "SELECT tableoid::regclass::text, count(*) FROM fsm_messages GROUP BY 1 ORDER BY 1"
                 )
             ).all()
-            total = conn.execute(sa.text("SELECT count(*) FROM attempt_calls")).scalar_one()
+            total = conn.execute(sa.text("SELECT count(*) FROM fsm_attempt_calls")).scalar_one()
     finally:
         engine.dispose()
-    assert len(spread) > 1 and all(name.startswith("messages_p") for name, _ in spread)
+    assert len(spread) > 1 and all(name.startswith("fsm_messages_p") for name, _ in spread)
     assert sum(n for _, n in spread) == 2 * 11 and total == 11
     # the same N again: upgraded as usual; another N, or none on SQLite: refused
     assert _fsm("db", "upgrade", "--db", url, "--partitions", "4").returncode == 0
@@ -264,9 +264,9 @@ def test_bench_seed_fills_a_partitioned_store(empty_url: sa.URL) -> None:
                     "AND connamespace = current_schema()::regnamespace"
                 )
             ).scalar_one()
-            calls = conn.execute(sa.text("SELECT count(*) FROM tool_calls")).scalar_one()
+            calls = conn.execute(sa.text("SELECT count(*) FROM fsm_tool_calls")).scalar_one()
             spread = conn.execute(
-                sa.text("SELECT count(DISTINCT tableoid) FROM tool_calls")
+                sa.text("SELECT count(DISTINCT tableoid) FROM fsm_tool_calls")
             ).scalar_one()
     finally:
         engine.dispose()

@@ -354,7 +354,7 @@ def test_pgbouncer_transaction_pooling_with_fsm_defaults(components: Components)
     engine = sa.create_engine(direct_url, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
-            calls = conn.exec_driver_sql("SELECT count(*) FROM tool_calls").scalar_one()
+            calls = conn.exec_driver_sql("SELECT count(*) FROM fsm_tool_calls").scalar_one()
     finally:
         engine.dispose()
     assert listed.exit_code == 0, listed.stderr

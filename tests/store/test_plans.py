@@ -30,7 +30,16 @@ REPO = Path(__file__).resolve().parents[2]
 CALLS = 30_000
 ENGINES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 #: aliases the audit queries give the big tables (SQLite plans name the alias)
-ALIASES = {"t", "m", "ac", "at", "messages", "tool_calls", "attempts", "attempt_calls"}
+ALIASES = {
+    "t",
+    "m",
+    "ac",
+    "at",
+    "fsm_messages",
+    "fsm_tool_calls",
+    "fsm_attempts",
+    "fsm_attempt_calls",
+}
 
 
 def _seed_module() -> Any:
@@ -118,37 +127,49 @@ def assert_plans(
     for index in wanted:  # "a|b": either index
         names = index.split("|")
         if engine.dialect.name == "sqlite":
-            names = [{"pk_tool_calls": "sqlite_autoindex_tool_calls_1"}.get(n, n) for n in names]
+            names = [
+                {"pk_fsm_tool_calls": "sqlite_autoindex_fsm_tool_calls_1"}.get(n, n) for n in names
+            ]
         assert any(name in text for name in names), f"{index} not used:\n{text}"
     return text
 
 
 def first_conversation(engine: sa.Engine) -> str:
     with engine.connect() as conn:
-        return str(conn.execute(sa.text("SELECT min(id) FROM conversations")).scalar())
+        return str(conn.execute(sa.text("SELECT min(id) FROM fsm_conversations")).scalar())
 
 
-NAME_INDEX = "ix_tool_calls_name_conversation_id_assistant_seq_position"
+NAME_INDEX = "ix_fsm_tool_calls_name_conversation_id_assistant_seq_position"
 #: (label, filters, index of the history part, SQLite's index of the attempts part)
 CALL_QUERIES: list[tuple[str, dict[str, Any], str, str]] = [
-    ("tool", {"name": "get_weather"}, NAME_INDEX, "ix_attempt_calls_name"),
+    ("tool", {"name": "get_weather"}, NAME_INDEX, "ix_fsm_attempt_calls_name"),
     # a handful of rows: PostgreSQL may as well sort them after the plain name index
-    ("rare tool", {"name": "delete_account"}, "ix_tool_calls_name", "ix_attempt_calls_name"),
-    ("model", {"model": "qwen3-max"}, "ix_messages_model_conversation_id_seq", "ix_attempts_model"),
+    (
+        "rare tool",
+        {"name": "delete_account"},
+        "ix_fsm_tool_calls_name",
+        "ix_fsm_attempt_calls_name",
+    ),
+    (
+        "model",
+        {"model": "qwen3-max"},
+        "ix_fsm_messages_model_conversation_id_seq",
+        "ix_fsm_attempts_model",
+    ),
     (
         "time range",
         {"since": "2026-11-20T12:00:00", "until": "2026-11-20T13:00:00"},
-        "ix_messages_created_at",
-        "ix_attempts_created_at",
+        "ix_fsm_messages_created_at",
+        "ix_fsm_attempts_created_at",
     ),
     # the name index, whole or not: the arguments are checked on the calls it leads to
     (
         "tool and arguments",
         {"name": "get_weather", "args": [("city", "Paris")]},
-        "ix_tool_calls_name",
+        "ix_fsm_tool_calls_name",
         "",
     ),
-    ("no filter: key order", {}, "pk_tool_calls", "ix_attempts_conversation_id_at_seq_id"),
+    ("no filter: key order", {}, "pk_fsm_tool_calls", "ix_fsm_attempts_conversation_id_at_seq_id"),
 ]
 
 
@@ -174,7 +195,7 @@ def test_state_of_attempts_uses_indexes(seeded: sa.Engine) -> None:
     assert_plans(
         seeded,
         lambda: rows.extend(A.tool_calls(seeded, state="truncated", limit=50)),
-        sqlite=("ix_attempt_calls_state",),
+        sqlite=("ix_fsm_attempt_calls_state",),
     )
     assert rows and {r.state for r in rows} == {"truncated"}
 
@@ -190,7 +211,7 @@ def test_arguments_alone_read_history_in_key_order(seeded: sa.Engine) -> None:
     def run() -> None:
         rows.extend(A.tool_calls(seeded, args=[("units", "metric")], source="history", limit=5))
 
-    text = assert_plans(seeded, run, "pk_tool_calls")
+    text = assert_plans(seeded, run, "pk_fsm_tool_calls")
     assert len(rows) == 5
     if seeded.dialect.name == "sqlite":
         assert "TEMP B-TREE" not in text.split("MATERIALIZE hk")[1].split("SCAN hk")[0], text
@@ -201,7 +222,7 @@ def test_tool_calls_of_one_conversation_use_its_key(seeded: sa.Engine) -> None:
     rows = list(A.tool_calls(seeded, conversation=conversation))
     assert rows
     # the primary key, or the unique key that starts with it
-    keys = "pk_tool_calls|uq_tool_calls_conversation_id_assistant_seq_position_call_id"
+    keys = "pk_fsm_tool_calls|uq_fsm_tool_calls_call"
     assert_plans(seeded, lambda: list(A.tool_calls(seeded, conversation=conversation)), keys)
 
 
@@ -210,7 +231,7 @@ def test_the_next_page_seeks_past_the_cursor(seeded: sa.Engine) -> None:
     text = assert_plans(
         seeded,
         lambda: list(A.tool_calls(seeded, name="get_weather", limit=50, after=last.key)),
-        "ix_tool_calls_name_conversation_id_assistant_seq_position",
+        "ix_fsm_tool_calls_name_conversation_id_assistant_seq_position",
     )
     if seeded.dialect.name == "sqlite":
         assert "(name=? AND (conversation_id,assistant_seq,position)>(?,?,?))" in text, text
@@ -219,10 +240,10 @@ def test_the_next_page_seeks_past_the_cursor(seeded: sa.Engine) -> None:
 @pytest.mark.parametrize(
     ("filters", "index"),
     [
-        ({"model": "llama-3.3-70b-versatile"}, "ix_attempts_model"),
-        ({"reason": "content_filter"}, "ix_attempt_calls_reason"),
-        ({"name": "send_email"}, "ix_attempt_calls_name"),
-        ({"since": "2026-11-20", "until": "2026-11-21"}, "ix_attempts_created_at"),
+        ({"model": "llama-3.3-70b-versatile"}, "ix_fsm_attempts_model"),
+        ({"reason": "content_filter"}, "ix_fsm_attempt_calls_reason"),
+        ({"name": "send_email"}, "ix_fsm_attempt_calls_name"),
+        ({"since": "2026-11-20", "until": "2026-11-21"}, "ix_fsm_attempts_created_at"),
     ],
 )
 def test_failures_first_page_uses_indexes(

@@ -143,7 +143,7 @@ def turns_by_key(engine: sa.Engine, conv: str) -> collections.Counter[str]:
     with engine.connect() as conn:
         rows = conn.execute(
             sa.text(
-                "SELECT coalesce(idempotency_key, response_id) FROM messages "
+                "SELECT coalesce(idempotency_key, response_id) FROM fsm_messages "
                 "WHERE role = 'assistant' AND conversation_id = :conv"
             ),
             {"conv": conv},
@@ -447,7 +447,7 @@ def test_async_store_black_hole_and_crash(
             str(c)
             for c in store.engine.connect()
             .execute(
-                sa.text("SELECT conversation_id FROM messages WHERE response_id = :r"),
+                sa.text("SELECT conversation_id FROM fsm_messages WHERE response_id = :r"),
                 {"r": f"async-hole-{where}"},
             )
             .scalars()
@@ -606,7 +606,7 @@ def check_full_store(url: str, acked: list[str], error: str, message: str, resul
         convs = [
             str(c)
             for c in store.engine.connect()
-            .execute(sa.text("SELECT id FROM conversations"))
+            .execute(sa.text("SELECT id FROM fsm_conversations"))
             .scalars()
         ]
         result.half = half_turns(store, convs)
@@ -737,7 +737,7 @@ def test_the_check_sees_a_damaged_index(healthy: Path, tmp_path: Path) -> None:
     """Damage only an index (the rows are intact): quick_check and integrity_check see it."""
     with sqlite3.connect(healthy) as conn:
         index = conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'messages' "
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'fsm_messages' "
             "ORDER BY name LIMIT 1"
         ).fetchone()[0]
     copy, _root = rotten_copy(healthy, tmp_path, index)
@@ -881,7 +881,7 @@ def test_postgres_check_finds_a_damaged_index_with_amcheck(
                         "SELECT c.relname, pg_relation_filepath(c.oid), "
                         "pg_relation_size(c.oid) / current_setting('block_size')::int "
                         "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-                        "WHERE i.indrelid = 'messages'::regclass AND i.indisprimary"
+                        "WHERE i.indrelid = 'fsm_messages'::regclass AND i.indisprimary"
                     )
                 ).one()
         finally:

@@ -1,6 +1,6 @@
 """The token columns of ``messages`` (migration 0006): written with each committed turn from its
 usage, backfilled by the migration for the rows written before it (the same values), and read by
-``stats()`` through ``ix_messages_stats`` alone."""
+``stats()`` through ``ix_fsm_messages_stats`` alone."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def _columns(url: sa.URL) -> dict[tuple[str, int], tuple[Any, ...]]:
         with engine.connect() as conn:
             rows = conn.execute(
                 sa.text(
-                    f"SELECT conversation_id, seq, {', '.join(COLUMNS)} FROM messages"
+                    f"SELECT conversation_id, seq, {', '.join(COLUMNS)} FROM fsm_messages"
                     " WHERE role = 'assistant' ORDER BY conversation_id, seq"
                 )
             ).all()
@@ -124,16 +124,16 @@ def test_commit_writes_the_columns_and_the_backfill_computes_the_same(
 
 @pytest.mark.serial  # VACUUM marks the pages all-visible only when no other snapshot is older
 def test_stats_reads_the_index_alone(db_url: sa.URL, engine_name: str) -> None:
-    """Unfiltered, the turns query of stats() is a scan of ix_messages_stats: on SQLite with no
+    """Unfiltered, the turns query of stats() is a scan of ix_fsm_messages_stats: on SQLite with no
     sort (the index is in group order); on PostgreSQL an index-only scan."""
-    from fsm.store.audit.read import _MESSAGES
+    from fsm.store.audit.read import MESSAGES
     from fsm.store.audit.summary import _turns_query
 
     with ConversationStore(db_url) as store:
         store.create_conversation("c")
         store.append("c", [{"role": "user", "content": "go"}])
         store.append("c", [{"role": "assistant", "content": "ok"}])
-    m = _MESSAGES.alias("m")
+    m = MESSAGES.alias("m")
     engine = sa.create_engine(db_url, poolclass=sa.pool.NullPool)
     if engine_name == "postgresql":  # an index-only scan needs the visibility map
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:

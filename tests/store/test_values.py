@@ -174,7 +174,9 @@ def test_usage_no_engine_stores_as_it_is_is_kept_as_text(
     store.commit_turn(conv, turn, ["r"])
     with store.engine.connect() as conn:
         usage = conn.execute(
-            sa.text("SELECT usage FROM messages WHERE conversation_id = :c AND role = 'assistant'"),
+            sa.text(
+                "SELECT usage FROM fsm_messages WHERE conversation_id = :c AND role = 'assistant'"
+            ),
             {"c": conv},
         ).scalar_one()
     text = usage if isinstance(usage, str) else __import__("json").dumps(usage)
@@ -194,18 +196,18 @@ def guarded(empty_url: sa.URL) -> Iterator[ConversationStore]:
             if engine.dialect.name == "postgresql":
                 conn.execute(
                     sa.text(
-                        "ALTER TABLE messages ADD CONSTRAINT ck_test_forbidden"
+                        "ALTER TABLE fsm_messages ADD CONSTRAINT ck_test_forbidden"
                         " CHECK (content IS DISTINCT FROM 'forbidden')"
                     )
                 )
                 conn.execute(
                     sa.text(
-                        "ALTER TABLE attempt_calls ADD CONSTRAINT ck_test_forbidden"
+                        "ALTER TABLE fsm_attempt_calls ADD CONSTRAINT ck_test_forbidden"
                         " CHECK (reason IS DISTINCT FROM 'forbidden')"
                     )
                 )
             else:
-                for table, column in (("messages", "content"), ("attempt_calls", "reason")):
+                for table, column in (("fsm_messages", "content"), ("fsm_attempt_calls", "reason")):
                     conn.execute(
                         sa.text(
                             f"CREATE TRIGGER test_forbidden_{table} BEFORE INSERT ON {table}"

@@ -26,7 +26,7 @@ from fsm.store import ConversationStore, upgrade
 from tests.helpers.store import empty_database, make_turn, pg_partitions
 
 GROWN = 20_000
-TABLES = ("conversations", "messages", "tool_calls")
+TABLES = ("fsm_conversations", "fsm_messages", "tool_calls")
 AUTO_EXPLAIN = (
     "LOAD 'auto_explain'",
     "SET auto_explain.log_min_duration = 0",
@@ -65,18 +65,18 @@ def _bare_turn(conn: psycopg.Connection[Any], seq: int) -> None:
     """One turn of one call, written by hand in one transaction, as a bare client would."""
     with conn.transaction():
         conn.execute(
-            "INSERT INTO messages (conversation_id, seq, role, n_calls, slots_left, prev_seq,"
+            "INSERT INTO fsm_messages (conversation_id, seq, role, n_calls, slots_left, prev_seq,"
             " prev_slots_left, block_end_seq) VALUES ('bare', %s, 'assistant', 1, 1, %s, %s, %s)",
             (seq, seq - 1 if seq else None, 0 if seq else None, seq + 1),
         )
         conn.execute(
-            "INSERT INTO tool_calls (conversation_id, assistant_seq, position, assistant_n_calls,"
+            "INSERT INTO fsm_tool_calls (conversation_id, assistant_seq, position, assistant_n_calls,"
             " call_id, type, name, arguments, repaired, state) VALUES ('bare', %s, 0, 1, 'c',"
             " 'function', 'f', '{}', false, 'finished')",
             (seq,),
         )
         conn.execute(
-            "INSERT INTO messages (conversation_id, seq, role, content, tool_call_id,"
+            "INSERT INTO fsm_messages (conversation_id, seq, role, content, tool_call_id,"
             " assistant_seq, call_position, slots_left, prev_seq, prev_slots_left) VALUES"
             " ('bare', %s, 'tool', 'ok', 'c', %s, 0, 0, %s, 1)",
             (seq + 1, seq, seq),
@@ -93,7 +93,7 @@ def test_foreign_key_checks_stay_index_probes_on_a_grown_table(pg_url: sa.URL) -
         ).fetchall()
         for (table,) in relations:  # autovacuum would analyze the grown tables: not here
             admin.execute(f'ALTER TABLE "{table}" SET (autovacuum_enabled = false)')
-        admin.execute("INSERT INTO conversations (id) VALUES ('bare'), ('grown')")
+        admin.execute("INSERT INTO fsm_conversations (id) VALUES ('bare'), ('grown')")
         with ConversationStore(pg_url) as store:
             conv = store.create_conversation()
             for i in range(2):
@@ -109,12 +109,12 @@ def test_foreign_key_checks_stay_index_probes_on_a_grown_table(pg_url: sa.URL) -
             # the growth goes to both conversations (on a partitioned database each check
             # reads the partition of its own conversation)
             admin.execute(
-                "INSERT INTO messages (conversation_id, seq, role, content, prev_seq,"
+                "INSERT INTO fsm_messages (conversation_id, seq, role, content, prev_seq,"
                 " prev_slots_left) SELECT 'grown', g, 'user', 'x', CASE WHEN g > 0 THEN g - 1"
                 f" END, CASE WHEN g > 0 THEN 0 END FROM generate_series(0, {GROWN - 1}) g"
             )
             admin.execute(
-                "INSERT INTO messages (conversation_id, seq, role, content, prev_seq,"
+                "INSERT INTO fsm_messages (conversation_id, seq, role, content, prev_seq,"
                 " prev_slots_left) SELECT 'bare', g, 'user', 'x', g - 1, 0"
                 f" FROM generate_series(16, {16 + GROWN - 1}) g"
             )

@@ -101,7 +101,7 @@ def clone_attempts(url: sa.URL | str, conversation_id: str, count: int) -> None:
         with engine.begin() as conn:
             first, top = conn.execute(
                 sa.text(
-                    "SELECT min(id), (SELECT max(id) FROM attempts) FROM attempts "
+                    "SELECT min(id), (SELECT max(id) FROM fsm_attempts) FROM fsm_attempts "
                     "WHERE conversation_id = :c"
                 ),
                 {"c": conversation_id},
@@ -109,17 +109,17 @@ def clone_attempts(url: sa.URL | str, conversation_id: str, count: int) -> None:
             params = {"count": count, "first": first, "top": top}
             conn.execute(
                 sa.text(
-                    f"{numbers}INSERT INTO attempts (id, response_id, {columns}) "
-                    f"SELECT :top + n.i, 'clone-' || n.i, {columns} FROM attempts, n "
-                    "WHERE attempts.id = :first"
+                    f"{numbers}INSERT INTO fsm_attempts (id, response_id, {columns}) "
+                    f"SELECT :top + n.i, 'clone-' || n.i, {columns} FROM fsm_attempts, n "
+                    "WHERE fsm_attempts.id = :first"
                 ),
                 params,
             )
             conn.execute(
                 sa.text(
-                    f"{numbers}INSERT INTO attempt_calls (attempt_id, {call_columns}) "
-                    f"SELECT :top + n.i, {call_columns} FROM attempt_calls, n "
-                    "WHERE attempt_calls.attempt_id = :first"
+                    f"{numbers}INSERT INTO fsm_attempt_calls (attempt_id, {call_columns}) "
+                    f"SELECT :top + n.i, {call_columns} FROM fsm_attempt_calls, n "
+                    "WHERE fsm_attempt_calls.attempt_id = :first"
                 ),
                 params,
             )

@@ -43,12 +43,14 @@ def app(db_url: sa.URL) -> Iterator[App]:
         with writer.begin() as conn:  # the APIs other streams would have written
             conn.execute(
                 sa.text(
-                    "UPDATE messages SET format = 'anthropic' "
+                    "UPDATE fsm_messages SET format = 'anthropic' "
                     "WHERE conversation_id = 'bulk-03' AND role = 'assistant'"
                 )
             )
             conn.execute(
-                sa.text("UPDATE attempts SET format = 'responses' WHERE conversation_id = 'plain'")
+                sa.text(
+                    "UPDATE fsm_attempts SET format = 'responses' WHERE conversation_id = 'plain'"
+                )
             )
     finally:
         writer.dispose()

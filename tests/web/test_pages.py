@@ -193,7 +193,13 @@ def test_every_response_is_safe_and_read_only(app: App, db_url: sa.URL) -> None:
     def counts() -> list[int]:
         engine = sa.create_engine(db_url, poolclass=sa.pool.NullPool)
         with engine.connect() as conn:
-            tables = ["conversations", "messages", "tool_calls", "attempts", "attempt_calls"]
+            tables = [
+                "fsm_conversations",
+                "fsm_messages",
+                "fsm_tool_calls",
+                "fsm_attempts",
+                "fsm_attempt_calls",
+            ]
             found = [
                 conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one() for t in tables
             ]
@@ -221,7 +227,7 @@ def test_every_response_is_safe_and_read_only(app: App, db_url: sa.URL) -> None:
     css = app.respond("GET", "/static/style.css", {})
     assert css.headers["Content-Type"].startswith("text/css") and b"url(" not in css.body
     with app.viewer.engine.connect() as conn, pytest.raises(sa.exc.DBAPIError):
-        conn.execute(sa.text("DELETE FROM conversations"))
+        conn.execute(sa.text("DELETE FROM fsm_conversations"))
 
 
 def test_token_and_host_rules(db_url: sa.URL) -> None:

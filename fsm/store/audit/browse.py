@@ -25,25 +25,25 @@ from fsm.store.audit.filters import (
     INT64_MAX,
     INT64_MIN,
     Filters,
-    _time_column,
-    _time_filters,
     row_key,
     search_condition,
+    time_column,
+    time_filters,
 )
 from fsm.store.audit.read import (
-    _ATTEMPT_CALLS,
-    _ATTEMPTS,
-    _CALLS,
-    _CONVERSATIONS,
-    _MESSAGES,
+    ATTEMPT_CALLS,
+    ATTEMPTS,
+    CALLS,
+    CONVERSATIONS,
+    MESSAGES,
     Bind,
-    _connect,
-    _int,
-    _json_value,
-    _opt_text,
-    _raw,
-    _Row,
-    _text,
+    Row,
+    as_int,
+    as_opt_text,
+    as_text,
+    connect,
+    json_value,
+    raw_column,
 )
 from fsm.store.codec import as_utc, encode_text
 from fsm.store.errors import InvalidFilterError
@@ -66,7 +66,7 @@ MAX_PAGE: Final = 1000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ConversationRow(_Row):
+class ConversationRow(Row):
     """One conversation as the viewer lists it: when it was created, its last activity (its
     newest message or attempt; its creation when it has neither), its history messages, tool
     calls in history and recorded (failed) attempts."""
@@ -95,7 +95,7 @@ class ConversationRow(_Row):
 
     def as_dict(self) -> dict[str, Any]:
         """The row as a dict, in column order (without the cursor's internals)."""
-        out = _Row.as_dict(self)
+        out = Row.as_dict(self)
         out.pop("created_key")
         return out
 
@@ -127,13 +127,13 @@ def conversations(
     if after is not None and (len(after) != 2 or not all(isinstance(part, str) for part in after)):
         raise InvalidFilterError("after must be a conversation row's key (two strings)")
     f = _conversation_filters(prefix, model, since, until, api, search)
-    c = _CONVERSATIONS.alias("c")
-    m = _MESSAGES.alias("m")
-    a = _ATTEMPTS.alias("a")
-    t = _CALLS.alias("t")
-    with _connect(bind, snapshot=True) as conn:
+    c = CONVERSATIONS.alias("c")
+    m = MESSAGES.alias("m")
+    a = ATTEMPTS.alias("a")
+    t = CALLS.alias("t")
+    with connect(bind, snapshot=True) as conn:
         # the order: SQLite's stored text (it orders as time does); PostgreSQL's timestamp
-        order = _time_column(conn, c.c.created_at)
+        order = time_column(conn, c.c.created_at)
         conditions = _conversation_conditions(conn, c, prefix, f)
         if after is not None:
             bound = _after_bound(conn, after[0])
@@ -162,13 +162,13 @@ def conversations(
         )
         # the newest message and attempt, by the keys' indexes (not a max over their times)
         last_message = (
-            sa.select(_raw(conn, m.c.created_at))
+            sa.select(raw_column(conn, m.c.created_at))
             .where(m.c.conversation_id == page.c.id)
             .order_by(m.c.seq.desc())
             .limit(1)
         )
         last_attempt = (
-            sa.select(_raw(conn, a.c.created_at))
+            sa.select(raw_column(conn, a.c.created_at))
             .where(a.c.conversation_id == page.c.id)
             .order_by(a.c.at_seq.desc(), a.c.id.desc())
             .limit(1)
@@ -187,8 +187,8 @@ def conversations(
             .limit(1)
         )
         query = sa.select(
-            _raw(conn, page.c.id),
-            _raw(conn, page.c.created_at),
+            raw_column(conn, page.c.id),
+            raw_column(conn, page.c.created_at),
             page.c.created_key,
             last_seq.scalar_subquery(),
             n_calls.scalar_subquery(),
@@ -204,16 +204,16 @@ def conversations(
         times = [x for x in (as_utc(at_m), as_utc(at_a)) if x is not None]
         out.append(
             ConversationRow(
-                id=_text(cid),
+                id=as_text(cid),
                 created_at=created_time,
                 last_activity=max(times) if times else created_time,
-                messages=0 if _int(seq) is None else int(seq) + 1,
+                messages=0 if as_int(seq) is None else int(seq) + 1,
                 calls=min(int(calls or 0), COUNT_CAP),
                 attempts=min(int(attempts or 0), COUNT_CAP),
                 calls_capped=int(calls or 0) > COUNT_CAP,
                 attempts_capped=int(attempts or 0) > COUNT_CAP,
-                format=_opt_text(fmt),
-                created_key=_opt_text(key),
+                format=as_opt_text(fmt),
+                created_key=as_opt_text(key),
             )
         )
     return out
@@ -234,8 +234,8 @@ def count_conversations(
     ``cap`` (at most ``cap + 1`` rows read): ``(count, capped)``, ``capped`` when there are
     more than ``cap`` (then ``count`` is ``cap``)."""
     f = _conversation_filters(prefix, model, since, until, api, search)
-    c = _CONVERSATIONS.alias("c")
-    with _connect(bind, snapshot=True) as conn:
+    c = CONVERSATIONS.alias("c")
+    with connect(bind, snapshot=True) as conn:
         conditions = _conversation_conditions(conn, c, prefix, f)
         rows = sa.select(c.c.id).where(*conditions).limit(cap + 1).subquery()
         found = int(conn.execute(sa.select(sa.func.count()).select_from(rows)).scalar() or 0)
@@ -262,8 +262,8 @@ def _conversation_conditions(
     conn: Connection, c: sa.FromClause, prefix: str | None, f: Filters
 ) -> list[sa.ColumnElement[bool]]:
     """The conditions of :func:`conversations` (but its cursor) on the alias ``c``."""
-    m = _MESSAGES.alias("m")
-    a = _ATTEMPTS.alias("a")
+    m = MESSAGES.alias("m")
+    a = ATTEMPTS.alias("a")
     conditions: list[sa.ColumnElement[bool]] = []
     if prefix:
         conditions.append(sa.func.substr(c.c.id, 1, len(prefix)) == sa.literal(prefix))
@@ -297,7 +297,7 @@ def _conversation_conditions(
                 _probe(a.c.conversation_id == c.c.id, a.c.format == f.format),
             )
         )
-    conditions += _time_filters(conn, c.c.created_at, f.since, f.until)
+    conditions += time_filters(conn, c.c.created_at, f.since, f.until)
     return conditions
 
 
@@ -315,7 +315,7 @@ def _created_key(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnEl
     """``created_at`` as text the page is ordered by: SQLite's stored text; PostgreSQL's
     timestamp in UTC, ISO 8601 with microseconds (text orders as time does)."""
     if conn.dialect.name == "sqlite":
-        return _time_column(conn, column)
+        return time_column(conn, column)
     return sa.func.to_char(sa.func.timezone("UTC", column), 'YYYY-MM-DD"T"HH24:MI:SS.US')
 
 
@@ -338,7 +338,7 @@ def _probe(*conditions: sa.ColumnElement[bool]) -> sa.ColumnElement[bool]:
 
 # -- one conversation --------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TimelineCall(_Row):
+class TimelineCall(Row):
     """A tool call of history (state ``finished``) or of an attempt (any state), with its
     result: the content of its tool message for a call of history (``result_seq`` is that
     message's seq, ``result_tool_call_id`` the id it names), the result stored with an attempt's
@@ -360,7 +360,7 @@ class TimelineCall(_Row):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TimelineMessage(_Row):
+class TimelineMessage(Row):
     """A message of history, its tool calls (an assistant message) or the call it answers (a
     tool message: ``tool_call_id``, ``assistant_seq``, ``call_position``)."""
 
@@ -389,7 +389,7 @@ class TimelineMessage(_Row):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TimelineAttempt(_Row):
+class TimelineAttempt(Row):
     """A recorded attempt (a turn that could not go to history) at ``at_seq``, where its turn
     would have gone, with its calls and the parser's anomalies (each a JSON object, shown as
     stored)."""
@@ -485,11 +485,11 @@ def timeline(
         raise InvalidFilterError(f"after must be a seq (a 64-bit integer), not {after!r}")
     attempts_key = row_key(attempts_after, "ii", "a conversation's attempts")
     _check_lookup_id(conversation_id)
-    c, m, t = _CONVERSATIONS, _MESSAGES, _CALLS
-    a, ac = _ATTEMPTS, _ATTEMPT_CALLS
+    c, m, t = CONVERSATIONS, MESSAGES, CALLS
+    a, ac = ATTEMPTS, ATTEMPT_CALLS
     low = -1 if after is None else after
-    with _connect(bind, snapshot=True) as conn:
-        raw = functools.partial(_raw, conn)
+    with connect(bind, snapshot=True) as conn:
+        raw = functools.partial(raw_column, conn)
 
         def cut(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
             # one character more than is kept: whether the value was cut, without its length
@@ -646,7 +646,7 @@ def timeline(
         value = cuts.json("content", parts) if parts is not None else cuts.text("content", content)
         message = TimelineMessage(
             seq=seq,
-            role=_text(role),
+            role=as_text(role),
             content=value,
             reasoning=cuts.text("reasoning", reasoning),
             refusal=cuts.text("refusal", refusal),
@@ -656,11 +656,13 @@ def timeline(
             usage=cuts.json("usage", usage),
             created_at=as_utc(created),
             tool_call_id=cuts.text("tool_call_id", tool_call_id),
-            assistant_seq=_int(_number(assistant_seq)),
-            call_position=_int(_number(call_position)),
+            assistant_seq=as_int(_number(assistant_seq)),
+            call_position=as_int(_number(call_position)),
             cut=cuts.names,
             more_calls=seq in more_calls,
-            format=(_opt_text(fmt) or "chat") if _text(role) == "assistant" else _opt_text(fmt),
+            format=(as_opt_text(fmt) or "chat")
+            if as_text(role) == "assistant"
+            else as_opt_text(fmt),
         )
         messages.append(message)
         if message.assistant_seq is not None and message.call_position is not None:
@@ -684,7 +686,7 @@ def timeline(
             arguments=cuts.text("arguments", arguments) or "",
             raw_arguments=cuts.text("raw_arguments", raw_arguments),
             repaired=_bool(repaired),
-            state=_text(state),
+            state=as_text(state),
             reason=None,
             result=None if found is None else found[1],
             result_seq=None if found is None else found[0],
@@ -708,7 +710,7 @@ def timeline(
                 arguments=cuts.text("arguments", arguments) or "",
                 raw_arguments=cuts.text("raw_arguments", raw_arguments),
                 repaired=_bool(repaired),
-                state=_text(state),
+                state=as_text(state),
                 reason=cuts.text("reason", reason),
                 result=cuts.json("result", result),
                 cut=cuts.names,
@@ -734,7 +736,7 @@ def timeline(
                 reasoning=cuts.text("reasoning", row[10]),
                 refusal=cuts.text("refusal", row[11]),
                 anomalies=cuts.json("anomalies", row[12]),
-                format=_opt_text(row[13]),
+                format=as_opt_text(row[13]),
                 calls=by_attempt.get(row[0], []),
                 more_calls=row[0] in attempt_more_calls,
                 cut=cuts.names,
@@ -775,7 +777,7 @@ class _Cuts:
 
     def text(self, name: str, value: Any) -> str | None:
         """A text value read (cut to ``VALUE_CHARS + 1``): cut to ``VALUE_CHARS``, noted."""
-        text = _opt_text(value)
+        text = as_opt_text(value)
         if text is not None and len(text) > VALUE_CHARS:
             self.names.append(name)
             return text[:VALUE_CHARS]
@@ -785,8 +787,8 @@ class _Cuts:
         """A JSON value read: parsed, or, when cut, the text of its start (not JSON), noted."""
         if isinstance(value, str | bytes) and len(value) > VALUE_CHARS:
             self.names.append(name)
-            return _text(value)[:VALUE_CHARS]
-        return _json_value(value)
+            return as_text(value)[:VALUE_CHARS]
+        return json_value(value)
 
 
 def _check_lookup_id(conversation_id: object) -> None:
@@ -833,20 +835,20 @@ def failed_calls_per_day(
     state: ``{"2026-11-30": {"truncated": 3, "aborted": 1}}`` (days in order). The calls of
     history per day are :func:`~fsm.store.audit.stats`' ``days``."""
     f = Filters.of(conversation=conversation, model=model, since=since, until=until)
-    a = _ATTEMPTS.alias("a")
-    ac = _ATTEMPT_CALLS.alias("ac")
-    with _connect(bind) as conn:
+    a = ATTEMPTS.alias("a")
+    ac = ATTEMPT_CALLS.alias("ac")
+    with connect(bind) as conn:
         if conn.dialect.name == "sqlite":
             day = sa.func.substr(sa.cast(a.c.created_at, sa.Text), 1, 10)
         else:
             day = sa.func.to_char(sa.func.timezone("UTC", a.c.created_at), "YYYY-MM-DD")
-        state = _raw(conn, ac.c.state)
+        state = raw_column(conn, ac.c.state)
         conditions: list[sa.ColumnElement[bool]] = [state.in_(_FAILED_STATE_NAMES)]
         if f.conversation is not None:
             conditions.append(a.c.conversation_id == f.conversation)
         if f.model is not None:
             conditions.append(a.c.model == f.model)
-        conditions += _time_filters(conn, a.c.created_at, f.since, f.until)
+        conditions += time_filters(conn, a.c.created_at, f.since, f.until)
         rows = conn.execute(
             sa.select(day, state, sa.func.count())
             .select_from(ac.join(a, a.c.id == ac.c.attempt_id))
@@ -855,7 +857,7 @@ def failed_calls_per_day(
         ).all()
     out: dict[str, dict[str, int]] = {}
     for day_text, state_text, count in sorted(rows, key=lambda r: (str(r[0]), str(r[1]))):
-        out.setdefault(_text(day_text), {})[_text(state_text)] = int(count)
+        out.setdefault(as_text(day_text), {})[as_text(state_text)] = int(count)
     return out
 
 

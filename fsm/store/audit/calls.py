@@ -23,28 +23,28 @@ from fsm.states import ToolCallState
 from fsm.store.audit.filters import (
     ArgFilter,
     Filters,
-    _arg_condition,
-    _contains,
-    _pg_function,
-    _time_filters,
+    arg_condition,
+    contains_text,
     parse_json_path,
+    pg_function,
     row_key,
     search_condition,
+    time_filters,
 )
 from fsm.store.audit.read import (
-    _ATTEMPT_CALLS,
-    _ATTEMPTS,
-    _CALLS,
-    _MESSAGES,
-    _PAGE,
+    ATTEMPT_CALLS,
+    ATTEMPTS,
+    CALLS,
+    MESSAGES,
+    PAGE_SIZE,
     Bind,
-    _connect,
-    _int,
-    _json_value,
-    _opt_text,
-    _raw_as,
-    _Row,
-    _text,
+    Row,
+    as_int,
+    as_opt_text,
+    as_text,
+    connect,
+    json_value,
+    raw_columns,
 )
 from fsm.store.codec import as_utc
 from fsm.store.errors import InvalidFilterError
@@ -62,7 +62,7 @@ Source: TypeAlias = Literal["all", "history", "attempts"]
 
 # -- tool calls --------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CallRow(_Row):
+class CallRow(Row):
     """One tool call, from history (``attempt_id is None``) or from a recorded attempt.
 
     ``seq`` is the assistant message's seq for a call of history, and for a call of an attempt
@@ -162,17 +162,17 @@ def tool_calls(
             raise InvalidFilterError(f"argument filter {path!r}: the value must be a scalar")
     history = source != "attempts" and filters.state in (None, ToolCallState.FINISHED.value)
     attempts = source != "history"
-    with _connect(bind, snapshot=True) as conn:
+    with connect(bind, snapshot=True) as conn:
         if filters.args and conn.dialect.name == "postgresql":
-            filters = replace(filters, try_jsonb=_pg_function(conn, "fsm_try_jsonb(text)"))
+            filters = replace(filters, try_jsonb=pg_function(conn, "fsm_try_jsonb(text)"))
         if limit is not None:
             yield from _call_page(conn, filters, history, attempts, limit, offset, after)
             return
         skip = offset
         while True:
-            page = _call_page(conn, filters, history, attempts, _PAGE, skip, after)
+            page = _call_page(conn, filters, history, attempts, PAGE_SIZE, skip, after)
             yield from page
-            if len(page) < _PAGE:
+            if len(page) < PAGE_SIZE:
                 return
             after, skip = page[-1].key, 0
 
@@ -218,22 +218,22 @@ def _call_page(
          finished_at, fmt) in conn.execute(query):  # fmt: skip
         rows.append(
             CallRow(
-                conversation_id=_text(cid),
+                conversation_id=as_text(cid),
                 seq=seq,
                 position=position,
-                call_id=_text(call_id),
-                name=_text(name),
-                arguments=_text(arguments),
-                state=_text(state),
-                model=_opt_text(model),
+                call_id=as_text(call_id),
+                name=as_text(name),
+                arguments=as_text(arguments),
+                state=as_text(state),
+                model=as_opt_text(model),
                 created_at=as_utc(created),
-                result=_json_value(parts) if parts is not None else _opt_text(content),
+                result=json_value(parts) if parts is not None else as_opt_text(content),
                 attempt_id=attempt if rank == 0 else None,
-                reason=_opt_text(reason),
-                execution=_opt_text(execution),
+                reason=as_opt_text(reason),
+                execution=as_opt_text(execution),
                 duration_ms=_duration_ms(started_at, finished_at),
-                starts=_int(starts),
-                format=(_opt_text(fmt) or "chat") if rank == 1 else _opt_text(fmt),
+                starts=as_int(starts),
+                format=(as_opt_text(fmt) or "chat") if rank == 1 else as_opt_text(fmt),
             )
         )
     return rows
@@ -249,20 +249,20 @@ def _duration_ms(started_at: Any, finished_at: Any) -> float | None:
 
 def _history_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
     """The rows of history for ``keys``: the call, its assistant message, its result (every
-    value read raw, see :func:`_raw`), and its execution in the tool ledger when it went
+    value read raw, see :func:`raw_column`), and its execution in the tool ledger when it went
     through one: the committed pending turn of its assistant message (found through
-    ``ix_pending_turns_conversation_id_committed_seq``) and that turn's execution at the call's position
+    ``ix_fsm_pending_turns_conversation_id_committed_seq``) and that turn's execution at the call's position
     (its key)."""
-    t = _CALLS.alias("tc")
-    a = _MESSAGES.alias("am")
-    r = _MESSAGES.alias("rm")
+    t = CALLS.alias("tc")
+    a = MESSAGES.alias("am")
+    r = MESSAGES.alias("rm")
     p = _PENDING.alias("pt")
     e = _EXECUTIONS.alias("te")
     return sa.select(
         *(keys.c[c] for c in _KEY_COLUMNS),
-        *_raw_as(conn, call_id=t.c.call_id, name=t.c.name, arguments=t.c.arguments),
+        *raw_columns(conn, call_id=t.c.call_id, name=t.c.name, arguments=t.c.arguments),
         sa.literal(ToolCallState.FINISHED.value, sa.String).label("state"),
-        *_raw_as(
+        *raw_columns(
             conn,
             model=a.c.model,
             created_at=a.c.created_at,
@@ -270,14 +270,14 @@ def _history_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
             content_parts=r.c.content_parts,
         ),
         sa.null().label("reason"),
-        *_raw_as(
+        *raw_columns(
             conn,
             execution=e.c.state,
             starts=e.c.starts,
             started_at=e.c.started_at,
             finished_at=e.c.finished_at,
         ),
-        *_raw_as(conn, format=a.c.format),
+        *raw_columns(conn, format=a.c.format),
     ).select_from(
         keys.join(
             t,
@@ -315,12 +315,12 @@ def _history_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
 
 
 def _attempt_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
-    """The rows of attempts for ``keys``: the call and its attempt (read raw, see :func:`_raw`)."""
-    c_ = _ATTEMPT_CALLS.alias("acd")
-    a = _ATTEMPTS.alias("atd")
+    """The rows of attempts for ``keys``: the call and its attempt (read raw, see :func:`raw_column`)."""
+    c_ = ATTEMPT_CALLS.alias("acd")
+    a = ATTEMPTS.alias("atd")
     return sa.select(
         *(keys.c[c] for c in _KEY_COLUMNS),
-        *_raw_as(
+        *raw_columns(
             conn,
             call_id=c_.c.call_id,
             name=c_.c.name,
@@ -331,12 +331,12 @@ def _attempt_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
         ),
         sa.null().label("content"),
         sa.null().label("content_parts"),
-        *_raw_as(conn, reason=c_.c.reason),
+        *raw_columns(conn, reason=c_.c.reason),
         sa.null().label("execution"),
         sa.null().label("starts"),
         sa.null().label("started_at"),
         sa.null().label("finished_at"),
-        *_raw_as(conn, format=a.c.format),
+        *raw_columns(conn, format=a.c.format),
     ).select_from(
         keys.join(
             c_,
@@ -348,8 +348,8 @@ def _attempt_arm(conn: Connection, keys: sa.Subquery) -> sa.Select[Any]:
 def _history_keys(
     conn: Connection, f: Filters, after: CallKey | None, limit: int
 ) -> sa.Select[Any]:
-    t = _CALLS.alias("t")
-    a = _MESSAGES.alias("m")
+    t = CALLS.alias("t")
+    a = MESSAGES.alias("m")
     conditions: list[sa.ColumnElement[bool]] = []
     source: sa.FromClause = t
     # the key columns: the call's, or its assistant message's (equal) when that message is read
@@ -366,7 +366,7 @@ def _history_keys(
             conditions.append(sa.or_(a.c.format == "chat", a.c.format.is_(None)))
         elif f.format is not None:
             conditions.append(a.c.format == f.format)
-        conditions += _time_filters(conn, a.c.created_at, f.since, f.until)
+        conditions += time_filters(conn, a.c.created_at, f.since, f.until)
         if f.name is None and f.conversation is None:
             conversation, seq = a.c.conversation_id, a.c.seq
     if f.name is not None:
@@ -375,10 +375,10 @@ def _history_keys(
         conditions.append(t.c.conversation_id == f.conversation)
     for path, value in f.args:
         conditions.append(
-            _arg_condition(conn, t.c.arguments, None, path, value, try_jsonb=f.try_jsonb)
+            arg_condition(conn, t.c.arguments, None, path, value, try_jsonb=f.try_jsonb)
         )
     if f.contains is not None:
-        conditions.append(_contains(conn, t.c.arguments, f.contains))
+        conditions.append(contains_text(conn, t.c.arguments, f.contains))
     if f.search is not None:
         conditions.append(
             search_condition(f.search, t.c.name, t.c.call_id, t.c.conversation_id, t.c.arguments)
@@ -407,8 +407,8 @@ def _history_keys(
 def _attempt_keys(
     conn: Connection, f: Filters, after: CallKey | None, limit: int
 ) -> sa.Select[Any]:
-    c_ = _ATTEMPT_CALLS.alias("ac")
-    a = _ATTEMPTS.alias("at")
+    c_ = ATTEMPT_CALLS.alias("ac")
+    a = ATTEMPTS.alias("at")
     conditions: list[sa.ColumnElement[bool]] = []
     if f.name is not None:
         conditions.append(c_.c.name == f.name)
@@ -420,13 +420,13 @@ def _attempt_keys(
         conditions.append(a.c.model == f.model)
     if f.format is not None:
         conditions.append(a.c.format == f.format)
-    conditions += _time_filters(conn, a.c.created_at, f.since, f.until)
+    conditions += time_filters(conn, a.c.created_at, f.since, f.until)
     for path, value in f.args:
         conditions.append(
-            _arg_condition(conn, c_.c.arguments, c_.c.state, path, value, try_jsonb=f.try_jsonb)
+            arg_condition(conn, c_.c.arguments, c_.c.state, path, value, try_jsonb=f.try_jsonb)
         )
     if f.contains is not None:
-        conditions.append(_contains(conn, c_.c.arguments, f.contains))
+        conditions.append(contains_text(conn, c_.c.arguments, f.contains))
     if f.search is not None:
         conditions.append(
             search_condition(f.search, c_.c.name, c_.c.call_id, a.c.conversation_id, c_.c.arguments)

@@ -24,21 +24,21 @@ from sqlalchemy.engine import Connection
 from fsm.states import ToolCallState
 from fsm.store.audit.filters import (
     Filters,
-    _time_filters,
     row_key,
+    time_filters,
 )
 from fsm.store.audit.read import (
-    _ATTEMPT_CALLS,
-    _ATTEMPTS,
-    _FAILED_STATES,
-    _PAGE,
+    ATTEMPT_CALLS,
+    ATTEMPTS,
+    FAILED_STATE_VALUES,
+    PAGE_SIZE,
     Bind,
-    _connect,
-    _json_value,
-    _opt_text,
-    _raw,
-    _Row,
-    _text,
+    Row,
+    as_opt_text,
+    as_text,
+    connect,
+    json_value,
+    raw_column,
 )
 from fsm.store.codec import as_utc
 from fsm.store.errors import InvalidFilterError
@@ -46,7 +46,7 @@ from fsm.store.errors import InvalidFilterError
 
 # -- failures ----------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
-class FailureRow(_Row):
+class FailureRow(Row):
     """A truncated or aborted call of a recorded attempt, with why its turn failed, or an attempt
     that has no such call.
 
@@ -84,7 +84,7 @@ class FailureRow(_Row):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class FailureCount(_Row):
+class FailureCount(Row):
     """How many failed calls (and distinct attempts) share a model, a state and a reason.
 
     Attempts without a truncated or aborted call are counted with ``state`` ``None``, ``calls``
@@ -118,9 +118,9 @@ def _failed_filters(
         since=since,
         until=until,
     )
-    if f.state is not None and f.state not in _FAILED_STATES:
+    if f.state is not None and f.state not in FAILED_STATE_VALUES:
         raise InvalidFilterError(
-            f"failed calls are {' or '.join(_FAILED_STATES)}, not {f.state!r} "
+            f"failed calls are {' or '.join(FAILED_STATE_VALUES)}, not {f.state!r} "
             "(list calls of any state with tool_calls())"
         )
     return f
@@ -138,9 +138,9 @@ def _failure_conditions(
         # cannot know: as an expression, not through the state index, so that it reads the
         # index of the other filters instead
         state_text = sa.type_coerce(c_.c.state, sa.String) + ""
-        conditions = [state_text.in_(_FAILED_STATES)]
+        conditions = [state_text.in_(FAILED_STATE_VALUES)]
     else:
-        conditions = [c_.c.state.in_([ToolCallState(s) for s in _FAILED_STATES])]
+        conditions = [c_.c.state.in_([ToolCallState(s) for s in FAILED_STATE_VALUES])]
     if f.conversation is not None:
         conditions.append(a.c.conversation_id == f.conversation)
     if f.model is not None:
@@ -149,7 +149,7 @@ def _failure_conditions(
         conditions.append(c_.c.name == f.name)
     if f.reason is not None:
         conditions.append(c_.c.reason == f.reason)
-    conditions += _time_filters(conn, a.c.created_at, f.since, f.until)
+    conditions += time_filters(conn, a.c.created_at, f.since, f.until)
     return conditions
 
 
@@ -176,11 +176,11 @@ def attempt_reason(
 
 def _no_failed_call(conn: Connection, a: sa.FromClause) -> sa.ColumnElement[bool]:
     """The attempt ``a`` has no truncated or aborted call."""
-    c_ = _ATTEMPT_CALLS.alias("nf")
+    c_ = ATTEMPT_CALLS.alias("nf")
     if conn.dialect.name == "sqlite":  # by the primary key, not the state index
-        state_ok = (sa.type_coerce(c_.c.state, sa.String) + "").in_(_FAILED_STATES)
+        state_ok = (sa.type_coerce(c_.c.state, sa.String) + "").in_(FAILED_STATE_VALUES)
         return ~sa.exists().where(c_.c.attempt_id == a.c.id, state_ok)
-    state_ok = c_.c.state.in_([ToolCallState(s) for s in _FAILED_STATES])
+    state_ok = c_.c.state.in_([ToolCallState(s) for s in FAILED_STATE_VALUES])
     # OFFSET 0 keeps PostgreSQL from turning this into an anti join that reads every call of
     # every attempt: it stays a lookup by the primary key per attempt the other filters found
     probe = sa.select(sa.literal(1)).select_from(c_).where(c_.c.attempt_id == a.c.id, state_ok)
@@ -195,7 +195,7 @@ def _attempt_conditions(
         conditions.append(a.c.conversation_id == f.conversation)
     if f.model is not None:
         conditions.append(a.c.model == f.model)
-    conditions += _time_filters(conn, a.c.created_at, f.since, f.until)
+    conditions += time_filters(conn, a.c.created_at, f.since, f.until)
     return conditions
 
 
@@ -205,17 +205,17 @@ def _calls_filtered(f: Filters) -> bool:
 
 
 def _anomaly_kinds(value: object) -> list[str]:
-    anomalies = _json_value(value)
+    anomalies = json_value(value)
     return [
-        _text(a.get("kind"))
+        as_text(a.get("kind"))
         for a in (anomalies if isinstance(anomalies, list) else [])
         if isinstance(a, dict)
     ]
 
 
 #: the calls of attempts and their attempts, as every query of this module reads them.
-_AC = _ATTEMPT_CALLS.alias("ac")
-_AT = _ATTEMPTS.alias("at")
+_AC = ATTEMPT_CALLS.alias("ac")
+_AT = ATTEMPTS.alias("at")
 _FAILED_FROM = _AC.join(_AT, _AT.c.id == _AC.c.attempt_id)
 
 
@@ -253,8 +253,8 @@ def failures(
         since=since,
         until=until,
     )
-    with _connect(bind, snapshot=True) as conn:
-        page = _PAGE if limit is None else min(_PAGE, limit + offset) or 1
+    with connect(bind, snapshot=True) as conn:
+        page = PAGE_SIZE if limit is None else min(PAGE_SIZE, limit + offset) or 1
         streams: list[Iterator[FailureRow | _Reached]] = [_failed_calls(conn, filters, page, after)]
         if not _calls_filtered(filters):
             streams.append(_failed_attempts(conn, filters, page, after))
@@ -278,7 +278,7 @@ def _failed_calls(
     """The failed calls, in key order, read ``page`` rows at a time."""
     c_, a = _AC, _AT
     conditions = _failure_conditions(conn, c_, a, filters)
-    raw = functools.partial(_raw, conn)
+    raw = functools.partial(raw_column, conn)
     query = (
         sa.select(
             a.c.id,
@@ -308,20 +308,20 @@ def _failed_calls(
         for row in rows:
             yield FailureRow(
                 attempt_id=row[0],
-                conversation_id=_text(row[1]),
+                conversation_id=as_text(row[1]),
                 seq=row[2],
                 position=row[3],
-                call_id=_text(row[4]),
-                name=_text(row[5]),
-                state=_text(row[6]),
-                reason=_opt_text(row[7]),
-                model=_opt_text(row[8]),
-                finish_reason=_opt_text(row[9]),
-                end_how=_opt_text(row[10]),
-                end_reason=_opt_text(row[11]),
+                call_id=as_text(row[4]),
+                name=as_text(row[5]),
+                state=as_text(row[6]),
+                reason=as_opt_text(row[7]),
+                model=as_opt_text(row[8]),
+                finish_reason=as_opt_text(row[9]),
+                end_how=as_opt_text(row[10]),
+                end_reason=as_opt_text(row[11]),
                 anomalies=_anomaly_kinds(row[12]),
                 created_at=as_utc(row[13]),
-                arguments=_text(row[14]),
+                arguments=as_text(row[14]),
             )
         if len(rows) < page:
             return
@@ -335,7 +335,7 @@ def _failed_attempts(
     :class:`_Reached` mark after each window of ids."""
     a = _AT
     conditions = _attempt_conditions(conn, a, filters)
-    raw = functools.partial(_raw, conn)
+    raw = functools.partial(raw_column, conn)
     query = (
         sa.select(
             a.c.id,
@@ -397,17 +397,17 @@ def _attempt_rows(
         bounded = [*conditions, a.c.id > low, a.c.id <= high]
         rows = conn.execute(query.where(*bounded).limit(page)).all()
         for row in rows:
-            finish, end_how, end_reason = (_opt_text(v) for v in row[4:7])
+            finish, end_how, end_reason = (as_opt_text(v) for v in row[4:7])
             yield FailureRow(
                 attempt_id=row[0],
-                conversation_id=_text(row[1]),
+                conversation_id=as_text(row[1]),
                 seq=row[2],
                 position=None,
                 call_id=None,
                 name=None,
                 state=None,
-                reason=attempt_reason(finish, end_how, end_reason, _opt_text(row[7])),
-                model=_opt_text(row[3]),
+                reason=attempt_reason(finish, end_how, end_reason, as_opt_text(row[7])),
+                model=as_opt_text(row[3]),
                 finish_reason=finish,
                 end_how=end_how,
                 end_reason=end_reason,
@@ -445,10 +445,12 @@ def failure_counts(
         until=until,
     )
     c_, a = _AC, _AT
-    with _connect(bind) as conn:
+    with connect(bind) as conn:
         conditions = _failure_conditions(conn, c_, a, filters)
         calls = sa.func.count()
-        model_, state_, reason_ = (_raw(conn, c) for c in (a.c.model, c_.c.state, c_.c.reason))
+        model_, state_, reason_ = (
+            raw_column(conn, c) for c in (a.c.model, c_.c.state, c_.c.reason)
+        )
         query = (
             sa.select(
                 model_,
@@ -465,8 +467,8 @@ def failure_counts(
         bare: dict[tuple[str | None, str | None], int] = {}
         if not _calls_filtered(filters):
             a = _AT
-            columns = [_raw(conn, c) for c in (a.c.model, a.c.finish_reason, a.c.end_how)]
-            columns += [_raw(conn, c) for c in (a.c.end_reason, a.c.error)]
+            columns = [raw_column(conn, c) for c in (a.c.model, a.c.finish_reason, a.c.end_how)]
+            columns += [raw_column(conn, c) for c in (a.c.end_reason, a.c.error)]
             grouped = (
                 sa.select(*columns, sa.func.count())
                 .select_from(a)
@@ -474,12 +476,16 @@ def failure_counts(
                 .group_by(*columns)
             )
             for row in conn.execute(grouped).all():
-                finish, how, why, error = (_opt_text(v) for v in row[1:5])
-                group = (_opt_text(row[0]), attempt_reason(finish, how, why, error))
+                finish, how, why, error = (as_opt_text(v) for v in row[1:5])
+                group = (as_opt_text(row[0]), attempt_reason(finish, how, why, error))
                 bare[group] = bare.get(group, 0) + int(row[5])
     out = [
         FailureCount(
-            model=_opt_text(m), state=_text(s), reason=_opt_text(r), calls=int(n), attempts=int(k)
+            model=as_opt_text(m),
+            state=as_text(s),
+            reason=as_opt_text(r),
+            calls=int(n),
+            attempts=int(k),
         )
         for m, s, r, n, k in rows
     ]

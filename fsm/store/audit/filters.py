@@ -5,7 +5,7 @@ Every filter is served by an index (migration ``0002``) except the argument-cont
 JSON path or a substring of the arguments cannot be indexed, so those are checked on the rows the
 other filters (or the key order, with the page's ``LIMIT``) lead to. JSON functions only see what
 the engine can parse (SQLite ``json_valid``; PostgreSQL ``fsm_try_jsonb`` after rewriting the
-escapes ``jsonb`` cannot hold, see :func:`_arg_condition`).
+escapes ``jsonb`` cannot hold, see :func:`arg_condition`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
 
 from fsm.states import ToolCallState
-from fsm.store.audit.read import _STATES
+from fsm.store.audit.read import CALL_STATES
 from fsm.store.codec import MARK, encode_text, needs_marking
 from fsm.store.errors import InvalidFilterError
 
@@ -102,18 +102,18 @@ def _time_bound(conn: Connection, column: sa.ColumnElement[Any], value: datetime
     return sa.literal(value, sa.DateTime(timezone=True))
 
 
-def _time_column(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+def time_column(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
     return sa.type_coerce(column, sa.String) if conn.dialect.name == "sqlite" else column
 
 
-def _time_filters(
+def time_filters(
     conn: Connection,
     column: sa.ColumnElement[Any],
     since: datetime | None,
     until: datetime | None,
 ) -> list[sa.ColumnElement[bool]]:
     """``since <= column < until``."""
-    target = _time_column(conn, column)
+    target = time_column(conn, column)
     out: list[sa.ColumnElement[bool]] = []
     if since is not None:
         out.append(target >= _time_bound(conn, column, since))
@@ -126,8 +126,8 @@ def _state(value: str | ToolCallState | None) -> str | None:
     if value is None:
         return None
     text = value.value if isinstance(value, ToolCallState) else str(value)
-    if text not in _STATES:
-        raise InvalidFilterError(f"unknown state {text!r}: one of {', '.join(_STATES)}")
+    if text not in CALL_STATES:
+        raise InvalidFilterError(f"unknown state {text!r}: one of {', '.join(CALL_STATES)}")
     return text
 
 
@@ -177,7 +177,7 @@ def _sqlite_path(parts: Sequence[str | int]) -> str:
     return "$" + "".join(f"[{p}]" if isinstance(p, int) else f'."{p}"' for p in parts)
 
 
-def _arg_condition(
+def arg_condition(
     conn: Connection,
     arguments: sa.ColumnElement[str],
     state: sa.ColumnElement[Any] | None,
@@ -279,7 +279,7 @@ def _has_lone_surrogate(text: str) -> bool:
     return not text.isascii() and any("\ud800" <= ch <= "\udfff" for ch in text)
 
 
-def _pg_function(conn: Connection, signature: str) -> bool:
+def pg_function(conn: Connection, signature: str) -> bool:
     """Whether the PostgreSQL function ``signature`` (``name(argtypes)``) is on the search path."""
     found = conn.execute(
         sa.text("SELECT to_regprocedure(:signature) IS NOT NULL"), {"signature": signature}
@@ -287,7 +287,7 @@ def _pg_function(conn: Connection, signature: str) -> bool:
     return bool(found)
 
 
-def _contains(conn: Connection, arguments: sa.ColumnElement[str], text: str) -> Any:
+def contains_text(conn: Connection, arguments: sa.ColumnElement[str], text: str) -> Any:
     """``text`` occurs in the arguments, byte for byte (no wildcards, case-sensitive).
 
     Values stored marked (:mod:`fsm.store.codec`: a text with U+0000 or a lone surrogate, which

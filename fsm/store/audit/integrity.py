@@ -20,19 +20,19 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection
 
 from fsm.states import ToolCallState
-from fsm.store.audit.filters import _pg_function
+from fsm.store.audit.filters import pg_function
 from fsm.store.audit.read import (
-    _ATTEMPT_CALLS,
-    _ATTEMPTS,
-    _CALLS,
-    _CONVERSATIONS,
-    _MESSAGES,
+    ATTEMPT_CALLS,
+    ATTEMPTS,
+    CALLS,
+    CONVERSATIONS,
+    MESSAGES,
     Bind,
-    _connect,
-    _int,
-    _opt_text,
-    _Row,
-    _text,
+    Row,
+    as_int,
+    as_opt_text,
+    as_text,
+    connect,
 )
 from fsm.store.errors import (
     DatabaseCorruptError,
@@ -64,11 +64,11 @@ VIOLATION_KINDS: Final[dict[str, str]] = {
     "1e300), a boolean other than 0 and 1, a blob in a text column, invalid JSON in a JSON "
     "column; on either engine, NULL in a column the schema declares NOT NULL",
     "invalid_name": "a call in history whose name is empty or blank (only spaces, tabs, CR, LF): "
-    "finished means a name (rule 4, ck_tool_calls_name)",
+    "finished means a name (rule 4, ck_fsm_tool_calls_name)",
     "invalid_arguments": "a call in history whose arguments are neither blank nor valid JSON: "
-    "finished means complete arguments (rule 4, ck_tool_calls_arguments)",
+    "finished means complete arguments (rule 4, ck_fsm_tool_calls_arguments)",
     "missing_content": "a system, developer, user or tool message without content (neither a "
-    "text nor content parts; a tool result may be ''): ck_messages_content",
+    "text nor content parts; a tool result may be ''): ck_fsm_messages_content",
     "result_misplaced": "a tool result that is not in its call's slot "
     "(seq = assistant seq + 1 + position) (rule 2)",
     "duplicate_result": "a second tool result for a call whose slot holds its result (rule 2)",
@@ -101,7 +101,7 @@ VIOLATION_KINDS: Final[dict[str, str]] = {
 
 
 @dataclass(frozen=True, slots=True)
-class Violation(_Row):
+class Violation(Row):
     """One broken rule: where (conversation, seq; ``None`` when not known), what, and details."""
 
     conversation_id: str | None
@@ -149,8 +149,8 @@ _CHECK_SEQ = """
 SELECT g.conversation_id, g.n, g.d, g.lo, g.hi, CASE WHEN c.id IS NULL THEN 1 ELSE 0 END
 FROM (
   SELECT conversation_id, count(*) AS n, {distinct} AS d, min(seq) AS lo, max(seq) AS hi
-  FROM messages m WHERE RANGE(m) AND SEQ_OK(m) GROUP BY conversation_id
-) g LEFT JOIN conversations c ON c.id = g.conversation_id
+  FROM fsm_messages m WHERE RANGE(m) AND SEQ_OK(m) GROUP BY conversation_id
+) g LEFT JOIN fsm_conversations c ON c.id = g.conversation_id
 WHERE g.n <> BIG(g.hi) + 1 OR g.lo <> 0 OR g.d <> g.n OR c.id IS NULL
 """
 
@@ -158,7 +158,7 @@ _CHECK_SEQ_DETAIL = """
 SELECT conversation_id, seq, p_seq FROM (
   SELECT m.conversation_id, m.seq,
          lag(m.seq) OVER (PARTITION BY m.conversation_id ORDER BY m.seq) AS p_seq
-  FROM messages m WHERE m.conversation_id IN :ids AND SEQ_OK(m)
+  FROM fsm_messages m WHERE m.conversation_id IN :ids AND SEQ_OK(m)
 ) x
 WHERE (p_seq IS NULL AND seq <> 0) OR seq = p_seq OR seq > BIG(p_seq) + 1
 """
@@ -172,8 +172,8 @@ _CHECK_MESSAGES = """
 WITH bad AS MATERIALIZED (
   SELECT m.conversation_id, m.seq, m.role, m.n_calls, m.slots_left, m.prev_seq,
          m.prev_slots_left, m.tool_call_id, m.assistant_seq, m.call_position, m.block_end_seq
-  FROM messages m
-  LEFT JOIN tool_calls t
+  FROM fsm_messages m
+  LEFT JOIN fsm_tool_calls t
     ON t.conversation_id = m.conversation_id AND t.assistant_seq = m.assistant_seq
        AND t.position = m.call_position AND t.call_id = m.tool_call_id
        AND t.assistant_n_calls = BIG(m.slots_left) + m.call_position + 1 AND RANGE(t)
@@ -210,23 +210,23 @@ WITH bad AS MATERIALIZED (
   )
 )
 SELECT bad.*,
-       (SELECT t2.call_id FROM tool_calls t2
+       (SELECT t2.call_id FROM fsm_tool_calls t2
         WHERE t2.conversation_id = bad.conversation_id AND t2.assistant_seq = bad.assistant_seq
           AND t2.position = bad.call_position),
-       (SELECT t2.assistant_n_calls FROM tool_calls t2
+       (SELECT t2.assistant_n_calls FROM fsm_tool_calls t2
         WHERE t2.conversation_id = bad.conversation_id AND t2.assistant_seq = bad.assistant_seq
           AND t2.position = bad.call_position),
-       (SELECT a2.role FROM messages a2
+       (SELECT a2.role FROM fsm_messages a2
         WHERE a2.conversation_id = bad.conversation_id AND a2.seq = bad.assistant_seq),
-       (SELECT count(*) FROM tool_calls c
+       (SELECT count(*) FROM fsm_tool_calls c
         WHERE c.conversation_id = bad.conversation_id AND c.assistant_seq = bad.seq),
-       (SELECT s.role FROM messages s
+       (SELECT s.role FROM fsm_messages s
         WHERE s.conversation_id = bad.conversation_id
           AND s.seq = BIG(bad.assistant_seq) + 1 + bad.call_position),
-       (SELECT s.assistant_seq FROM messages s
+       (SELECT s.assistant_seq FROM fsm_messages s
         WHERE s.conversation_id = bad.conversation_id
           AND s.seq = BIG(bad.assistant_seq) + 1 + bad.call_position),
-       (SELECT s.call_position FROM messages s
+       (SELECT s.call_position FROM fsm_messages s
         WHERE s.conversation_id = bad.conversation_id
           AND s.seq = BIG(bad.assistant_seq) + 1 + bad.call_position)
 FROM bad
@@ -238,11 +238,11 @@ FROM bad
 _COUNT_CHECKS = {
     "sqlite": (
         "",
-        "m.n_calls <> (SELECT count(*) FROM tool_calls c "
+        "m.n_calls <> (SELECT count(*) FROM fsm_tool_calls c "
         "WHERE c.conversation_id = m.conversation_id AND c.assistant_seq = m.seq)",
     ),
     "postgresql": (
-        "LEFT JOIN (SELECT c.conversation_id, c.assistant_seq, count(*) AS n FROM tool_calls c "
+        "LEFT JOIN (SELECT c.conversation_id, c.assistant_seq, count(*) AS n FROM fsm_tool_calls c "
         "WHERE RANGE(c) GROUP BY c.conversation_id, c.assistant_seq) g "
         "ON g.conversation_id = m.conversation_id AND g.assistant_seq = m.seq",
         "m.n_calls <> COALESCE(g.n, 0)",
@@ -254,13 +254,13 @@ WITH bad AS MATERIALIZED (
   SELECT t.conversation_id, t.assistant_seq, t.position, t.call_id, t.name, t.state,
          t.assistant_n_calls, t.repaired, CASE WHEN t.raw_arguments IS NULL THEN 1 ELSE 0 END
          AS no_raw, CASE WHEN r.conversation_id IS NULL THEN 0 ELSE 1 END AS has_result
-  FROM tool_calls t
+  FROM fsm_tool_calls t
   LEFT JOIN (
-    SELECT a.conversation_id, a.seq, a.n_calls FROM messages a WHERE a.n_calls > 0 AND RANGE(a)
+    SELECT a.conversation_id, a.seq, a.n_calls FROM fsm_messages a WHERE a.n_calls > 0 AND RANGE(a)
   ) a
     ON a.conversation_id = t.conversation_id AND a.seq = t.assistant_seq
        AND a.n_calls = t.assistant_n_calls
-  LEFT JOIN messages r
+  LEFT JOIN fsm_messages r
     ON r.conversation_id = t.conversation_id AND r.assistant_seq = t.assistant_seq
        AND r.call_position = t.position AND RANGE(r)
   WHERE RANGE(t) AND (
@@ -271,11 +271,11 @@ WITH bad AS MATERIALIZED (
   )
 )
 SELECT bad.*,
-       (SELECT a2.role FROM messages a2
+       (SELECT a2.role FROM fsm_messages a2
         WHERE a2.conversation_id = bad.conversation_id AND a2.seq = bad.assistant_seq),
-       (SELECT a2.n_calls FROM messages a2
+       (SELECT a2.n_calls FROM fsm_messages a2
         WHERE a2.conversation_id = bad.conversation_id AND a2.seq = bad.assistant_seq),
-       (SELECT s.role FROM messages s
+       (SELECT s.role FROM fsm_messages s
         WHERE s.conversation_id = bad.conversation_id
           AND s.seq = BIG(bad.assistant_seq) + 1 + bad.position)
 FROM bad
@@ -283,13 +283,13 @@ FROM bad
 
 _ORPHAN_ATTEMPTS = """
 SELECT x.conversation_id, x.n FROM (
-  SELECT conversation_id, count(*) AS n FROM attempts a WHERE RANGE(a) GROUP BY conversation_id
-) x WHERE NOT EXISTS (SELECT 1 FROM conversations c WHERE c.id = x.conversation_id)
+  SELECT conversation_id, count(*) AS n FROM fsm_attempts a WHERE RANGE(a) GROUP BY conversation_id
+) x WHERE NOT EXISTS (SELECT 1 FROM fsm_conversations c WHERE c.id = x.conversation_id)
 """
 
 _ORPHAN_ATTEMPT_CALLS = """
-SELECT ac.attempt_id, count(*) FROM attempt_calls ac
-WHERE NOT EXISTS (SELECT 1 FROM attempts a WHERE a.id = ac.attempt_id)
+SELECT ac.attempt_id, count(*) FROM fsm_attempt_calls ac
+WHERE NOT EXISTS (SELECT 1 FROM fsm_attempts a WHERE a.id = ac.attempt_id)
 GROUP BY ac.attempt_id ORDER BY ac.attempt_id
 """
 
@@ -328,47 +328,47 @@ def _engine_sql(sql: str, dialect: str) -> str:
 #: The checks of the models that the structural scans verify (with more precise kinds), by table.
 _STRUCTURAL_CHECKS: Final = frozenset(
     {
-        "ck_messages_seq",
-        "ck_messages_role",
-        "ck_messages_n_calls",
-        "ck_messages_slots_left",
-        "ck_messages_prev",
-        "ck_messages_result_slot",
-        "ck_messages_block_end",
-        "ck_tool_calls_position",
-        "ck_tool_calls_finished",
-        "ck_tool_calls_tool_call_state",
-        "ck_tool_calls_repaired",
+        "ck_fsm_messages_seq",
+        "ck_fsm_messages_role",
+        "ck_fsm_messages_n_calls",
+        "ck_fsm_messages_slots_left",
+        "ck_fsm_messages_prev",
+        "ck_fsm_messages_result_slot",
+        "ck_fsm_messages_block_end",
+        "ck_fsm_tool_calls_position",
+        "ck_fsm_tool_calls_finished",
+        "ck_fsm_tool_calls_tool_call_state",
+        "ck_fsm_tool_calls_repaired",
     }
 )
 
 #: The kind of violation of every other check (a check added to the models later is verified
 #: as ``invalid_row`` until it gets a kind of its own).
 _CHECK_KINDS: Final = {
-    "ck_conversations_types": "invalid_type",
-    "ck_messages_types": "invalid_type",
-    "ck_tool_calls_types": "invalid_type",
-    "ck_attempts_types": "invalid_type",
-    "ck_attempt_calls_types": "invalid_type",
-    "ck_tool_calls_name": "invalid_name",
-    "ck_tool_calls_arguments": "invalid_arguments",
-    "ck_messages_content": "missing_content",
+    "ck_fsm_conversations_types": "invalid_type",
+    "ck_fsm_messages_types": "invalid_type",
+    "ck_fsm_tool_calls_types": "invalid_type",
+    "ck_fsm_attempts_types": "invalid_type",
+    "ck_fsm_attempt_calls_types": "invalid_type",
+    "ck_fsm_tool_calls_name": "invalid_name",
+    "ck_fsm_tool_calls_arguments": "invalid_arguments",
+    "ck_fsm_messages_content": "missing_content",
 }
 
 #: Per table: the columns that say where a row is (and what it is about), read raw.
 _ROW_IDENTITY: Final = {
-    "conversations": "conversations.id, NULL, NULL, NULL",
-    "messages": "messages.conversation_id, messages.seq, messages.role, NULL",
-    "tool_calls": "tool_calls.conversation_id, tool_calls.assistant_seq, tool_calls.position, "
-    "tool_calls.call_id",
-    "attempts": "attempts.conversation_id, attempts.id, attempts.at_seq, NULL",
-    "attempt_calls": "(SELECT a.conversation_id FROM attempts a "
-    "WHERE a.id = attempt_calls.attempt_id), attempt_calls.attempt_id, attempt_calls.position, "
-    "attempt_calls.call_id",
+    "fsm_conversations": "fsm_conversations.id, NULL, NULL, NULL",
+    "fsm_messages": "fsm_messages.conversation_id, fsm_messages.seq, fsm_messages.role, NULL",
+    "fsm_tool_calls": "fsm_tool_calls.conversation_id, fsm_tool_calls.assistant_seq, fsm_tool_calls.position, "
+    "fsm_tool_calls.call_id",
+    "fsm_attempts": "fsm_attempts.conversation_id, fsm_attempts.id, fsm_attempts.at_seq, NULL",
+    "fsm_attempt_calls": "(SELECT a.conversation_id FROM fsm_attempts a "
+    "WHERE a.id = fsm_attempt_calls.attempt_id), fsm_attempt_calls.attempt_id, fsm_attempt_calls.position, "
+    "fsm_attempt_calls.call_id",
     # the tool ledger (migration 0005)
-    "pending_turns": "pending_turns.conversation_id, pending_turns.id, pending_turns.state, NULL",
-    "tool_executions": "tool_executions.conversation_id, tool_executions.pending_id, "
-    "tool_executions.position, tool_executions.call_id",
+    "fsm_pending_turns": "fsm_pending_turns.conversation_id, fsm_pending_turns.id, fsm_pending_turns.state, NULL",
+    "fsm_tool_executions": "fsm_tool_executions.conversation_id, fsm_tool_executions.pending_id, "
+    "fsm_tool_executions.position, fsm_tool_executions.call_id",
 }
 _TABLES: Final = TABLES
 _PENDING = cast(sa.Table, PendingTurnRow.__table__)
@@ -402,19 +402,19 @@ class _Shape:
 def _shape(conn: Connection) -> _Shape:
     dialect = conn.dialect.name
     inspector = sa.inspect(conn)
-    pk = inspector.get_pk_constraint("messages")
+    pk = inspector.get_pk_constraint("fsm_messages")
     unique_seq = pk.get("constrained_columns") == ["conversation_id", "seq"]
     lost: list[tuple[str, tuple[str, ...], str | None]] = []
-    for table in ("conversations", "tool_calls", "attempts", "attempt_calls"):
+    for table in ("fsm_conversations", "fsm_tool_calls", "fsm_attempts", "fsm_attempt_calls"):
         columns = tuple(c.name for c in _TABLE[table].primary_key.columns)
         if tuple(inspector.get_pk_constraint(table).get("constrained_columns") or ()) != columns:
             lost.append((table, columns, None))
-    with warnings.catch_warnings():  # SQLite: ix_messages_stats indexes an expression
+    with warnings.catch_warnings():  # SQLite: ix_fsm_messages_stats indexes an expression
         warnings.filterwarnings("ignore", "Skipped unsupported reflection of expression-based")
-        indexes = {i["name"] for i in inspector.get_indexes("messages")}
-    if "ix_messages_conversation_id_idempotency_key" not in indexes:
+        indexes = {i["name"] for i in inspector.get_indexes("fsm_messages")}
+    if "ix_fsm_messages_conversation_id_idempotency_key" not in indexes:
         lost.append(
-            ("messages", ("conversation_id", "idempotency_key"), "idempotency_key IS NOT NULL")
+            ("fsm_messages", ("conversation_id", "idempotency_key"), "idempotency_key IS NOT NULL")
         )
     enforced: set[str] = set()
     functions = {"fsm_json_valid": True}
@@ -431,7 +431,7 @@ def _shape(conn: Connection) -> _Shape:
                 {"tables": list(_TABLES)},
             ).scalars()
         )
-        functions["fsm_json_valid"] = _pg_function(conn, "fsm_json_valid(text)")
+        functions["fsm_json_valid"] = pg_function(conn, "fsm_json_valid(text)")
     reflected = {table: inspector.get_columns(table) for table in _TABLES}
     if dialect == "postgresql":
         # a NOT NULL dropped lets NULLs in (SQLite cannot drop one without rebuilding the table)
@@ -477,11 +477,11 @@ def _shape(conn: Connection) -> _Shape:
 _TABLE: Final = {
     t.name: t
     for t in (
-        _CONVERSATIONS,
-        _MESSAGES,
-        _CALLS,
-        _ATTEMPTS,
-        _ATTEMPT_CALLS,
+        CONVERSATIONS,
+        MESSAGES,
+        CALLS,
+        ATTEMPTS,
+        ATTEMPT_CALLS,
         _PENDING,
         _EXECUTIONS,
     )
@@ -552,7 +552,7 @@ def _row_check_sql(table: str, rules: Sequence[_Rule], shape: _Shape, *, ranged:
         ]
         detail = "rtrim(" + " || ".join(parts) + ", '; ')"
     where = " AND ".join(f"({r.sql})" for r in rules)
-    scope = f"RANGE({table}.{'id' if table == 'conversations' else 'conversation_id'})"
+    scope = f"RANGE({table}.{'id' if table == 'fsm_conversations' else 'conversation_id'})"
     return (
         f"SELECT {_ROW_IDENTITY[table]}, {detail}, {', '.join(flags)} FROM {table} "
         f"WHERE {scope if ranged else '1 = 1'} AND NOT ({where})"
@@ -561,21 +561,21 @@ def _row_check_sql(table: str, rules: Sequence[_Rule], shape: _Shape, *, ranged:
 
 def _row_violations(table: str, rules: Sequence[_Rule], row: Any) -> Iterator[Violation]:
     cid, a, b, c, detail, *flags = row
-    conversation = _opt_text(cid)
+    conversation = as_opt_text(cid)
     seq: int | None = None
-    if table == "conversations":
+    if table == "fsm_conversations":
         where = f"conversation {conversation!r}"
-    elif table == "messages":
-        seq = _int(a)
-        where = f"the {_text(b)} message at seq {_shown(a)}"
-    elif table == "tool_calls":
-        seq = _int(a)
+    elif table == "fsm_messages":
+        seq = as_int(a)
+        where = f"the {as_text(b)} message at seq {_shown(a)}"
+    elif table == "fsm_tool_calls":
+        seq = as_int(a)
         where = f"call {_shown(b)} (id {_shown(c, text=True)}) of the message at seq {_shown(a)}"
-    elif table == "attempts":
+    elif table == "fsm_attempts":
         where = f"attempt {_shown(a)} (at seq {_shown(b)})"
-    elif table == "pending_turns":
+    elif table == "fsm_pending_turns":
         where = f"pending turn {_shown(a)} ({_shown(b, text=True)}) of the tool ledger"
-    elif table == "tool_executions":
+    elif table == "fsm_tool_executions":
         where = (
             f"the execution of call {_shown(b)} (id {_shown(c, text=True)}) of pending turn "
             f"{_shown(a)}"
@@ -589,12 +589,12 @@ def _row_violations(table: str, rules: Sequence[_Rule], row: Any) -> Iterator[Vi
         if rule.kind == "invalid_type" and rule.name.endswith("NOT NULL"):
             text = f"{rule.name.split('.', 1)[1].split()[0]} is NULL (the column is NOT NULL)"
         elif rule.kind == "invalid_type" and detail:
-            text = f"wrong type: {_text(detail)}"
-        elif rule.name == "ck_messages_one_content":
+            text = f"wrong type: {as_text(detail)}"
+        elif rule.name == "ck_fsm_messages_one_content":
             text = "has both a text content and content parts"
-        elif rule.name == "ck_attempt_calls_position":
+        elif rule.name == "ck_fsm_attempt_calls_position":
             text = "has a negative position"
-        elif rule.name == "ck_attempt_calls_tool_call_state":
+        elif rule.name == "ck_fsm_attempt_calls_tool_call_state":
             text = "has an unknown state"
         yield Violation(conversation, seq, rule.kind, f"{where} {text} ({rule.name})")
 
@@ -612,10 +612,10 @@ def _shown(value: Any, *, text: bool = False) -> str:
     if type(value) is int and not text:
         return str(value)
     if isinstance(value, str):
-        return repr(_text(value))
+        return repr(as_text(value))
     if value is None:
         return "NULL"
-    return f"{_text(value)!r} ({type(value).__name__})"
+    return f"{as_text(value)!r} ({type(value).__name__})"
 
 
 def _duplicates_sql(
@@ -624,7 +624,9 @@ def _duplicates_sql(
     cols = ", ".join(columns)
     where = [condition or "1 = 1"]
     if ranged:
-        where.append(f"RANGE({table}.{'id' if table == 'conversations' else 'conversation_id'})")
+        where.append(
+            f"RANGE({table}.{'id' if table == 'fsm_conversations' else 'conversation_id'})"
+        )
     return (
         f"SELECT {cols}, count(*) FROM {table} WHERE {' AND '.join(where)} "
         f"GROUP BY {cols} HAVING count(*) > 1"
@@ -635,9 +637,11 @@ def _duplicate_violations(table: str, columns: Sequence[str], row: Any) -> Viola
     *key, n = row
     values = ", ".join(f"{c} {_shown(v)}" for c, v in zip(columns, key, strict=True))
     conversation = (
-        _opt_text(key[0]) if table in ("conversations", "messages", "tool_calls") else None
+        as_opt_text(key[0])
+        if table in ("fsm_conversations", "fsm_messages", "fsm_tool_calls")
+        else None
     )
-    seq = _int(key[1]) if table == "tool_calls" else None
+    seq = as_int(key[1]) if table == "fsm_tool_calls" else None
     return Violation(
         conversation,
         seq,
@@ -702,8 +706,8 @@ def check(
     if damaged:
         yield from damaged
         return
-    with _connect(bind, snapshot=True) as conn:
-        total = int(conn.execute(sa.text("SELECT count(*) FROM conversations")).scalar_one())
+    with connect(bind, snapshot=True) as conn:
+        total = int(conn.execute(sa.text("SELECT count(*) FROM fsm_conversations")).scalar_one())
         # batches are ranges of text ids (an id of another type, which only raw SQL on SQLite
         # can store, sorts after every text: it falls in the last batch)
         text_ids = "typeof(id) = 'text'" if conn.dialect.name == "sqlite" else "1 = 1"
@@ -712,7 +716,7 @@ def check(
             for b in conn.execute(
                 sa.text(
                     "SELECT id FROM (SELECT id, row_number() OVER (ORDER BY id) AS n "
-                    f"FROM conversations WHERE {text_ids}) x "
+                    f"FROM fsm_conversations WHERE {text_ids}) x "
                     "WHERE n > 1 AND (n - 1) % :size = 0 ORDER BY id"
                 ),
                 {"size": batch_size},
@@ -735,11 +739,11 @@ def check(
             engine = bind
 
             def run(bounds: tuple[str | None, str | None]) -> list[Violation]:
-                with _connect(engine, snapshot=True) as worker:
+                with connect(engine, snapshot=True) as worker:
                     return _check_batch(worker, *bounds, shape, own=True)
 
             def rows(table: str) -> list[Violation]:
-                with _connect(engine) as worker:
+                with connect(engine) as worker:
                     return _row_checks(worker, shape, table)
 
             with ThreadPoolExecutor(workers or 2, thread_name_prefix="fsm-check") as pool:
@@ -776,7 +780,7 @@ def engine_check(bind: Bind, *, deep: bool = False, note: Note | None = None) ->
     """
     found: list[Violation] = []
     try:
-        with _connect(bind) as conn:
+        with connect(bind) as conn:
             if conn.dialect.name == "sqlite":
                 pragma = "integrity_check" if deep else "quick_check"
                 lines = conn.exec_driver_sql(f"PRAGMA {pragma}({_SQLITE_MAX_ERRORS})").scalars()
@@ -906,11 +910,11 @@ def _check_global(conn: Connection, shape: _Shape) -> Iterator[Violation]:
                 None,
                 None,
                 "orphan_row",
-                f"{n} attempt_calls row(s) of attempt {_shown(attempt_id)}, which does not exist",
+                f"{n} fsm_attempt_calls row(s) of attempt {_shown(attempt_id)}, which does not exist",
             )
         )
     for table, columns, condition in shape.lost_keys:
-        if table in ("attempts", "attempt_calls"):
+        if table in ("fsm_attempts", "fsm_attempt_calls"):
             sql = _duplicates_sql(table, columns, condition, ranged=False)
             for row in conn.execute(sa.text(sql)):
                 found.append(_duplicate_violations(table, columns, row))
@@ -1044,10 +1048,10 @@ def _check_range(
     for cid, n, n_distinct, first, last, orphan in run(_CHECK_SEQ):
         if orphan:
             yield Violation(
-                _text(cid),
+                as_text(cid),
                 None,
                 "orphan_row",
-                f"{n} message(s) of conversation {_text(cid)!r}, which does not exist",
+                f"{n} message(s) of conversation {as_text(cid)!r}, which does not exist",
             )
         if n != last + 1 or first != 0 or n_distinct != n:
             unordered.append(cid)
@@ -1057,7 +1061,7 @@ def _check_range(
             sa.bindparam("ids", expanding=True)
         )
         for cid, seq, p_seq in conn.execute(detail, {"ids": ids}):
-            cid = _text(cid)
+            cid = as_text(cid)
             if p_seq is None:
                 yield Violation(cid, seq, "seq_start", f"the first message has seq {seq}, not 0")
             elif seq == p_seq:
@@ -1076,13 +1080,13 @@ def _check_range(
         yield from _call_violations(row)
     for cid, n in run(_ORPHAN_ATTEMPTS):
         yield Violation(
-            _text(cid),
+            as_text(cid),
             None,
             "orphan_row",
-            f"{n} attempt(s) of conversation {_text(cid)!r}, which does not exist",
+            f"{n} attempt(s) of conversation {as_text(cid)!r}, which does not exist",
         )
     for table, columns, condition in shape.lost_keys:
-        if table not in ("attempts", "attempt_calls"):
+        if table not in ("fsm_attempts", "fsm_attempt_calls"):
             for row in run(_duplicates_sql(table, columns, condition, ranged=True)):
                 yield _duplicate_violations(table, columns, row)
 
@@ -1112,19 +1116,19 @@ def _message_violations(row: Any) -> Iterator[Violation]:
     found = list(
         _message_findings(
             cid, seq, role, n_calls, slots_left, prev_seq, prev_slots, call_id, aseq, pos,
-            block_end, real_id if isinstance(real_id, str) else None, _int(call_n),
-            _opt_text(a_role), _int(calls) or 0, _opt_text(s_role), _int(s_aseq), _int(s_pos),
+            block_end, real_id if isinstance(real_id, str) else None, as_int(call_n),
+            as_opt_text(a_role), as_int(calls) or 0, as_opt_text(s_role), as_int(s_aseq), as_int(s_pos),
         )
     )  # fmt: skip
     if not found:  # the SQL picked it for a reason the findings do not name: never call it clean
         found.append(
             Violation(
-                _text(cid),
+                as_text(cid),
                 seq,
                 "invalid_row",
                 f"the {role} message at seq {seq} breaks a rule of the schema (n_calls {n_calls}, "
                 f"slots_left {slots_left}, prev_seq {prev_seq}, prev_slots_left {prev_slots}, "
-                f"tool_call_id {_opt_text(call_id)!r}, assistant_seq {aseq}, call_position {pos}, "
+                f"tool_call_id {as_opt_text(call_id)!r}, assistant_seq {aseq}, call_position {pos}, "
                 f"block_end_seq {block_end})",
             )
         )
@@ -1151,8 +1155,8 @@ def _message_findings(
     s_aseq: int | None,
     s_pos: int | None,
 ) -> Iterator[Violation]:
-    shown_id = _opt_text(call_id)
-    conversation = _text(cid)
+    shown_id = as_opt_text(call_id)
+    conversation = as_text(cid)
     tool = role == "tool"
     linked = aseq is not None and pos is not None
     if (
@@ -1208,7 +1212,7 @@ def _message_findings(
             seq,
             "result_id_mismatch",
             f"the tool result at seq {seq} has tool_call_id {shown_id!r}, but its call (position "
-            f"{pos} of the assistant message at seq {aseq}) has id {_text(real_id)!r}",
+            f"{pos} of the assistant message at seq {aseq}) has id {as_text(real_id)!r}",
         )
     if role == "assistant" and n_calls > 0 and calls != n_calls:
         yield Violation(
@@ -1271,17 +1275,17 @@ def _call_violations(row: Any) -> Iterator[Violation]:
         return
     found = list(
         _call_findings(
-            _text(cid), aseq, pos, _text(call_id), _text(name), state, n_decl, bool(repaired),
-            bool(no_raw), bool(has_result), _opt_text(a_role), _int(a_n), _opt_text(s_role),
+            as_text(cid), aseq, pos, as_text(call_id), as_text(name), state, n_decl, bool(repaired),
+            bool(no_raw), bool(has_result), as_opt_text(a_role), as_int(a_n), as_opt_text(s_role),
         )
     )  # fmt: skip
     if not found:  # never call a row the SQL picked clean
         found.append(
             Violation(
-                _text(cid),
+                as_text(cid),
                 aseq,
                 "invalid_row",
-                f"call {pos} (id {_text(call_id)!r}) of the message at seq {aseq} breaks a rule "
+                f"call {pos} (id {as_text(call_id)!r}) of the message at seq {aseq} breaks a rule "
                 f"of the schema (assistant_n_calls {n_decl}, state {state!r})",
             )
         )

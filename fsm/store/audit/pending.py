@@ -10,7 +10,7 @@ from typing import Any, Final, cast
 
 import sqlalchemy as sa
 
-from fsm.store.audit.read import Bind, _connect, _int, _opt_text, _raw, _Row, _text
+from fsm.store.audit.read import Bind, Row, as_int, as_opt_text, as_text, connect, raw_column
 from fsm.store.codec import as_utc
 from fsm.store.errors import InvalidFilterError
 from fsm.store.models import PendingTurnRow, ToolExecution
@@ -25,7 +25,7 @@ _EXECUTIONS = cast(sa.Table, ToolExecution.__table__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PendingRow(_Row):
+class PendingRow(Row):
     """A turn of the tool ledger: its state, when it was begun and resolved, its age in seconds
     (now less ``created_at``), the abandon reason, the seq it goes to (``at_seq``) or went to
     (``committed_seq``), its model, and its calls' executions: how many are in each state
@@ -74,7 +74,7 @@ def _lease_columns(conn: sa.Connection) -> list[sa.Label[Any]]:
         holds = sa.case((lease > sa.func.clock_timestamp(), 1), else_=0)
     else:
         holds = sa.case((sa.func.julianday(lease) > sa.func.julianday("now"), 1), else_=0)
-    return [_raw(conn, lease).label("lease_expires_at"), holds.label("lease_holds")]
+    return [raw_column(conn, lease).label("lease_expires_at"), holds.label("lease_holds")]
 
 
 def pending_turns(
@@ -93,7 +93,7 @@ def pending_turns(
         )
     at = now or datetime.now(UTC)
     t, e = _TURNS.c, _EXECUTIONS.c
-    with _connect(bind, snapshot=True) as conn:
+    with connect(bind, snapshot=True) as conn:
 
         def count(state: str | None) -> sa.ScalarSelect[Any]:
             query = sa.select(sa.func.count()).where(
@@ -110,15 +110,15 @@ def pending_turns(
         )
         query = (
             sa.select(
-                _raw(conn, t.conversation_id).label("conversation_id"),
+                raw_column(conn, t.conversation_id).label("conversation_id"),
                 t.id,
-                _raw(conn, t.state).label("state"),
-                _raw(conn, t.created_at).label("created_at"),
-                _raw(conn, t.resolved_at).label("resolved_at"),
-                _raw(conn, t.reason).label("reason"),
+                raw_column(conn, t.state).label("state"),
+                raw_column(conn, t.created_at).label("created_at"),
+                raw_column(conn, t.resolved_at).label("resolved_at"),
+                raw_column(conn, t.reason).label("reason"),
                 t.at_seq,
                 t.committed_seq,
-                _raw(conn, t.model).label("model"),
+                raw_column(conn, t.model).label("model"),
                 count(None),
                 count("not_started"),
                 count("started"),
@@ -137,16 +137,16 @@ def pending_turns(
             created = as_utc(row[3])
             out.append(
                 PendingRow(
-                    conversation_id=_text(row[0]),
+                    conversation_id=as_text(row[0]),
                     pending_id=int(row[1]),
-                    state=_text(row[2]),
+                    state=as_text(row[2]),
                     created_at=created,
                     resolved_at=as_utc(row[4]),
                     age_seconds=None if created is None else (at - created).total_seconds(),
-                    reason=_opt_text(row[5]),
-                    at_seq=_int(row[6]),
-                    committed_seq=_int(row[7]),
-                    model=_opt_text(row[8]),
+                    reason=as_opt_text(row[5]),
+                    at_seq=as_int(row[6]),
+                    committed_seq=as_int(row[7]),
+                    model=as_opt_text(row[8]),
                     calls=int(row[9]),
                     not_started=int(row[10]),
                     started=int(row[11]),
@@ -154,7 +154,9 @@ def pending_turns(
                     failed=int(row[13]),
                     starts=int(row[14]),
                     lease_expires_at=as_utc(row[15]),
-                    owner=None if _text(row[2]) != "pending" else ("alive" if row[16] else "gone"),
+                    owner=None
+                    if as_text(row[2]) != "pending"
+                    else ("alive" if row[16] else "gone"),
                 )
             )
         return out

@@ -5,12 +5,12 @@
 is an error, never created), PostgreSQL with ``default_transaction_read_only``. Every audit
 function takes a :data:`Bind`: an :class:`~sqlalchemy.engine.Engine` (a connection is opened for
 the call and closed when the result is consumed) or a :class:`~sqlalchemy.engine.Connection`
-(used as it is, inside the caller's transaction); :func:`_connect` is that rule.
+(used as it is, inside the caller's transaction); :func:`connect` is that rule.
 
 **Any committed value can be read.** Rows written with the enforcement off can hold anything
 (SQLite: a blob in a text column, text that is not UTF-8, malformed JSON, a created_at that is
 not a time); one such value never makes a query over the whole store fail. Values are selected
-raw (:func:`_raw`) and read leniently: text stored marked by :mod:`fsm.store.codec` (U+0000, lone
+raw (:func:`raw_column`) and read leniently: text stored marked by :mod:`fsm.store.codec` (U+0000, lone
 surrogates) is decoded, a blob is shown as UTF-8 (errors replaced), a JSON column that is not JSON
 Python can hold exactly is shown as its text, a time that is not one as ``None``.
 """
@@ -41,15 +41,15 @@ from fsm.store.models import Attempt, AttemptCall, Conversation, Message, ToolCa
 #: an engine (a connection is opened per call) or a connection (used as is).
 Bind: TypeAlias = Engine | Connection
 
-_MESSAGES = cast(sa.Table, Message.__table__)
-_CALLS = cast(sa.Table, ToolCallRow.__table__)
-_ATTEMPTS = cast(sa.Table, Attempt.__table__)
-_ATTEMPT_CALLS = cast(sa.Table, AttemptCall.__table__)
-_CONVERSATIONS = cast(sa.Table, Conversation.__table__)
+MESSAGES = cast(sa.Table, Message.__table__)
+CALLS = cast(sa.Table, ToolCallRow.__table__)
+ATTEMPTS = cast(sa.Table, Attempt.__table__)
+ATTEMPT_CALLS = cast(sa.Table, AttemptCall.__table__)
+CONVERSATIONS = cast(sa.Table, Conversation.__table__)
 
-_STATES: Final = tuple(s.value for s in ToolCallState)
-_FAILED_STATES: Final = tuple(s.value for s in FAILED_STATES)
-_PAGE: Final = 1000
+CALL_STATES: Final = tuple(s.value for s in ToolCallState)
+FAILED_STATE_VALUES: Final = tuple(s.value for s in FAILED_STATES)
+PAGE_SIZE: Final = 1000
 
 
 # -- opening a store read-only -----------------------------------------------------------------
@@ -97,7 +97,7 @@ def _one_line(exc: sa.exc.DBAPIError) -> str:
 
 
 @contextmanager
-def _connect(bind: Bind, *, snapshot: bool = False) -> Iterator[Connection]:
+def connect(bind: Bind, *, snapshot: bool = False) -> Iterator[Connection]:
     """A connection for one audit call: the given one, or a new one from an engine (inside one
     transaction; ``snapshot`` asks PostgreSQL for REPEATABLE READ, so every statement sees the
     same commits, as SQLite's transactions always do)."""
@@ -111,7 +111,7 @@ def _connect(bind: Bind, *, snapshot: bool = False) -> Iterator[Connection]:
             yield conn
 
 
-class _Row:
+class Row:
     """The base of the audit's row dataclasses (slotted, frozen): :meth:`as_dict`."""
 
     __slots__ = ()
@@ -122,10 +122,10 @@ class _Row:
 
 
 # -- values read raw ---------------------------------------------------------------------------
-def _raw(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+def raw_column(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
     """``column`` selected as the engine stores it, without the type's result processing (a
     StoredText decode, a JSON parse, a datetime parse, an enum lookup), any of which fails on a
-    value raw SQL wrote; the caller reads it with :func:`_text`, :func:`_json_value` or
+    value raw SQL wrote; the caller reads it with :func:`as_text`, :func:`json_value` or
     :func:`~fsm.store.codec.as_utc`. PostgreSQL gets JSON columns as their text (the driver
     would parse them)."""
     kind = column.type.impl if isinstance(column.type, sa.types.TypeDecorator) else column.type
@@ -134,12 +134,12 @@ def _raw(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[An
     return sa.type_coerce(column, sa.Text)
 
 
-def _raw_as(conn: Connection, **columns: sa.ColumnElement[Any]) -> list[sa.Label[Any]]:
-    """Each column selected raw (:func:`_raw`), labelled with its keyword's name."""
-    return [_raw(conn, column).label(name) for name, column in columns.items()]
+def raw_columns(conn: Connection, **columns: sa.ColumnElement[Any]) -> list[sa.Label[Any]]:
+    """Each column selected raw (:func:`raw_column`), labelled with its keyword's name."""
+    return [raw_column(conn, column).label(name) for name, column in columns.items()]
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
     """A text value read raw, as the string it stands for: a value stored marked by
     :mod:`fsm.store.codec` decoded; a blob (SQLite, raw SQL) decoded as UTF-8 (errors
     replaced); anything else as its ``str``."""
@@ -150,11 +150,11 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _opt_text(value: Any) -> str | None:
-    return None if value is None else _text(value)
+def as_opt_text(value: Any) -> str | None:
+    return None if value is None else as_text(value)
 
 
-def _int(value: Any) -> int | None:
+def as_int(value: Any) -> int | None:
     """``value`` when it is an integer (not a bool), else ``None``."""
     return value if type(value) is int else None
 
@@ -170,15 +170,15 @@ def _no_constant(text: str) -> Any:
     raise ValueError(f"{text} is not JSON")
 
 
-def _json_value(value: Any) -> Any:
-    """A JSON column's value read raw (:func:`_raw`): the value it holds, or its text when that
+def json_value(value: Any) -> Any:
+    """A JSON column's value read raw (:func:`raw_column`): the value it holds, or its text when that
     is not JSON Python can hold exactly (malformed, ``NaN``/``Infinity``, a number beyond a
     double or too long for an int, nested too deep)."""
     if value is None or isinstance(value, bool | int):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
-    text = _text(value)
+    text = as_text(value)
     try:
         parsed = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
     except (ValueError, RecursionError):

@@ -16,25 +16,25 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from fsm.store import models
-from fsm.store.audit.filters import Filters, _time_filters
+from fsm.store.audit.filters import Filters, time_filters
 from fsm.store.audit.read import (
-    _ATTEMPT_CALLS,
-    _ATTEMPTS,
-    _CALLS,
-    _FAILED_STATES,
-    _MESSAGES,
+    ATTEMPT_CALLS,
+    ATTEMPTS,
+    CALLS,
+    FAILED_STATE_VALUES,
+    MESSAGES,
     Bind,
-    _connect,
-    _opt_text,
-    _raw,
-    _Row,
-    _text,
+    Row,
+    as_opt_text,
+    as_text,
+    connect,
+    raw_column,
 )
 
 
 # -- statistics --------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ToolStat(_Row):
+class ToolStat(Row):
     """Calls of one tool: in history, and failed (truncated / aborted) in attempts."""
 
     name: str
@@ -43,7 +43,7 @@ class ToolStat(_Row):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ModelStat(_Row):
+class ModelStat(Row):
     """One model's turns and tokens.
 
     ``turns`` are its assistant messages in history (with or without calls); ``calls`` their
@@ -64,7 +64,7 @@ class ModelStat(_Row):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DayStat(_Row):
+class DayStat(Row):
     """One UTC day: turns and calls of history, incomplete attempts, tokens."""
 
     day: str
@@ -104,14 +104,14 @@ def _turns_query(
 
     Read from the token columns the store writes with each message (migration 0006, which
     backfilled the rows written before it), not from the usage JSON: unfiltered, the query is a
-    scan of ``ix_messages_stats`` alone (SQLite: in (model, day) order, no sort; PostgreSQL: an
+    scan of ``ix_fsm_messages_stats`` alone (SQLite: in (model, day) order, no sort; PostgreSQL: an
     index-only scan aggregated by hash). The columns' checks hold what the store writes (an
     integer from 0 to :data:`TOKEN_MAX`, or NULL); SQLite adds them up with ``total()``, which
     no value fails (raw SQL with the checks off can store anything there, and ``fsm audit
     check`` reports it): a guard per value would double the cost of the scan.
     """
     day = _day(conn, m.c.created_at)
-    model_ = _raw(conn, m.c.model)
+    model_ = raw_column(conn, m.c.model)
     add = sa.func.total if conn.dialect.name == "sqlite" else sa.func.sum
     prompt, completion = m.c.prompt_tokens, m.c.completion_tokens
     return (
@@ -135,7 +135,7 @@ _ASSISTANT: Final[sa.ColumnElement[Any]] = sa.literal_column("'assistant'")
 
 def _day(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
     """A time column's UTC day: SQLite, the first 10 characters of its text (the expression
-    ``ix_messages_stats`` indexes); PostgreSQL, a ``date`` (read as ``YYYY-MM-DD``)."""
+    ``ix_fsm_messages_stats`` indexes); PostgreSQL, a ``date`` (read as ``YYYY-MM-DD``)."""
     if conn.dialect.name == "sqlite":
         # literal bounds: SQLite matches an indexed expression only with the same constants
         return sa.func.substr(
@@ -159,11 +159,11 @@ def stats(
     up from them. Times are the assistant messages' / attempts' ``created_at``, days are UTC.
     """
     f = Filters.of(conversation=conversation, model=model, since=since, until=until)
-    m = _MESSAGES.alias("m")
-    a = _ATTEMPTS.alias("at")
-    t = _CALLS.alias("t")
-    ac = _ATTEMPT_CALLS.alias("ac")
-    with _connect(bind, snapshot=True) as conn:
+    m = MESSAGES.alias("m")
+    a = ATTEMPTS.alias("at")
+    t = CALLS.alias("t")
+    ac = ATTEMPT_CALLS.alias("ac")
+    with connect(bind, snapshot=True) as conn:
         # a literal, as in the partial indexes' WHERE (SQLite uses one only for the same term)
         msg_where: list[sa.ColumnElement[bool]] = [m.c.role == _ASSISTANT]
         att_where: list[sa.ColumnElement[bool]] = []
@@ -173,15 +173,15 @@ def stats(
         if f.model is not None:
             msg_where.append(m.c.model == f.model)
             att_where.append(a.c.model == f.model)
-        msg_where += _time_filters(conn, m.c.created_at, f.since, f.until)
-        att_where += _time_filters(conn, a.c.created_at, f.since, f.until)
+        msg_where += time_filters(conn, m.c.created_at, f.since, f.until)
+        att_where += time_filters(conn, a.c.created_at, f.since, f.until)
 
         turns_query = _turns_query(conn, m, msg_where)
         if conn.dialect.name == "postgresql" and not isinstance(bind, Connection):
             conn.execute(sa.text("SET LOCAL work_mem = '64MB'"))  # aggregate in memory
         turns = list(conn.execute(turns_query).all())
         attempt_day = _day(conn, a.c.created_at)
-        attempt_model = _raw(conn, a.c.model)
+        attempt_model = raw_column(conn, a.c.model)
         incomplete = sa.func.sum(sa.case((a.c.complete, 0), else_=1))
         attempts = conn.execute(
             sa.select(attempt_model, attempt_day, sa.func.count(), incomplete)
@@ -189,7 +189,7 @@ def stats(
             .group_by(attempt_model, attempt_day)
         ).all()
 
-        tool = _raw(conn, t.c.name)
+        tool = raw_column(conn, t.c.name)
         calls_query = sa.select(tool, sa.func.count())
         if len(msg_where) > 1:
             calls_query = calls_query.select_from(
@@ -200,18 +200,18 @@ def stats(
                     ),
                 )
             ).where(*msg_where)
-        per_tool = {_text(k): v for k, v in conn.execute(calls_query.group_by(tool)).all()}
-        failed_tool = _raw(conn, ac.c.name)
+        per_tool = {as_text(k): v for k, v in conn.execute(calls_query.group_by(tool)).all()}
+        failed_tool = raw_column(conn, ac.c.name)
         failed_query = (
             sa.select(failed_tool, sa.func.count())
-            .where(_raw(conn, ac.c.state).in_(_FAILED_STATES))
+            .where(raw_column(conn, ac.c.state).in_(FAILED_STATE_VALUES))
             .group_by(failed_tool)
         )
         if att_where:
             failed_query = failed_query.select_from(ac.join(a, a.c.id == ac.c.attempt_id)).where(
                 *att_where
             )
-        per_tool_failed = {_text(k): v for k, v in conn.execute(failed_query).all()}
+        per_tool_failed = {as_text(k): v for k, v in conn.execute(failed_query).all()}
 
     def n(value: Any) -> int:
         if isinstance(value, float) and not math.isfinite(value):
@@ -225,8 +225,8 @@ def stats(
     for model_name, day_text, count, n_calls, p, c, tt, bad_usage in turns:
         unreadable_usage += n(bad_usage)
         for bucket in (
-            by_model.setdefault(_opt_text(model_name), [0] * 7),
-            by_day.setdefault(_text(day_text), [0] * 7),
+            by_model.setdefault(as_opt_text(model_name), [0] * 7),
+            by_day.setdefault(as_text(day_text), [0] * 7),
         ):
             bucket[0] += n(count)
             bucket[1] += n(n_calls)
@@ -235,8 +235,8 @@ def stats(
             bucket[6] += n(tt)
     for model_name, day_text, count, bad in attempts:
         for bucket in (
-            by_model.setdefault(_opt_text(model_name), [0] * 7),
-            by_day.setdefault(_text(day_text), [0] * 7),
+            by_model.setdefault(as_opt_text(model_name), [0] * 7),
+            by_day.setdefault(as_text(day_text), [0] * 7),
         ):
             bucket[2] += n(count)
             bucket[3] += n(bad)
