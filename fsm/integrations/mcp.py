@@ -51,7 +51,7 @@ from typing import Any
 
 from fsm.agent.errors import ToolError
 from fsm.agent.tools import tool
-from fsm.errors import FsmError
+from fsm.integrations.errors import IntegrationError
 from fsm.types import FunctionDefinition, ToolDefinition
 
 __all__ = ["McpTool", "McpTools", "McpToolsError", "mcp_tools", "result_text"]
@@ -62,7 +62,7 @@ _API_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _MAX_PAGES = 1000
 
 
-class McpToolsError(FsmError):
+class McpToolsError(IntegrationError):
     """The MCP session's tools cannot be used as the agent loop's tools (the message says
     why: ``mcp`` is not installed, a tool's name is not one the APIs take, two tools share a
     name)."""

@@ -47,6 +47,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast
 
 from fsm.errors import FsmError, RemoteProtocolError
+from fsm.integrations.errors import FrameworkMissingError, IntegrationError
 from fsm.parser import Limits, ParseResult, StreamParser
 from fsm.store.errors import ConversationNotFoundError, StoreError
 from fsm.store.ledger import Outcome, PendingTurn
@@ -91,17 +92,13 @@ _HOP_BY_HOP = frozenset(
 )
 
 
-class ProxyError(FsmError):
+class ProxyError(IntegrationError):
     """Base class of the recording proxy's errors."""
 
 
 class ProxyHistoryError(ProxyError):
     """The request's messages do not continue the recorded conversation (the client dropped,
     edited or reordered history, or did not answer the pending turn's tool calls)."""
-
-
-class FrameworkMissingError(ProxyError, ImportError):
-    """Starlette is not installed: ``pip install 'fsm-toolcalls[proxy]'``."""
 
 
 class _Upstream(Protocol):
@@ -118,9 +115,7 @@ def _anyio() -> Any:
     try:
         import anyio
     except ImportError as exc:  # pragma: no cover - starlette depends on anyio
-        raise FrameworkMissingError(
-            f"the recording proxy needs Starlette ({exc}): pip install 'fsm-toolcalls[proxy]'"
-        ) from exc
+        raise FrameworkMissingError("Starlette", "proxy", str(exc)) from exc
     return anyio
 
 
@@ -387,9 +382,7 @@ def recording_response(
     try:
         from starlette.responses import StreamingResponse
     except ImportError as exc:
-        raise FrameworkMissingError(
-            f"recording_response needs Starlette ({exc}): pip install 'fsm-toolcalls[proxy]'"
-        ) from exc
+        raise FrameworkMissingError("Starlette", "proxy", str(exc)) from exc
     response = cast(Any, upstream)
     status = int(response.status_code)
     headers = {k: v for k, v in response.headers.items() if k.lower() not in _HOP_BY_HOP}

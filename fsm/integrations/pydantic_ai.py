@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Final
 
-from fsm.errors import FsmError
+from fsm.integrations.errors import FrameworkMissingError
 
 if TYPE_CHECKING:
     from fsm.integrations.pydantic_ai_store import (
@@ -59,12 +59,11 @@ _LAZY: Final = frozenset(
 )
 
 
-class PydanticAIMissingError(FsmError, ImportError):
+class PydanticAIMissingError(FrameworkMissingError):
     """pydantic-ai (``pydantic-ai-slim``) is not installed; the message names the extra."""
 
     def __init__(self, cause: BaseException | None = None) -> None:
-        why = f" ({cause})" if cause is not None else ""
-        super().__init__(f"fsm.integrations.pydantic_ai needs pydantic-ai{why}: {INSTALL}")
+        super().__init__("pydantic-ai", "pydantic-ai", "" if cause is None else str(cause))
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic_ai import messages as pm
 from pydantic_ai.exceptions import UserError
 
-from fsm.errors import FsmError
+from fsm.integrations.errors import IntegrationError
 from fsm.store import PendingTurn
 
 __all__ = [
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 
-class UnstorableMessageError(FsmError, UserError):
+class UnstorableMessageError(IntegrationError, UserError):
     """A message part that Chat Completions history cannot hold (a file, a built-in tool's
     call, ...): nothing was written."""
 

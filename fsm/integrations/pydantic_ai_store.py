@@ -43,7 +43,8 @@ from pydantic_ai.tools import DeferredToolRequests
 from pydantic_ai.usage import RunUsage
 
 from fsm.completion import parse_completion
-from fsm.errors import FsmError
+from fsm.integrations import errors
+from fsm.integrations.errors import IntegrationError
 from fsm.integrations.pydantic_ai_messages import (
     UnstorableMessageError,
     as_completion,
@@ -82,7 +83,7 @@ _LOST_RACE: Final = (
 )
 
 
-class RevisionConflictError(FsmError, ConversationConflict):
+class RevisionConflictError(IntegrationError, ConversationConflict):
     """The conversation changed in fsm's store since it was loaded: its revision (fsm's next
     seq) is stale, and the save wrote nothing. It is pydantic-ai's ``ConversationConflict``:
     load the conversation again and retry."""
@@ -102,7 +103,7 @@ class RevisionConflictError(FsmError, ConversationConflict):
         self.args = (self.message,)
 
 
-class HistoryRewriteError(FsmError, UserError):
+class HistoryRewriteError(errors.HistoryRewriteError, UserError):
     """What fsm cannot do: rewrite a stored history (``branch``, a save whose earlier messages
     differ from the stored ones). fsm's history only grows; ``fork`` copies into a new
     conversation instead."""
@@ -111,7 +112,7 @@ class HistoryRewriteError(FsmError, UserError):
         UserError.__init__(self, message)
 
 
-class ScopeNotSupportedError(FsmError, UserError):
+class ScopeNotSupportedError(IntegrationError, UserError):
     """``scope=`` was given: fsm's conversations have no owner field."""
 
     def __init__(self, method: str) -> None:

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fsm.errors import FsmError, RemoteProtocolError
+from fsm.errors import RemoteProtocolError
 from fsm.events import (
     ContentDelta,
     Event,
@@ -47,6 +47,7 @@ from fsm.events import (
     ToolCallTruncated,
     ToolCallUpdated,
 )
+from fsm.integrations.errors import IntegrationError
 from fsm.parser import Limits, StreamParser
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ def _protocol_reason(reason: str) -> str:
     return reason if reason in _FINISH_REASONS.values() or reason == "error" else "other"
 
 
-class UIMessageStreamError(FsmError):
+class UIMessageStreamError(IntegrationError):
     """A part asked of the encoder out of the protocol's order (a part after the message
     finished, a tool output for a call the message never showed)."""
 
