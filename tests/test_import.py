@@ -113,7 +113,9 @@ def test_the_command_line_starts_without_the_store() -> None:
     assert not [m for m in fsm_modules if m.startswith(("fsm.store", "fsm.web", "fsm.agent"))]
     assert "click" in loaded
     assert [m for m in _heavy(loaded) if m.split(".")[0] != "click"] == []
-    assert len(fsm_modules) <= 30, fsm_modules
+    # the CLI's modules and the parser's (the core is split by concern: formats/core, chat,
+    # responses, anthropic, auto, shapes, vocab...): 38 today; more means something new loads
+    assert len(fsm_modules) <= 40, fsm_modules
 
 
 def test_the_lazy_packages_export_what_they_declare() -> None:

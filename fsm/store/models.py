@@ -221,6 +221,23 @@ ATTEMPT_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 SQLITE_ROWID_KEY = "fsm_sqlite_rowid_key"
 
 
+def create_all(connection: sa.Connection) -> None:
+    """Create fsm's tables (and, on PostgreSQL, the functions their checks use) at head.
+
+    ``Base.metadata.create_all`` on PostgreSQL adds the foreign key that closes the
+    messages <-> tool_calls cycle (``use_alter``) with an ``ALTER TABLE``, and SQLAlchemy's
+    ``AddConstraint`` marks that constraint object "not inline" for good; a later create on SQLite
+    in the same process (which has no ``ALTER ... ADD CONSTRAINT`` and writes every constraint
+    inline) would then leave the key out, silently. Each constraint's rule is put back after."""
+    constraints = [c for table in Base.metadata.tables.values() for c in table.constraints]
+    rules = [c._create_rule for c in constraints]
+    try:
+        Base.metadata.create_all(connection)
+    finally:
+        for constraint, rule in zip(constraints, rules, strict=True):
+            constraint._create_rule = rule
+
+
 @compiles(sa.PrimaryKeyConstraint, "sqlite")
 def _sqlite_rowid_key(constraint: sa.PrimaryKeyConstraint, compiler: Any, **kw: Any) -> str:
     """SQLite: a table whose ``info`` has :data:`SQLITE_ROWID_KEY` gets ``PRIMARY KEY (rowid
