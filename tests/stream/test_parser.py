@@ -1,4 +1,10 @@
-"""Each rule of shared/spec/parser.md, with a small stream of its own."""
+"""The parser's contract: each rule of shared/spec/parser.md, with a small stream of its own.
+
+The place to start. The rest of the parser's tests are beside this file: the rules at the edges
+(test_parser_edges.py), the machines and the ending table (test_states.py), the three formats
+(test_formats.py), splits and cuts (test_splits.py, test_cut_streams.py), limits and hostile
+input (test_limits.py, test_bad_input.py, test_hostile.py), the real recordings (test_corpus.py,
+test_formats_corpus.py)."""
 
 from __future__ import annotations
 

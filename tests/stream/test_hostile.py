@@ -1,4 +1,4 @@
-"""Hostile input: every entry of ``tests/hostile_catalog.py`` gets its documented outcome.
+"""Hostile input: every entry of ``tests/stream/hostile_catalog.py`` gets its documented outcome.
 
 Small cases run in-process, fed whole and again in 7-byte pieces (the outcome must not depend
 on how the bytes arrive). The resource attacks (100 MB events, a million events) run in a
@@ -25,11 +25,7 @@ from fsm import (
     ToolCallState,
 )
 from tests.helpers import child_json, strict_json
-
-try:
-    from tests import hostile_catalog as catalog
-except ModuleNotFoundError:  # plain `pytest`: the repository root is not on sys.path
-    import hostile_catalog as catalog  # type: ignore[import-not-found,no-redef]
+from tests.stream import hostile_catalog as catalog
 
 SPLIT_UP_TO = 200_000  # bytes: cases up to this size are also fed in 7-byte pieces
 
@@ -230,7 +226,7 @@ def test_api_misuse_after_hostile_input_is_local() -> None:
 CHILD = textwrap.dedent(
     """
     import collections, ctypes, gc, json, resource, sys, time
-    from tests import hostile_catalog as catalog
+    from tests.stream import hostile_catalog as catalog
     from fsm import Limits, RemoteProtocolError, StreamParser
 
     def status_kib(key):

@@ -1,7 +1,7 @@
-"""Parser rules added in round 2 (shared/spec/parser.md): the error event, blank names and ids,
-``finish_reason: tool_calls`` with no call, the stream-level end in every output, storable
-values, ``fsm parse`` on unusable input, and no exception outside the documented classes for
-any input."""
+"""The parser's rules at the edges (shared/spec/parser.md, "Rules added in round 2"): the error
+event, blank names and ids, ``finish_reason: tool_calls`` with no call, the stream-level end in
+every output, storable values, ``fsm parse`` on unusable input, and no exception outside the
+documented classes for any input."""
 
 from __future__ import annotations
 

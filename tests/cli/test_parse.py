@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from fsm.cli.main import cli
 from tests.helpers import chunk, sse, tc
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "fsm" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "fsm" / "examples"
 
 
 def run(args: list[str], stdin: bytes | None = None) -> tuple[int, str, str]:

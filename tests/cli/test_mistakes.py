@@ -7,7 +7,7 @@ a traceback or an "internal error" are asserted. Ctrl-C is sent as a real SIGINT
 whose stdin pipe is still open. The Python API's own mistakes (the store constructors given a
 path, a bad URL, a missing driver) follow.
 
-``FSM_MISTAKES_TABLE=PATH pytest tests/test_mistakes.py`` also writes the catalog as a Markdown
+``FSM_MISTAKES_TABLE=PATH pytest tests/cli/test_mistakes.py`` also writes the catalog as a Markdown
 table (mistake | message (first line) | exit status) to ``PATH``, from the runs themselves.
 """
 

@@ -1,5 +1,5 @@
-"""Small parser holes of issue 26 (finding 9): a turn is complete, and a call executable, only
-when the stream says so."""
+"""A turn is complete, and a call executable, only when the stream says so (the parser holes of
+issue 26, finding 9: Responses ``response.incomplete``, a reused output or block index)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A catalog of malformed and hostile streams, each with its documented outcome, as data.
 
-``CASES`` are small enough to run in-process (``tests/test_hostile.py`` feeds each one whole and
+``CASES`` are small enough to run in-process (``tests/stream/test_hostile.py`` feeds each one whole and
 in small pieces, and checks the outcome). ``BIG`` are the resource attacks (100 MB events, a
 million events): each names a generator of 1 MiB-or-smaller pieces, and the test runs it in a
 subprocess that measures peak RSS and time.

@@ -31,7 +31,7 @@ import sqlalchemy as sa
 
 from fsm.store import ConversationStore
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: real processes killed at every point: CI runs them in its own step (pytest -m slow)
 pytestmark = pytest.mark.slow

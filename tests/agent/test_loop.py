@@ -378,7 +378,7 @@ def test_max_turns(kind: str, fsm_db_url: str) -> None:
 def test_another_writer_mid_stream_is_a_conflict(fsm_db_url: str) -> None:
     """Every commit names the seq its request was built from: a write in between is caught.
     The tools had run: the turn is recorded as an attempt with their results, and the
-    TurnFailedError says so (tests/test_agent_commit_failures.py tries every other failure)."""
+    TurnFailedError says so (tests/agent/test_commit_failures.py tries every other failure)."""
     with ConversationStore(fsm_db_url) as other, ReplayServer(demo_script()) as server:
         other.create_conversation("conv")
 

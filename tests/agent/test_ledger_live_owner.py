@@ -34,7 +34,7 @@ import sqlalchemy as sa
 from fsm.store import ConversationStore, TurnInProgressError
 from tests.helpers.agent import FINAL, MODEL, USER
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
 import json, os, sys, time

@@ -42,7 +42,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 
 EXPORTER = InMemorySpanExporter()
 READER = InMemoryMetricReader()
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -663,7 +663,7 @@ import openai
 from fsm.agent import run_agent_loop
 from fsm.store import ConversationStore
 from fsm.testing import ReplayServer, demo_script
-from tests.test_telemetry import TOOLS, USER
+from tests.agent.test_telemetry import TOOLS, USER
 with ReplayServer(demo_script(["6912", "408"])) as server, ConversationStore(
     "sqlite:///" + sys.argv[1], auto_upgrade=True
 ) as store:

@@ -1,7 +1,7 @@
 """The worst inputs for the parser's memory and time at its default limits (round 2).
 
 Each generator yields SSE bytes in pieces (fed to ``receive_data`` in 64 KiB reads by
-``tests/test_limits.py``, in a subprocess that measures peak RSS). The bounds and the measured
+``tests/stream/test_limits.py``, in a subprocess that measures peak RSS). The bounds and the measured
 figures are in the README ("Limits" / "Worst-case memory").
 """
 

@@ -232,7 +232,7 @@ def test_tool_specs_in_each_api_shape() -> None:
 
 @pytest.mark.parametrize("fmt", ["responses", "anthropic"])
 def test_fsm_demo_runs_offline_in_each_format(fmt: str, tmp_path: Path) -> None:
-    """On SQLite only: the demo's store code is the same as chat's, which test_demo.py runs on
+    """On SQLite only: the demo's store code is the same as chat's, which tests/cli/test_demo.py runs on
     both engines."""
     from click.testing import CliRunner
 

@@ -1,6 +1,6 @@
 """Round 2 limits: names, ids, the whole stream, JSON depth; linear appends, compact text, and
 peak RSS at the default limits (in a subprocess, for the worst inputs of
-``tests/worst_inputs.py``)."""
+``tests/stream/worst_inputs.py``)."""
 
 from __future__ import annotations
 
@@ -412,7 +412,7 @@ def test_ids_and_names_keep_split_surrogates_as_sent() -> None:
 CHILD = textwrap.dedent(
     """
     import ctypes, gc, json, sys, time
-    from tests.worst_inputs import WORST
+    from tests.stream.worst_inputs import WORST
     from fsm import StreamParser
 
     def peak_kib():
@@ -461,7 +461,7 @@ CHILD = textwrap.dedent(
 @pytest.mark.parametrize("worst", ["many-calls", "name-fragments", "tiny-content", "wide-text",
                                    "deep-arguments"])  # fmt: skip
 def test_peak_rss_at_the_default_limits(worst: str) -> None:
-    from tests.worst_inputs import WORST
+    from tests.stream.worst_inputs import WORST
 
     case = WORST[worst]
     out = child_json(CHILD, worst, timeout=case.max_seconds * 4 + 60)

@@ -93,7 +93,7 @@ def test_final_states_have_no_way_out() -> None:
 def test_manual_diagram_is_generated_from_the_machine() -> None:
     """The manual's state diagram is generated from the machine at each build (docs/_ext:
     ``_generated/state-diagram.md``, included by docs/reference/states.md): it cannot go stale."""
-    docs = Path(__file__).resolve().parents[1] / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     page = (docs / "reference" / "states.md").read_text()
     assert "```{include} ../_generated/state-diagram.md" in page
     assert "stateDiagram-v2" not in page  # no hand-made copy beside it
@@ -247,7 +247,7 @@ def test_stream_states() -> None:
 
 
 def test_manual_ending_table_is_generated_from_the_table() -> None:
-    docs = Path(__file__).resolve().parents[1] / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     page = (docs / "reference" / "states.md").read_text()
     assert "```{include} ../_generated/ending-table.md" in page
     assert ending_table().splitlines()[2] not in page  # no hand-made copy beside it
@@ -317,7 +317,7 @@ def test_the_stream_follows_its_table() -> None:
 def test_manual_stream_diagram_and_stop_signals_are_generated() -> None:
     from fsm.states import stop_signal_table, stream_diagram
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "states.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "states.md").read_text()
     assert "```{include} ../_generated/stream-diagram.md" in page
     assert "```{include} ../_generated/stop-signals.md" in page
     assert stop_signal_table().splitlines()[2] not in page  # no hand-made copy beside it

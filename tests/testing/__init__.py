@@ -1,0 +1,1 @@
+"""fsm.testing: the replay server, and the pytest plugin as a user gets it."""
