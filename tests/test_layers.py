@@ -52,6 +52,8 @@ LAYERS: list[tuple[str, ...]] = [
         "fsm.telemetry",
         "fsm.replay",
         "fsm.replay_formats",
+        "fsm.replay_script",
+        "fsm.replay_checks",
         "fsm.testing",
         "fsm.pytest_plugin",
         "fsm.store",
