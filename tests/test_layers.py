@@ -49,6 +49,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("fsm.formats", "fsm.parser", "fsm.api", "fsm.completion", "fsm.__init__", "fsm.__about__"),
     (
         "fsm.clients",
+        "fsm.telemetry_otel",
+        "fsm.telemetry_chat",
         "fsm.telemetry",
         "fsm.replay",
         "fsm.replay_formats",

@@ -20,7 +20,6 @@ MAX_LINES = 800
 EXEMPT = frozenset({"fsm/store/models.py"})
 #: modules over the limit still to split, with their line count when the limit came in
 NOT_YET_SPLIT: dict[str, int] = {
-    "fsm/telemetry.py": 843,
     "fsm/store/aio.py": 811,
 }
 
