@@ -49,9 +49,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("fsm.formats", "fsm.parser", "fsm.api", "fsm.completion", "fsm.__init__", "fsm.__about__"),
     (
         "fsm.clients",
+        "fsm.telemetry_otel",
+        "fsm.telemetry_chat",
         "fsm.telemetry",
         "fsm.replay",
         "fsm.replay_formats",
+        "fsm.replay_script",
+        "fsm.replay_checks",
         "fsm.testing",
         "fsm.pytest_plugin",
         "fsm.store",

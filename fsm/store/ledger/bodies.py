@@ -1,0 +1,531 @@
+"""The tool ledger's transaction bodies (:mod:`fsm.store.ledger`): begin, pending, claim, renew, release, started, finished, commit, abandon; one transaction each, run by the facades."""
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from fsm.parser import Turn
+from fsm.store import plans
+from fsm.store.errors import (
+    ConversationNotFoundError,
+    IdempotencyMismatchError,
+    LedgerStateError,
+    PendingTurnError,
+    StoreError,
+)
+from fsm.store.history import (
+    CommittedTurn,
+    StoreCoreLike,
+    WriteState,
+    check_expected,
+    read_history,
+    require_conversation,
+)
+from fsm.store.ledger.statements import (
+    built_turn,
+    db_now,
+    execution_of,
+    lease_params,
+    lease_until,
+    live_owner,
+    load,
+    set_lease,
+    step_statement,
+    utc,
+)
+from fsm.store.ledger.types import DEFAULT_LEASE, PendingTurn, Recording, plan_result
+from fsm.store.models import PendingTurnRow, ToolExecution
+from fsm.store.render import stored_items
+from fsm.toolcall import ToolCall
+
+if TYPE_CHECKING:
+    pass
+
+
+def _same_turn(pending: PendingTurn, turn: Turn, key: str | None) -> bool:
+    stored = pending.to_message()
+    given = dict(turn.to_message())
+    return (
+        stored == given
+        and pending.idempotency_key == key
+        and pending.reasoning == turn.reasoning
+        and pending.model == turn.model
+        and (pending.response_id or None) == (turn.response_id or None)
+        and pending.choice == turn.index
+    )
+
+
+def begin_body(
+    core: StoreCoreLike,
+    conn: Connection,
+    conversation_id: str,
+    turn: Turn,
+    calls: Sequence[ToolCall],
+    idempotency_key: str | None,
+    expected_seq: int | None,
+    owner: str | None = None,
+    lease: float = DEFAULT_LEASE,
+    start: int | None = None,
+) -> PendingTurn:
+    """Store ``turn`` as the conversation's pending turn owned by ``owner`` (or return it if
+    this ``owner`` already began it; the same turn begun by an owner whose lease ran out is
+    taken over, one whose lease holds raises :class:`~fsm.store.errors.TurnInProgressError`),
+    and start call ``start`` in the same transaction (not on a turn taken over)."""
+    owner = owner or secrets.token_hex(16)
+    if core.postgres:  # the conversation's row lock first: its writers queue here
+        require_conversation(conn, conversation_id, lock=True)
+    # one query says whether this is the common case (a new turn: no pending turn, no earlier
+    # commit of it); the others read what they need after it
+    params: dict[str, Any] = {"c": conversation_id}
+    if idempotency_key is not None:
+        same, params["key"] = "key", idempotency_key
+    elif turn.response_id:
+        same, params["response_id"], params["choice"] = "response", turn.response_id, turn.index
+    else:
+        same = "none"
+    row = tuple(conn.execute(step_statement("begin_" + same, core.postgres), params).one())
+    if not core.postgres:
+        if row[0] is None:
+            raise ConversationNotFoundError(conversation_id)
+        row = row[1:]
+    pending_id, done_id, last_seq, slots_left = row
+    existing = None if pending_id is None else load(conn, conversation_id, None, lock=core.postgres)
+    if existing is not None:
+        if _same_turn(existing, turn, idempotency_key):
+            if existing.owner != owner:  # not this begin retried: another request's turn
+                live_owner(core, conn, existing)
+                set_lease(core, conn, existing, owner, lease)
+            found = load(conn, conversation_id, existing.id)
+            assert found is not None
+            if existing.owner == owner and start is not None:
+                return _start(core, conn, found, start, lease)
+            return found
+        raise PendingTurnError(
+            conversation_id,
+            existing.id,
+            existing.at_seq,
+            f"pending turn {existing.id} is another turn: one turn at a time per conversation; "
+            "resume or abandon it first",
+        )
+    if done_id is not None:
+        # a begin retried after its turn was committed: the same turn, committed
+        found = load(conn, conversation_id, int(done_id))
+        assert found is not None
+        if not _same_turn(found, turn, idempotency_key):
+            raise IdempotencyMismatchError(
+                f"conversation {conversation_id!r} already committed a different turn "
+                f"through the ledger under this response id / idempotency key (pending turn "
+                f"{found.id}): use a new idempotency key for a new turn"
+            )
+        return found
+    with core.reading(conversation_id):
+        seq = WriteState(None, None, last_seq, slots_left).next_seq()
+    check_expected(conversation_id, expected_seq, seq)
+    n = len(calls)
+    inserted = conn.execute(
+        step_statement("insert_turn", core.postgres),
+        {
+            **lease_params(core, lease),
+            "conversation_id": conversation_id,
+            "state": "pending",
+            "owner": owner,
+            "at_seq": seq,
+            "content": turn.content,
+            "reasoning": turn.reasoning,
+            "refusal": turn.refusal,
+            "model": turn.model,
+            "response_id": turn.response_id or None,
+            "choice": turn.index,
+            "finish_reason": turn.finish_reason,
+            "usage": plans.json_safe(turn.usage),
+            "idempotency_key": idempotency_key,
+            "n_calls": n,
+            **dict(zip(("format", "provider_items"), stored_items(turn), strict=True)),
+        },
+    ).one()
+    pending_id = inserted._mapping["id"]
+    executions: Sequence[Any] = []
+    if n:
+        executions = conn.execute(
+            step_statement("insert_executions"),
+            [
+                {
+                    "conversation_id": conversation_id,
+                    "pending_id": pending_id,
+                    "position": p,
+                    "pending_n_calls": n,
+                    **plans.call_columns(call),
+                    "legacy": call.legacy,
+                    "state": "not_started",
+                    "starts": 0,
+                }
+                for p, call in enumerate(calls)
+            ],
+        ).all()
+    found = built_turn(conversation_id, inserted._mapping, executions)
+    # the INSERT gave it its lease: starting the call needs no renewal
+    return found if start is None else _start(core, conn, found, start, None)
+
+
+def pending_body(conn: Connection, conversation_id: str) -> PendingTurn | None:
+    """The conversation's pending turn, or ``None``."""
+    found = load(conn, conversation_id, None)
+    if found is None:
+        require_conversation(conn, conversation_id)
+    return found
+
+
+def _owned(
+    core: StoreCoreLike,
+    conn: Connection,
+    pending: PendingTurn,
+    *,
+    resolved_ok: bool = False,
+    conversation_lock: bool = True,
+) -> PendingTurn:
+    """The stored state of ``pending`` under the conversation's lock (``conversation_lock``;
+    else under its own row's lock: a step that records a call changes nothing the
+    conversation's other writers read); raises unless it is still pending and ``pending``'s
+    owner still owns it."""
+    if not isinstance(pending, PendingTurn):
+        raise TypeError(
+            f"a ledger step takes the PendingTurn of begin()/claim(), not {type(pending).__name__}"
+        )
+    if conversation_lock and core.postgres:  # SQLite: BEGIN IMMEDIATE took the database's
+        require_conversation(conn, pending.conversation_id, lock=True)
+    stored = load(conn, pending.conversation_id, pending.id, lock=core.postgres)
+    if stored is None:
+        require_conversation(conn, pending.conversation_id)  # the conversation is gone: say so
+        raise LedgerStateError(
+            f"conversation {pending.conversation_id!r} has no pending turn {pending.id} (it was "
+            "deleted with its conversation)"
+        )
+    if stored.state != "pending" and not resolved_ok:
+        raise LedgerStateError(
+            f"pending turn {stored.id} of conversation {stored.conversation_id!r} is already "
+            f"{stored.state}" + (f" ({stored.reason})" if stored.reason else "") + ": nothing to "
+            "record"
+        )
+    if stored.state == "pending" and stored.owner != pending.owner:
+        raise PendingTurnError(
+            stored.conversation_id,
+            stored.id,
+            stored.at_seq,
+            f"pending turn {stored.id} was claimed by another process since this handle was "
+            "taken: it resumes the turn; read store.pending() again before acting",
+        )
+    return stored
+
+
+def _renewed(
+    core: StoreCoreLike, conn: Connection, pending: PendingTurn, lease: float
+) -> PendingTurn:
+    """The stored state of ``pending`` with its owner's lease renewed (see :func:`_owned`,
+    which raises unless it is still pending and ``pending``'s owner owns it): one UPDATE that
+    renews the lease of a turn still pending and owned and reads its row back, then its
+    executions."""
+    if isinstance(pending, PendingTurn):
+        keys = {"c": pending.conversation_id, "p": pending.id}
+        row = conn.execute(
+            step_statement("renew", core.postgres),
+            {**keys, "holder": pending.owner, **lease_params(core, lease)},
+        ).first()
+        if row is not None:
+            executions = conn.execute(step_statement("executions"), keys).all()
+            return built_turn(pending.conversation_id, row._mapping, executions)
+    # not pending or not ours: _owned raises and says which (should it find the turn owned
+    # after all, the lease is renewed the long way)
+    stored = _owned(core, conn, pending, conversation_lock=False)
+    set_lease(core, conn, stored, stored.owner, lease)
+    found = load(conn, stored.conversation_id, stored.id)
+    assert found is not None
+    return found
+
+
+def claim_body(
+    core: StoreCoreLike, conn: Connection, pending: PendingTurn, lease: float = DEFAULT_LEASE
+) -> PendingTurn:
+    """Make the caller the owner of ``pending`` (with ``pending.claim_token``) if nobody
+    claimed it since it was read and its owner's lease has run out; a claim retried with the
+    same handle returns the turn it claimed."""
+    if not isinstance(pending, PendingTurn):
+        raise TypeError(f"claim() takes a PendingTurn, not {type(pending).__name__}")
+    require_conversation(conn, pending.conversation_id, lock=core.postgres)
+    stored = load(conn, pending.conversation_id, pending.id, lock=core.postgres)
+    if stored is not None and stored.state == "pending" and stored.owner == pending.claim_token:
+        # this very claim, retried (its COMMIT's answer was lost): it is ours
+        set_lease(core, conn, stored, stored.owner, lease)
+    else:
+        if stored is not None and stored.state == "pending":
+            live_owner(core, conn, stored)  # its owner is alive: it keeps its turn
+        _owned(core, conn, pending)  # raises: resolved, gone, or claimed by another since
+        set_lease(core, conn, pending, pending.claim_token, lease)
+    found = load(conn, pending.conversation_id, pending.id)
+    assert found is not None
+    return found
+
+
+def renew_body(
+    core: StoreCoreLike, conn: Connection, pending: PendingTurn, lease: float = DEFAULT_LEASE
+) -> datetime:
+    """Move the owner's lease on to now + ``lease``; the new end of the lease."""
+    if isinstance(pending, PendingTurn):
+        row = conn.execute(
+            step_statement("renew", core.postgres),
+            {
+                "c": pending.conversation_id,
+                "p": pending.id,
+                "holder": pending.owner,
+                **lease_params(core, lease),
+            },
+        ).first()
+        if row is not None:
+            found = utc(row._mapping["lease_expires_at"])
+            assert found is not None
+            return found
+    _owned(core, conn, pending, conversation_lock=False)  # raises: not pending, or not ours
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def release_body(core: StoreCoreLike, conn: Connection, pending: PendingTurn) -> PendingTurn:
+    """End the owner's lease now (it stays the owner until someone claims the turn)."""
+    stored = _owned(core, conn, pending, conversation_lock=False)
+    p = PendingTurnRow
+    conn.execute(
+        sa.update(p)
+        .where(p.conversation_id == stored.conversation_id, p.id == stored.id)
+        .values(lease_expires_at=lease_until(core, 0.0))
+    )
+    found = load(conn, stored.conversation_id, stored.id)
+    assert found is not None
+    return found
+
+
+def _where(pending: PendingTurn, position: int) -> sa.ColumnElement[bool]:
+    e = ToolExecution
+    return sa.and_(
+        e.conversation_id == pending.conversation_id,
+        e.pending_id == pending.id,
+        e.position == position,
+    )
+
+
+def _with(
+    stored: PendingTurn, position: int, row: Any, lease: datetime | None = None
+) -> PendingTurn:
+    """``stored`` with call ``position``'s execution read from ``row`` (an UPDATE's
+    RETURNING), and its lease when given: no second read of the turn."""
+    executions = list(stored.executions)
+    executions[position] = execution_of(row._mapping)
+    return replace(
+        stored,
+        executions=tuple(executions),
+        lease_expires_at=lease if lease is not None else stored.lease_expires_at,
+    )
+
+
+def _start(
+    core: StoreCoreLike, conn: Connection, stored: PendingTurn, position: int, lease: float | None
+) -> PendingTurn:
+    """Mark call ``position`` started by ``stored``'s owner (a no-op if it already is) and
+    renew the lease (``None``: ``stored``'s lease was just renewed by this transaction)."""
+    ex = stored.executions[position]
+    if ex.finished:
+        raise LedgerStateError(
+            f"call {position} ({ex.call.name}) of pending turn {stored.id} already {ex.state}: "
+            "it is not started again; its recorded outcome is reused"
+        )
+    keys = {"c": stored.conversation_id, "p": stored.id}
+    if lease is None:
+        until = stored.lease_expires_at
+    else:
+        until = utc(
+            conn.execute(
+                step_statement("lease", core.postgres), {**keys, **lease_params(core, lease)}
+            ).scalar()
+        )
+    if ex.state == "started" and ex.started_by == stored.owner:
+        return replace(stored, lease_expires_at=until)  # a retry after a lost acknowledgement
+    row = conn.execute(
+        step_statement("start"), {**keys, "pos": position, "owner": stored.owner}
+    ).one()
+    return _with(stored, position, row, until)
+
+
+def _finish(conn: Connection, stored: PendingTurn, recording: Recording) -> PendingTurn:
+    """Record an outcome on ``stored`` (a no-op if the same one is recorded)."""
+    position, outcome, text, parts = recording
+    ex = stored.executions[position]
+    given: str | list[Any] | None = parts if parts is not None else text
+    if ex.finished:
+        recorded = ex.result if ex.state == "succeeded" else ex.error
+        if ex.state == outcome and recorded == given:
+            return stored  # a retry after a lost acknowledgement
+        raise LedgerStateError(
+            f"call {position} ({ex.call.name}) of pending turn {stored.id} already {ex.state} "
+            f"with another {'result' if ex.state == 'succeeded' else 'error'}: an outcome is "
+            "recorded once; abandon the turn to start over"
+        )
+    if ex.state != "started":
+        raise LedgerStateError(
+            f"call {position} ({ex.call.name}) of pending turn {stored.id} was never started: "
+            "record started() before the tool runs"
+        )
+    succeeded = outcome == "succeeded"
+    row = conn.execute(
+        step_statement("finish"),
+        {
+            "c": stored.conversation_id,
+            "p": stored.id,
+            "pos": position,
+            "state": outcome,
+            "result": text if succeeded else None,
+            "parts": parts if succeeded else None,
+            "error": None if succeeded else text,
+        },
+    ).one()
+    return _with(stored, position, row)
+
+
+def started_body(
+    core: StoreCoreLike,
+    conn: Connection,
+    pending: PendingTurn,
+    position: int,
+    lease: float = DEFAULT_LEASE,
+    recording: Recording | None = None,
+) -> PendingTurn:
+    """Record that the owner starts call ``position`` (a no-op if this owner already did), and
+    renew its lease: the tool starts with a whole lease ahead. ``recording``: an outcome to
+    record first, in the same transaction (the previous tool's)."""
+    stored = _renewed(core, conn, pending, lease)
+    if recording is not None:
+        stored = _finish(conn, stored, recording)
+    return _start(core, conn, stored, position, None)
+
+
+def finished_body(
+    core: StoreCoreLike,
+    conn: Connection,
+    pending: PendingTurn,
+    position: int,
+    outcome: Literal["succeeded", "failed"],
+    text: str | None,
+    parts: list[Any] | None,
+) -> PendingTurn:
+    """Record call ``position``'s outcome (a no-op if the same one is recorded)."""
+    stored = _owned(core, conn, pending, conversation_lock=False)
+    return _finish(conn, stored, (position, outcome, text, parts))
+
+
+def commit_recording_body(
+    core: StoreCoreLike, conn: Connection, pending: PendingTurn, recording: Recording
+) -> tuple[CommittedTurn | None, BaseException | None]:
+    """Record ``recording`` (the last tool's outcome), then commit the turn in a savepoint of
+    the same transaction: the committed turn, or the commit's error with the outcome still
+    recorded (the caller commits the transaction, then raises it)."""
+    stored = _owned(core, conn, pending, resolved_ok=True)
+    if stored.state == "pending" and stored.owner == pending.owner:
+        stored = _finish(conn, stored, recording)
+    try:
+        with conn.begin_nested():
+            return _commit_stored(core, conn, pending, stored), None
+    except (StoreError, sa.exc.IntegrityError, sa.exc.DataError) as exc:
+        return None, exc
+
+
+def commit_body(core: StoreCoreLike, conn: Connection, pending: PendingTurn) -> CommittedTurn:
+    """Move the pending turn and its outcomes into history (or return the stored turn)."""
+    return _commit_stored(core, conn, pending, _owned(core, conn, pending, resolved_ok=True))
+
+
+def _commit_stored(
+    core: StoreCoreLike, conn: Connection, pending: PendingTurn, stored: PendingTurn
+) -> CommittedTurn:
+    if stored.state == "committed":
+        assert stored.committed_seq is not None
+        return CommittedTurn(
+            stored.conversation_id,
+            stored.committed_seq,
+            cast(
+                "list[Any]",
+                read_history(
+                    conn,
+                    stored.conversation_id,
+                    turn_at=stored.committed_seq,
+                    include_reasoning=False,
+                ),
+            ),
+            False,
+        )
+    if stored.state == "abandoned":
+        raise LedgerStateError(
+            f"pending turn {stored.id} of conversation {stored.conversation_id!r} was abandoned "
+            f"({stored.reason}): it cannot be committed; ask the model again"
+        )
+    if stored.owner != pending.owner:
+        _owned(core, conn, pending)  # raises PendingTurnError
+    unfinished = [e for e in stored.executions if not e.finished]
+    if unfinished:
+        raise LedgerStateError(
+            f"pending turn {stored.id} of conversation {stored.conversation_id!r} cannot be "
+            "committed: "
+            + ", ".join(f"call {e.call.position} ({e.call.name}) is {e.state}" for e in unfinished)
+            + "; record each call's outcome first"
+        )
+    contents = [
+        plan_result(e.call, {"content": e.content} if isinstance(e.content, list) else e.content)
+        for e in stored.executions
+    ]
+    plan = plans.TurnPlan(
+        cast(Turn, stored),
+        cast("list[ToolCall]", stored.calls),
+        contents,
+        stored.to_message(),
+        stored.format or "chat",
+        stored.provider_items,
+    )
+    done = core.commit_turn(
+        conn,
+        stored.conversation_id,
+        plan,
+        stored.at_seq,
+        stored.idempotency_key,
+        ledger=True,
+    )
+    conn.execute(
+        step_statement("resolve"), {"c": stored.conversation_id, "p": stored.id, "seq": done.seq}
+    )
+    return done
+
+
+def abandon_body(
+    core: StoreCoreLike, conn: Connection, pending: PendingTurn, reason: str
+) -> PendingTurn:
+    """Keep the pending turn for audit only (a no-op if it was abandoned for ``reason``)."""
+    stored = _owned(core, conn, pending, resolved_ok=True)
+    if stored.state == "abandoned" and stored.reason == reason:
+        return stored
+    if stored.state != "pending":
+        raise LedgerStateError(
+            f"pending turn {stored.id} of conversation {stored.conversation_id!r} is already "
+            f"{stored.state}" + (f" ({stored.reason})" if stored.reason else "")
+        )
+    if stored.owner != pending.owner:
+        _owned(core, conn, pending)  # raises PendingTurnError
+    conn.execute(
+        sa.update(PendingTurnRow)
+        .where(
+            PendingTurnRow.conversation_id == stored.conversation_id,
+            PendingTurnRow.id == stored.id,
+        )
+        .values(state="abandoned", reason=reason, resolved_at=db_now())
+    )
+    found = load(conn, stored.conversation_id, stored.id)
+    assert found is not None
+    return found
