@@ -35,7 +35,6 @@ from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool
 
-import fsm.store.models as fsm_models
 import fsm.store.partitions as fsm_partitions
 from fsm.store.engine import WRITE, create_engine, normalize_url, store_schema
 from fsm.store.errors import StoreLayoutError
@@ -216,7 +215,7 @@ def _run(connection: Connection) -> None:
             fsm_partitions.create_at_head(connection, schema, partitions)
             context.get_context().stamp(context.script, "head")
         elif _new_at_head():
-            fsm_models.create_all(connection)
+            target_metadata.create_all(connection)
             context.get_context().stamp(context.script, "head")
         else:
             if context.get_context().get_current_revision() is None:

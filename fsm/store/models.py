@@ -221,21 +221,23 @@ ATTEMPT_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 SQLITE_ROWID_KEY = "fsm_sqlite_rowid_key"
 
 
-def create_all(connection: sa.Connection) -> None:
-    """Create fsm's tables (and, on PostgreSQL, the functions their checks use) at head.
+class AlterForeignKey(sa.ForeignKeyConstraint):
+    """A ``use_alter`` foreign key whose "create inline" rule cannot be switched off.
 
-    ``Base.metadata.create_all`` on PostgreSQL adds the foreign key that closes the
-    messages <-> tool_calls cycle (``use_alter``) with an ``ALTER TABLE``, and SQLAlchemy's
-    ``AddConstraint`` marks that constraint object "not inline" for good; a later create on SQLite
-    in the same process (which has no ``ALTER ... ADD CONSTRAINT`` and writes every constraint
-    inline) would then leave the key out, silently. Each constraint's rule is put back after."""
-    constraints = [c for table in Base.metadata.tables.values() for c in table.constraints]
-    rules = [c._create_rule for c in constraints]
-    try:
-        Base.metadata.create_all(connection)
-    finally:
-        for constraint, rule in zip(constraints, rules, strict=True):
-            constraint._create_rule = rule
+    On PostgreSQL, ``create_all`` adds such a key with an ``ALTER TABLE``, and SQLAlchemy's
+    ``AddConstraint`` then marks the constraint object "not inline" for good (its
+    ``_create_rule``). SQLite has no ``ALTER ... ADD CONSTRAINT`` and writes every key inline, so
+    any later ``CREATE TABLE`` of the model on SQLite in the same process (``create_all``, the
+    0009 migration's copy) left the key out without a word. The rule stays ``None`` here:
+    PostgreSQL still adds the key by ``ALTER`` (``use_alter``), SQLite still writes it inline."""
+
+    @property
+    def _create_rule(self) -> None:
+        return None
+
+    @_create_rule.setter
+    def _create_rule(self, value: object) -> None:
+        pass
 
 
 @compiles(sa.PrimaryKeyConstraint, "sqlite")
@@ -518,7 +520,7 @@ class Message(Base):
             ["fsm_messages.conversation_id", "fsm_messages.seq", "fsm_messages.slots_left"],
             name="fk_fsm_messages_prev",
         ),
-        sa.ForeignKeyConstraint(
+        AlterForeignKey(
             ["conversation_id", "assistant_seq", "call_position", "tool_call_id"],
             [
                 "fsm_tool_calls.conversation_id",

@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 
 from fsm.store.errors import StoreLayoutError
 from fsm.store.migrate import VERSION_TABLE
-from fsm.store.models import Base, Conversation, create_all
+from fsm.store.models import Base, Conversation
 
 __all__ = ["PARTITION_KEYS", "create_at_head", "partition_count", "partition_names", "prepare"]
 
@@ -104,7 +104,7 @@ def create_at_head(connection: Connection, schema: str | None, partitions: int) 
     for table, opts in zip(tables, options, strict=True):
         opts["partition_by"] = f"HASH ({PARTITION_KEYS[table.name]})"
     try:
-        create_all(connection)
+        Base.metadata.create_all(connection)
     finally:
         for opts, value in zip(options, saved, strict=True):
             opts["partition_by"] = value
