@@ -706,7 +706,7 @@ def test_rotten_file_is_found_by_the_check_and_the_reads(
 ) -> None:
     result = outcome("4 KiB flipped in a table's root page", "sqlite")
     assert fsm_cli("audit", "check", "--db", f"sqlite:///{healthy}").returncode == 0
-    copy, root = rotten_copy(healthy, tmp_path, "messages")
+    copy, root = rotten_copy(healthy, tmp_path, "fsm_messages")
     result.injected += 1
     url = f"sqlite:///{copy}"
     started = time.monotonic()

@@ -112,7 +112,7 @@ def test_commit_writes_the_columns_and_the_backfill_computes_the_same(
     downgrade(empty_url, "0005_tool_ledger")
     engine = sa.create_engine(empty_url, poolclass=sa.pool.NullPool)
     try:
-        columns = {c["name"] for c in sa.inspect(engine).get_columns("messages")}
+        columns = {c["name"] for c in sa.inspect(engine).get_columns("fsm_messages")}
     finally:
         engine.dispose()
     assert not columns & set(COLUMNS)
@@ -137,7 +137,7 @@ def test_stats_reads_the_index_alone(db_url: sa.URL, engine_name: str) -> None:
     engine = sa.create_engine(db_url, poolclass=sa.pool.NullPool)
     if engine_name == "postgresql":  # an index-only scan needs the visibility map
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.exec_driver_sql("VACUUM messages")
+            conn.exec_driver_sql("VACUUM fsm_messages")
     with engine.begin() as conn:
         query = _turns_query(conn, m, [m.c.role == "assistant"])
         sql = str(query.compile(conn, compile_kwargs={"literal_binds": True}))

@@ -26,7 +26,7 @@ from fsm.store import ConversationStore, upgrade
 from tests.helpers.store import empty_database, make_turn, pg_partitions
 
 GROWN = 20_000
-TABLES = ("fsm_conversations", "fsm_messages", "tool_calls")
+TABLES = ("fsm_conversations", "fsm_messages", "fsm_tool_calls")
 AUTO_EXPLAIN = (
     "LOAD 'auto_explain'",
     "SET auto_explain.log_min_duration = 0",
@@ -57,7 +57,7 @@ def _explain(conn: psycopg.Connection[Any], notices: list[str]) -> None:
 
 def _seq_scans(notices: list[str]) -> set[str]:
     return set(
-        re.findall(r"Seq Scan on ((?:messages|tool_calls|conversations)\w*)", "\n".join(notices))
+        re.findall(r"Seq Scan on (fsm_(?:messages|tool_calls|conversations)\w*)", "\n".join(notices))
     )
 
 
@@ -135,7 +135,7 @@ def test_foreign_key_checks_stay_index_probes_on_a_grown_table(pg_url: sa.URL) -
         theirs: list[str] = []
         _explain(bare, theirs)
         _bare_turn(bare, 16 + GROWN)
-        assert any(t.startswith("messages") for t in _seq_scans(theirs)), theirs
+        assert any(t.startswith("fsm_messages") for t in _seq_scans(theirs)), theirs
 
 
 def test_a_commit_is_few_statements(store: ConversationStore) -> None:
