@@ -57,7 +57,9 @@ def _explain(conn: psycopg.Connection[Any], notices: list[str]) -> None:
 
 def _seq_scans(notices: list[str]) -> set[str]:
     return set(
-        re.findall(r"Seq Scan on (fsm_(?:messages|tool_calls|conversations)\w*)", "\n".join(notices))
+        re.findall(
+            r"Seq Scan on (fsm_(?:messages|tool_calls|conversations)\w*)", "\n".join(notices)
+        )
     )
 
 
