@@ -222,6 +222,22 @@ def _owned(
     return stored
 
 
+def _renew(core: StoreCoreLike, conn: Connection, pending: object, lease: float) -> Any:
+    """The owner's lease renewed by one UPDATE, the turn's row read back; ``None`` when
+    ``pending`` is not a :class:`PendingTurn` still pending and owned by its owner."""
+    if not isinstance(pending, PendingTurn):
+        return None
+    return conn.execute(
+        step_statement("renew", core.postgres),
+        {
+            "c": pending.conversation_id,
+            "p": pending.id,
+            "holder": pending.owner,
+            **lease_params(core, lease),
+        },
+    ).first()
+
+
 def _renewed(
     core: StoreCoreLike, conn: Connection, pending: PendingTurn, lease: float
 ) -> PendingTurn:
@@ -229,15 +245,11 @@ def _renewed(
     which raises unless it is still pending and ``pending``'s owner owns it): one UPDATE that
     renews the lease of a turn still pending and owned and reads its row back, then its
     executions."""
-    if isinstance(pending, PendingTurn):
+    row = _renew(core, conn, pending, lease)
+    if row is not None:
         keys = {"c": pending.conversation_id, "p": pending.id}
-        row = conn.execute(
-            step_statement("renew", core.postgres),
-            {**keys, "holder": pending.owner, **lease_params(core, lease)},
-        ).first()
-        if row is not None:
-            executions = conn.execute(step_statement("executions"), keys).all()
-            return built_turn(pending.conversation_id, row._mapping, executions)
+        executions = conn.execute(step_statement("executions"), keys).all()
+        return built_turn(pending.conversation_id, row._mapping, executions)
     # not pending or not ours: _owned raises and says which (should it find the turn owned
     # after all, the lease is renewed the long way)
     stored = _owned(core, conn, pending, conversation_lock=False)
@@ -274,20 +286,11 @@ def renew_body(
     core: StoreCoreLike, conn: Connection, pending: PendingTurn, lease: float = DEFAULT_LEASE
 ) -> datetime:
     """Move the owner's lease on to now + ``lease``; the new end of the lease."""
-    if isinstance(pending, PendingTurn):
-        row = conn.execute(
-            step_statement("renew", core.postgres),
-            {
-                "c": pending.conversation_id,
-                "p": pending.id,
-                "holder": pending.owner,
-                **lease_params(core, lease),
-            },
-        ).first()
-        if row is not None:
-            found = utc(row._mapping["lease_expires_at"])
-            assert found is not None
-            return found
+    row = _renew(core, conn, pending, lease)
+    if row is not None:
+        found = utc(row._mapping["lease_expires_at"])
+        assert found is not None
+        return found
     _owned(core, conn, pending, conversation_lock=False)  # raises: not pending, or not ours
     raise AssertionError("unreachable")  # pragma: no cover
 
