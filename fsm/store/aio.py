@@ -528,7 +528,11 @@ class AsyncConversationStore(AsyncLedgerMethods):
         lock = None if self._core.postgres else self._writers
         if lock is not None:
             try:
-                await asyncio.wait_for(lock.acquire(), self._busy_timeout)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the lock when
+                # the acquire completes just as the task is cancelled, and the cancellation is
+                # lost (a heartbeat cancelled then ran on forever)
+                async with asyncio.timeout(self._busy_timeout):
+                    await lock.acquire()
             except TimeoutError:
                 raise StoreBusyError(
                     f"the database {self._core.url} stayed locked by another writer of this "

@@ -345,6 +345,32 @@ def test_cancelled_write_leaves_nothing(url: str) -> None:
     run(body())
 
 
+def test_a_cancel_that_meets_the_lock_handed_over_is_not_lost(db_url: sa.URL) -> None:
+    """SQLite: a writer cancelled in the very loop step its turn at the store's lock comes is
+    cancelled, and the lock passes on (with ``asyncio.wait_for`` on Python 3.11 the cancellation
+    was lost there: a heartbeat, cancelled just so, ran on forever)."""
+    if db_url.get_backend_name() != "sqlite":
+        pytest.skip("the in-process writers' lock is SQLite's")
+
+    async def body() -> None:
+        async with AsyncConversationStore(db_url) as store:
+            cid = await store.create_conversation()
+            lock = store._writers  # the lock the store's writers take in turn
+            await lock.acquire()
+            writer = asyncio.create_task(store.append(cid, [USER]))
+            for _ in range(5):  # the writer now waits for the lock
+                await asyncio.sleep(0)
+            lock.release()  # its turn comes ...
+            await asyncio.sleep(0)  # ... is handed to it ...
+            writer.cancel()  # ... and it is cancelled before it runs again
+            with pytest.raises(asyncio.CancelledError):
+                await writer
+            assert await store.history(cid) == []
+            assert await store.append(cid, [USER]) == 1  # the lock was not kept
+
+    run(body())
+
+
 def test_a_writer_that_waits_too_long_gets_a_retryable_busy_error(db_url: sa.URL) -> None:
     """SQLite: the wait happens in aiosqlite's thread, then the same typed error as the sync
     store's (PostgreSQL writers wait on a row lock instead)."""

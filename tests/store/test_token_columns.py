@@ -112,7 +112,8 @@ def test_commit_writes_the_columns_and_the_backfill_computes_the_same(
     downgrade(empty_url, "0005_tool_ledger")
     engine = sa.create_engine(empty_url, poolclass=sa.pool.NullPool)
     try:
-        columns = {c["name"] for c in sa.inspect(engine).get_columns("fsm_messages")}
+        # before 0009_fsm_prefix the table had its unprefixed name
+        columns = {c["name"] for c in sa.inspect(engine).get_columns("messages")}
     finally:
         engine.dispose()
     assert not columns & set(COLUMNS)
