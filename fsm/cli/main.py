@@ -62,6 +62,10 @@ _NO_ARGS_IS_HELP: type[click.UsageError] = getattr(
 )
 
 
+def _ignore_unraisable(_unraisable: Any) -> None:
+    """An ``unraisablehook`` that prints nothing (set once Ctrl-C ended the command)."""
+
+
 def _quiet_stdout() -> None:
     """Point standard output at the null device, so that the interpreter's last flush of what
     is still buffered does not fail again on the closed pipe (Python's documented recipe)."""
@@ -108,6 +112,9 @@ class FsmGroup(click.Group):
             sys.exit(exc.exit_code)
         except (click.Abort, KeyboardInterrupt):
             click.echo("error: interrupted (Ctrl-C): nothing more was done", err=True)
+            # an object the interrupt left half built (an SDK client caught in its __init__)
+            # may fail in its __del__ as the interpreter exits: that is no news to the user
+            sys.unraisablehook = _ignore_unraisable
             sys.exit(EXIT_INTERRUPTED)
         sys.exit(code if isinstance(code, int) else 0)
 

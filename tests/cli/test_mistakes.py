@@ -868,6 +868,30 @@ def test_ctrl_c_on_ingest_stdin_records_the_partial_turn_and_exits_130(
     )
 
 
+def test_ctrl_c_says_one_line_even_when_it_left_an_object_half_built(tmp_path: Path) -> None:
+    """Ctrl-C in a command as an SDK client was being built (its ``__del__`` then fails as the
+    interpreter exits, "Exception ignored in ..."): still the one line and exit status 130."""
+    script = tmp_path / "half_built.py"
+    script.write_text(
+        "from fsm.cli.main import cli\n"
+        "class HalfBuilt:\n"
+        "    def __del__(self):\n"
+        "        raise AttributeError('no attribute _state')\n"
+        "@cli.command('half-built')\n"
+        "def half_built():\n"
+        "    global kept\n"
+        "    kept = HalfBuilt()\n"
+        "    raise KeyboardInterrupt\n"
+        "cli.main(['half-built'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, env=repo_env(), timeout=TIMEOUT
+    )
+    assert done.returncode == 130, done.stderr
+    lines = [line for line in done.stderr.decode().splitlines() if line.strip()]
+    assert lines == ["error: interrupted (Ctrl-C): nothing more was done"], done.stderr
+
+
 def test_ctrl_c_in_any_command_exits_130(tmp_path: Path) -> None:
     """``fsm demo`` with a slow replay: SIGINT once it started streaming."""
     env = repo_env()
