@@ -33,12 +33,17 @@ __all__ = [
     "CALL_NOT_FINISHED",
     "CALL_STOPS",
     "ENDINGS",
+    "EXECUTION_OUTCOMES",
+    "EXECUTION_STATES",
+    "EXECUTION_TRANSITIONS",
     "FAILED_STATES",
     "FINAL_EVENTS",
     "FINAL_STATES",
     "FINISH_CLASSES",
     "ITEM_EOF",
     "KNOWN_FINISH_REASONS",
+    "LEDGER_TURN_STATES",
+    "LEDGER_TURN_TRANSITIONS",
     "MACHINE",
     "MISSING_NAME",
     "NORMAL_ENDS",
@@ -58,7 +63,10 @@ __all__ = [
     "ToolCallState",
     "ending",
     "ending_table",
+    "execution_next",
     "fire",
+    "ledger_diagram",
+    "ledger_turn_next",
     "mermaid_diagram",
     "stop_ending",
     "stop_signal_table",
@@ -468,4 +476,82 @@ def stop_signal_table() -> str:
             calls = "by the arguments" if row.trigger is None else row.trigger
             reason = "-" if row.trigger is None else f"`{row.reason}`"
             lines.append(f"| {format} | {signal} | {calls} | {reason} |")
+    return "\n".join(lines) + "\n"
+
+
+# -- the tool ledger's machines (a pending turn, one call's execution) ---------------------------
+
+#: A pending turn's states (``PendingTurn.state``, ``fsm_pending_turns.state``): ``pending``,
+#: waiting for its tools (at most one per conversation); ``committed`` into history;
+#: ``abandoned``, kept for audit only.
+LEDGER_TURN_STATES: Final = ("pending", "committed", "abandoned")
+
+#: A pending turn's transitions as ``(trigger, sources, destination)``: this list *is* the
+#: machine (the ledger's steps check it through :func:`ledger_turn_next`; the manual's diagram,
+#: :func:`ledger_diagram`, and the tests are built from it). The steps that record a call
+#: (``start``, ``succeed``, ``fail``) and move its owner's lease (``claim``, ``renew``,
+#: ``release``) leave it ``pending``; every step needs it ``pending``, except a ``commit`` or an
+#: ``abandon`` retried after its acknowledgement was lost, which returns the turn as it is.
+LEDGER_TURN_TRANSITIONS: Final[tuple[tuple[str, tuple[str, ...], str], ...]] = (
+    ("claim", ("pending",), "pending"),
+    ("renew", ("pending",), "pending"),
+    ("release", ("pending",), "pending"),
+    ("record", ("pending",), "pending"),
+    ("commit", ("pending",), "committed"),
+    ("abandon", ("pending",), "abandoned"),
+)
+
+#: One call's execution states (``CallExecution.state``, ``fsm_tool_executions.state``):
+#: never started; ``started`` (the tool may have run); and its recorded outcome.
+EXECUTION_STATES: Final = ("not_started", "started", "succeeded", "failed")
+
+#: The outcomes a call's execution ends in: what ``commit`` needs of every call.
+EXECUTION_OUTCOMES: Final = ("succeeded", "failed")
+
+#: A call's execution transitions as ``(trigger, sources, destination)``: this list *is* the
+#: machine (checked through :func:`execution_next`). ``start`` again from ``started``: the same
+#: owner retrying (a no-op) or a new owner after a claim, which runs the tool again (``starts``
+#: counts them); an outcome is recorded once, after a start (the same outcome again is a
+#: retry, a no-op).
+EXECUTION_TRANSITIONS: Final[tuple[tuple[str, tuple[str, ...], str], ...]] = (
+    ("start", ("not_started", "started"), "started"),
+    ("succeed", ("started",), "succeeded"),
+    ("fail", ("started",), "failed"),
+)
+
+_LEDGER_NEXT: Final[dict[str, dict[tuple[str, str], str]]] = {
+    name: {(source, trigger): dest for trigger, sources, dest in table for source in sources}
+    for name, table in (
+        ("turn", LEDGER_TURN_TRANSITIONS),
+        ("execution", EXECUTION_TRANSITIONS),
+    )
+}
+
+
+def ledger_turn_next(state: str, trigger: str) -> str | None:
+    """A pending turn's state after ``trigger`` from ``state``
+    (:data:`LEDGER_TURN_TRANSITIONS`), or ``None`` when the state does not allow it."""
+    return _LEDGER_NEXT["turn"].get((state, trigger))
+
+
+def execution_next(state: str, trigger: str) -> str | None:
+    """A call execution's state after ``trigger`` from ``state``
+    (:data:`EXECUTION_TRANSITIONS`), or ``None`` when the state does not allow it."""
+    return _LEDGER_NEXT["execution"].get((state, trigger))
+
+
+def ledger_diagram(machine: str) -> str:
+    """The tool ledger's ``"turn"`` or ``"execution"`` machine as Mermaid ``stateDiagram-v2``
+    text, built from its transitions (the manual shows both, generated at each build)."""
+    states, table = {
+        "turn": (LEDGER_TURN_STATES, LEDGER_TURN_TRANSITIONS),
+        "execution": (EXECUTION_STATES, EXECUTION_TRANSITIONS),
+    }[machine]
+    lines = ["stateDiagram-v2", f"    [*] --> {states[0]}"]
+    for trigger, sources, dest in table:
+        for source in sources:
+            lines.append(f"    {source} --> {dest}: {trigger}")
+    for state in states:
+        if not any(state in sources for _, sources, _ in table):
+            lines.append(f"    {state} --> [*]")
     return "\n".join(lines) + "\n"

@@ -148,13 +148,21 @@ def exit_status_page() -> str:
 
 def generated_pages() -> dict[str, str]:
     """Every generated include, by file name."""
-    from fsm.states import ending_table, mermaid_diagram, stop_signal_table, stream_diagram
+    from fsm.states import (
+        ending_table,
+        ledger_diagram,
+        mermaid_diagram,
+        stop_signal_table,
+        stream_diagram,
+    )
 
     return {
         "state-diagram.md": f"```{{mermaid}}\n{mermaid_diagram()}```\n",
         "ending-table.md": ending_table() + "\n",
         "stream-diagram.md": f"```{{mermaid}}\n{stream_diagram()}```\n",
         "stop-signals.md": stop_signal_table() + "\n",
+        "ledger-turn-diagram.md": f"```{{mermaid}}\n{ledger_diagram('turn')}```\n",
+        "ledger-execution-diagram.md": f"```{{mermaid}}\n{ledger_diagram('execution')}```\n",
         "exit-status.md": exit_status_page(),
     }
 

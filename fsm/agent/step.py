@@ -48,7 +48,7 @@ from fsm.agent.tools import Tool, function_tool, is_idempotent, refusal, tool_sp
 from fsm.clients import CANCELLED
 from fsm.errors import FsmError
 from fsm.parser import ParseResult, StreamParser, Turn
-from fsm.states import ending
+from fsm.states import EXECUTION_OUTCOMES, ending
 from fsm.toolcall import ToolCall
 
 #: The APIs the loop speaks.
@@ -415,7 +415,7 @@ def ledger_plan(
     plan: list[tuple[int, Any, str | None]] = []
     for position, execution in enumerate(pending.executions):
         call = execution.call
-        if execution.state in ("succeeded", "failed"):
+        if execution.state in EXECUTION_OUTCOMES:
             plan.append((position, call, execution.content))
         elif (
             execution.state == "not_started"

@@ -85,7 +85,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from fsm.states import ToolCallState
+from fsm.states import EXECUTION_STATES as _EXECUTION_STATES
+from fsm.states import LEDGER_TURN_STATES, ToolCallState
 from fsm.store.codec import StoredJSON, StoredText
 
 __all__ = [
@@ -797,9 +798,9 @@ class AttemptCall(Base):
 
 #: ``fsm_pending_turns.state``: waiting for its tools (at most one per conversation), moved into
 #: history by ``commit``, or kept for audit only by ``abandon``.
-PENDING_STATES = ("pending", "committed", "abandoned")
+PENDING_STATES = LEDGER_TURN_STATES
 #: ``fsm_tool_executions.state``: never started, started (the tool may have run), and its outcome.
-EXECUTION_STATES = ("not_started", "started", "succeeded", "failed")
+EXECUTION_STATES = _EXECUTION_STATES
 
 PENDING_TURN_TYPES: dict[str, list[str]] = {
     "ints": ["id", "at_seq", "n_calls"],

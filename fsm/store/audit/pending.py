@@ -10,6 +10,7 @@ from typing import Any, Final, cast
 
 import sqlalchemy as sa
 
+from fsm.states import LEDGER_TURN_STATES
 from fsm.store.audit.read import Bind, Row, as_int, as_opt_text, as_text, connect, raw_column
 from fsm.store.codec import as_utc
 from fsm.store.errors import InvalidFilterError
@@ -17,8 +18,8 @@ from fsm.store.models import PendingTurnRow, ToolExecution
 
 __all__ = ["LEDGER_STATES", "PendingRow", "pending_turns"]
 
-#: the states of a ledger turn.
-LEDGER_STATES: Final = ("pending", "committed", "abandoned")
+#: the states of a ledger turn (:data:`fsm.states.LEDGER_TURN_STATES`).
+LEDGER_STATES: Final = LEDGER_TURN_STATES
 
 _TURNS = cast(sa.Table, PendingTurnRow.__table__)
 _EXECUTIONS = cast(sa.Table, ToolExecution.__table__)

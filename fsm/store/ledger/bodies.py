@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from fsm.parser import Turn
+from fsm.states import EXECUTION_OUTCOMES, execution_next, ledger_turn_next
 from fsm.store import plans
 from fsm.store.errors import (
     ConversationNotFoundError,
@@ -184,14 +185,16 @@ def _owned(
     core: StoreCoreLike,
     conn: Connection,
     pending: PendingTurn,
+    step: str,
     *,
-    resolved_ok: bool = False,
     conversation_lock: bool = True,
 ) -> PendingTurn:
     """The stored state of ``pending`` under the conversation's lock (``conversation_lock``;
     else under its own row's lock: a step that records a call changes nothing the
-    conversation's other writers read); raises unless it is still pending and ``pending``'s
-    owner still owns it."""
+    conversation's other writers read); raises unless its state allows ``step`` (a trigger of
+    :data:`~fsm.states.LEDGER_TURN_TRANSITIONS`) and ``pending``'s owner still owns it. A
+    step that resolves the turn (``commit``, ``abandon``) finds it resolved without raising:
+    its body tells a retry from a refusal."""
     if not isinstance(pending, PendingTurn):
         raise TypeError(
             f"a ledger step takes the PendingTurn of begin()/claim(), not {type(pending).__name__}"
@@ -205,7 +208,7 @@ def _owned(
             f"conversation {pending.conversation_id!r} has no pending turn {pending.id} (it was "
             "deleted with its conversation)"
         )
-    if stored.state != "pending" and not resolved_ok:
+    if ledger_turn_next(stored.state, step) is None and not _resolves(step):
         raise LedgerStateError(
             f"pending turn {stored.id} of conversation {stored.conversation_id!r} is already "
             f"{stored.state}" + (f" ({stored.reason})" if stored.reason else "") + ": nothing to "
@@ -220,6 +223,17 @@ def _owned(
             "taken: it resumes the turn; read store.pending() again before acting",
         )
     return stored
+
+
+def _resolves(step: str) -> bool:
+    """Whether ``step`` takes a pending turn out of ``pending``."""
+    return ledger_turn_next("pending", step) not in (None, "pending")
+
+
+def _already(stored: PendingTurn, step: str) -> bool:
+    """Whether ``stored`` is already where ``step`` leads (it resolved the turn): ``step``
+    retried after its acknowledgement was lost."""
+    return _resolves(step) and stored.state == ledger_turn_next("pending", step)
 
 
 def _renew(core: StoreCoreLike, conn: Connection, pending: object, lease: float) -> Any:
@@ -252,7 +266,7 @@ def _renewed(
         return built_turn(pending.conversation_id, row._mapping, executions)
     # not pending or not ours: _owned raises and says which (should it find the turn owned
     # after all, the lease is renewed the long way)
-    stored = _owned(core, conn, pending, conversation_lock=False)
+    stored = _owned(core, conn, pending, "renew", conversation_lock=False)
     set_lease(core, conn, stored, stored.owner, lease)
     found = load(conn, stored.conversation_id, stored.id)
     assert found is not None
@@ -275,7 +289,7 @@ def claim_body(
     else:
         if stored is not None and stored.state == "pending":
             live_owner(core, conn, stored)  # its owner is alive: it keeps its turn
-        _owned(core, conn, pending)  # raises: resolved, gone, or claimed by another since
+        _owned(core, conn, pending, "claim")  # raises: resolved, gone, or claimed since
         set_lease(core, conn, pending, pending.claim_token, lease)
     found = load(conn, pending.conversation_id, pending.id)
     assert found is not None
@@ -291,13 +305,13 @@ def renew_body(
         found = utc(row._mapping["lease_expires_at"])
         assert found is not None
         return found
-    _owned(core, conn, pending, conversation_lock=False)  # raises: not pending, or not ours
+    _owned(core, conn, pending, "renew", conversation_lock=False)  # raises: not pending/ours
     raise AssertionError("unreachable")  # pragma: no cover
 
 
 def release_body(core: StoreCoreLike, conn: Connection, pending: PendingTurn) -> PendingTurn:
     """End the owner's lease now (it stays the owner until someone claims the turn)."""
-    stored = _owned(core, conn, pending, conversation_lock=False)
+    stored = _owned(core, conn, pending, "release", conversation_lock=False)
     p = PendingTurnRow
     conn.execute(
         sa.update(p)
@@ -338,7 +352,7 @@ def _start(
     """Mark call ``position`` started by ``stored``'s owner (a no-op if it already is) and
     renew the lease (``None``: ``stored``'s lease was just renewed by this transaction)."""
     ex = stored.executions[position]
-    if ex.finished:
+    if execution_next(ex.state, "start") is None:
         raise LedgerStateError(
             f"call {position} ({ex.call.name}) of pending turn {stored.id} already {ex.state}: "
             "it is not started again; its recorded outcome is reused"
@@ -365,7 +379,7 @@ def _finish(conn: Connection, stored: PendingTurn, recording: Recording) -> Pend
     position, outcome, text, parts = recording
     ex = stored.executions[position]
     given: str | list[Any] | None = parts if parts is not None else text
-    if ex.finished:
+    if ex.state in EXECUTION_OUTCOMES:
         recorded = ex.result if ex.state == "succeeded" else ex.error
         if ex.state == outcome and recorded == given:
             return stored  # a retry after a lost acknowledgement
@@ -374,19 +388,20 @@ def _finish(conn: Connection, stored: PendingTurn, recording: Recording) -> Pend
             f"with another {'result' if ex.state == 'succeeded' else 'error'}: an outcome is "
             "recorded once; abandon the turn to start over"
         )
-    if ex.state != "started":
+    state = execution_next(ex.state, "succeed" if outcome == "succeeded" else "fail")
+    if state is None:
         raise LedgerStateError(
             f"call {position} ({ex.call.name}) of pending turn {stored.id} was never started: "
             "record started() before the tool runs"
         )
-    succeeded = outcome == "succeeded"
+    succeeded = state == "succeeded"
     row = conn.execute(
         step_statement("finish"),
         {
             "c": stored.conversation_id,
             "p": stored.id,
             "pos": position,
-            "state": outcome,
+            "state": state,
             "result": text if succeeded else None,
             "parts": parts if succeeded else None,
             "error": None if succeeded else text,
@@ -422,7 +437,7 @@ def finished_body(
     parts: list[Any] | None,
 ) -> PendingTurn:
     """Record call ``position``'s outcome (a no-op if the same one is recorded)."""
-    stored = _owned(core, conn, pending, conversation_lock=False)
+    stored = _owned(core, conn, pending, "record", conversation_lock=False)
     return _finish(conn, stored, (position, outcome, text, parts))
 
 
@@ -432,7 +447,7 @@ def commit_recording_body(
     """Record ``recording`` (the last tool's outcome), then commit the turn in a savepoint of
     the same transaction: the committed turn, or the commit's error with the outcome still
     recorded (the caller commits the transaction, then raises it)."""
-    stored = _owned(core, conn, pending, resolved_ok=True)
+    stored = _owned(core, conn, pending, "commit")
     if stored.state == "pending" and stored.owner == pending.owner:
         stored = _finish(conn, stored, recording)
     try:
@@ -444,13 +459,13 @@ def commit_recording_body(
 
 def commit_body(core: StoreCoreLike, conn: Connection, pending: PendingTurn) -> CommittedTurn:
     """Move the pending turn and its outcomes into history (or return the stored turn)."""
-    return _commit_stored(core, conn, pending, _owned(core, conn, pending, resolved_ok=True))
+    return _commit_stored(core, conn, pending, _owned(core, conn, pending, "commit"))
 
 
 def _commit_stored(
     core: StoreCoreLike, conn: Connection, pending: PendingTurn, stored: PendingTurn
 ) -> CommittedTurn:
-    if stored.state == "committed":
+    if _already(stored, "commit"):
         assert stored.committed_seq is not None
         return CommittedTurn(
             stored.conversation_id,
@@ -466,14 +481,14 @@ def _commit_stored(
             ),
             False,
         )
-    if stored.state == "abandoned":
+    if ledger_turn_next(stored.state, "commit") is None:
         raise LedgerStateError(
-            f"pending turn {stored.id} of conversation {stored.conversation_id!r} was abandoned "
-            f"({stored.reason}): it cannot be committed; ask the model again"
+            f"pending turn {stored.id} of conversation {stored.conversation_id!r} was "
+            f"{stored.state} ({stored.reason}): it cannot be committed; ask the model again"
         )
     if stored.owner != pending.owner:
-        _owned(core, conn, pending)  # raises PendingTurnError
-    unfinished = [e for e in stored.executions if not e.finished]
+        _owned(core, conn, pending, "commit")  # raises PendingTurnError
+    unfinished = [e for e in stored.executions if e.state not in EXECUTION_OUTCOMES]
     if unfinished:
         raise LedgerStateError(
             f"pending turn {stored.id} of conversation {stored.conversation_id!r} cannot be "
@@ -511,23 +526,23 @@ def abandon_body(
     core: StoreCoreLike, conn: Connection, pending: PendingTurn, reason: str
 ) -> PendingTurn:
     """Keep the pending turn for audit only (a no-op if it was abandoned for ``reason``)."""
-    stored = _owned(core, conn, pending, resolved_ok=True)
-    if stored.state == "abandoned" and stored.reason == reason:
+    stored = _owned(core, conn, pending, "abandon")
+    if _already(stored, "abandon") and stored.reason == reason:
         return stored
-    if stored.state != "pending":
+    if ledger_turn_next(stored.state, "abandon") is None:
         raise LedgerStateError(
             f"pending turn {stored.id} of conversation {stored.conversation_id!r} is already "
             f"{stored.state}" + (f" ({stored.reason})" if stored.reason else "")
         )
     if stored.owner != pending.owner:
-        _owned(core, conn, pending)  # raises PendingTurnError
+        _owned(core, conn, pending, "abandon")  # raises PendingTurnError
     conn.execute(
         sa.update(PendingTurnRow)
         .where(
             PendingTurnRow.conversation_id == stored.conversation_id,
             PendingTurnRow.id == stored.id,
         )
-        .values(state="abandoned", reason=reason, resolved_at=db_now())
+        .values(state=ledger_turn_next("pending", "abandon"), reason=reason, resolved_at=db_now())
     )
     found = load(conn, stored.conversation_id, stored.id)
     assert found is not None

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from fsm.states import execution_next, ledger_turn_next
 from fsm.store.errors import (
     TurnInProgressError,
 )
@@ -143,7 +144,11 @@ def _build(name: str, postgres: bool) -> Any:
         return (
             sa.update(_TURNS_T)
             .where(turn)
-            .values(state="committed", committed_seq=sa.bindparam("seq"), resolved_at=db_now())
+            .values(
+                state=ledger_turn_next("pending", "commit"),
+                committed_seq=sa.bindparam("seq"),
+                resolved_at=db_now(),
+            )
         )
     if name in ("begin_key", "begin_response", "begin_none"):
         return _begin_state(name.removeprefix("begin_"), exists=not postgres)
@@ -158,7 +163,7 @@ def _build(name: str, postgres: bool) -> Any:
             sa.update(_EXEC_T)
             .where(call)
             .values(
-                state="started",
+                state=execution_next("not_started", "start"),
                 starts=e.starts + 1,
                 started_at=db_now(),
                 started_by=sa.bindparam("owner", type_=e.started_by.type),

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from fsm.parser import ParseResult, Turn
-from fsm.states import ToolCallState
+from fsm.states import EXECUTION_OUTCOMES, ToolCallState
 from fsm.store import plans
 from fsm.store.errors import (
     LedgerStateError,
@@ -92,7 +92,7 @@ class Execution:
     @property
     def finished(self) -> bool:
         """Whether the call has an outcome (``succeeded`` or ``failed``)."""
-        return self.state in ("succeeded", "failed")
+        return self.state in EXECUTION_OUTCOMES
 
     @property
     def content(self) -> str | list[Any] | None:
