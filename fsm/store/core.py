@@ -219,7 +219,7 @@ class StoreCore:
         try:
             yield
         except _Corrupt as exc:
-            raise CorruptStoreError(conversation_id, self.url, str(exc)) from None
+            raise CorruptStoreError(conversation_id, self.url, exc.problem, exc.kind) from None
 
     # -- plans (no I/O): fsm.store.plans ------------------------------------------------------
     check_conversation_id = staticmethod(plans.check_conversation_id)
@@ -362,7 +362,9 @@ class StoreCore:
             raise pending_error(conversation_id, *found.pending)
         with self.reading(conversation_id):
             if found.stored_at is not None and not _is_int(found.stored_at):
-                raise _Corrupt(f"a message has seq {show(found.stored_at)}, not an integer")
+                raise _Corrupt(
+                    "invalid_type", f"a message has seq {show(found.stored_at)}, not an integer"
+                )
             stored_at = cast("int | None", found.stored_at)
             seq = found.next_seq()
             if stored_at is not None:
@@ -575,7 +577,9 @@ def _read_attempts(conn: Connection, conversation_id: str) -> list[dict[str, Any
         )
     except (ValueError, TypeError, LookupError) as exc:
         # a value SQLAlchemy cannot convert back (JSON that is not JSON, an unknown state)
-        raise _Corrupt(f"a stored attempt cannot be read back: {_first_line(exc)}") from None
+        raise _Corrupt(
+            "invalid_type", f"a stored attempt cannot be read back: {_first_line(exc)}"
+        ) from None
     by_attempt: dict[Any, list[dict[str, Any]]] = {}
     for call in calls:
         state = call["state"]

@@ -284,17 +284,25 @@ class CorruptStoreError(StoreError):
     ``session_replication_role = replica`` or disabled triggers, constraints added ``NOT
     VALID``). The message names the check that lists every violation: ``fsm audit check --db
     URL``.
+
+    ``kind`` names the rule broken, one of :data:`fsm.store.contract.RULES`: the kind under
+    which ``fsm audit check`` reports the same violation (``None`` when not known).
     """
 
     #: the command line's exit status: the database is corrupt
     exit_code: ClassVar[int] = EXIT_CORRUPT
 
-    def __init__(self, conversation_id: str, url: str, problem: str) -> None:
+    def __init__(
+        self, conversation_id: str, url: str, problem: str, kind: str | None = None
+    ) -> None:
         self.conversation_id = conversation_id
         self.url = url
         self.problem = problem
+        self.kind = kind
+        rule = f"{kind}: " if kind else ""
         super().__init__(
-            f"conversation {conversation_id!r} in {url} breaks the history contract ({problem}): "
+            f"conversation {conversation_id!r} in {url} breaks the history contract "
+            f"({rule}{problem}): "
             "the database was edited with its enforcement switched off; "
             f"run: fsm audit check --db '{url}'"
         )

@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 from fsm.states import ToolCallState
 from fsm.store import writes
 from fsm.store.codec import MARK, decode_json, decode_text
+from fsm.store.contract import READER_RULES
 from fsm.store.errors import ConflictError, ConversationNotFoundError
 from fsm.store.models import Message, ToolCallRow
 from fsm.store.plans import MAX_SEQ, show
@@ -226,38 +227,49 @@ def read_history(
         call_position,
     ) in rows:
         if type(seq) is not int:
-            raise Corrupt(f"a message has seq {show(seq)}, not an integer")
+            raise Corrupt("invalid_type", f"a message has seq {show(seq)}, not an integer")
         if seq != expected:
             if expected is not None:
-                raise Corrupt(f"seq {expected} is missing (the next message has seq {seq})")
+                if seq < expected:
+                    raise Corrupt("seq_duplicate", f"seq {seq} is held by two messages")
+                raise Corrupt(
+                    "seq_gap", f"seq {expected} is missing (the next message has seq {seq})"
+                )
             want = seq if last is not None else (0 if turn_at is None else turn_at)
             if seq != want:
-                raise Corrupt(f"seq {want} is missing (the first message has seq {seq})")
+                raise Corrupt(
+                    "seq_start", f"seq {want} is missing (the first message has seq {seq})"
+                )
         expected = seq + 1
         if role not in roles:
-            raise Corrupt(f"message {seq} has role {show(role)}")
+            raise Corrupt("invalid_row", f"message {seq} has role {show(role)}")
         if type(n_calls) is not int or (n_calls != 0 and (n_calls < 0 or role != "assistant")):
-            raise Corrupt(f"message {seq} ({role}) has n_calls {show(n_calls)}")
+            raise Corrupt("invalid_row", f"message {seq} ({role}) has n_calls {show(n_calls)}")
         if content is not None:
             if type(content) is not str:
-                raise Corrupt(f"message {seq} has content {show(content)}, not text")
+                raise Corrupt(
+                    "invalid_type", f"message {seq} has content {show(content)}, not text"
+                )
             if content[:1] == MARK:
                 content = decode_text(content)
         listed = None if parts is None else _content_parts(seq, parts)
         if listed is None and content is None and role != "assistant":
-            raise Corrupt(f"message {seq} ({role}) has no content")
+            raise Corrupt("missing_content", f"message {seq} ({role}) has no content")
         message: dict[str, Any]
         if role == "tool":
             if block is None:
-                raise Corrupt(f"message {seq} is a tool result outside a tool block")
+                raise Corrupt(
+                    "orphan_result", f"message {seq} is a tool result outside a tool block"
+                )
             if assistant_seq != block or call_position != len(answered):
                 raise Corrupt(
+                    "result_misplaced",
                     f"message {seq} is the result of call ({show(assistant_seq)}, "
                     f"{show(call_position)}), but its slot is call {len(answered)} of "
-                    f"message {block}"
+                    f"message {block}",
                 )
             if type(tool_call_id) is not str:
-                raise Corrupt(f"message {seq} has tool_call_id {show(tool_call_id)}")
+                raise Corrupt("invalid_row", f"message {seq} has tool_call_id {show(tool_call_id)}")
             if tool_call_id[:1] == MARK:
                 tool_call_id = decode_text(tool_call_id)
             answered.append(tool_call_id)
@@ -266,13 +278,14 @@ def read_history(
                 block = None
             if name is not None:  # the result of a legacy function_call (see commit)
                 if type(name) is not str:
-                    raise Corrupt(f"message {seq} has name {show(name)}, not text")
+                    raise Corrupt("invalid_type", f"message {seq} has name {show(name)}, not text")
                 if name[:1] == MARK:
                     name = decode_text(name)
                 if size != 1:
                     raise Corrupt(
+                        "invalid_row",
                         f"message {seq} is a function result in a block of {size} calls (a "
-                        "legacy function_call is the only call of its message)"
+                        "legacy function_call is the only call of its message)",
                     )
                 legacy[block_seq] = name
                 message = {"role": "function", "name": name, "content": content}
@@ -281,8 +294,9 @@ def read_history(
         else:
             if block is not None:
                 raise Corrupt(
+                    "interleaved",
                     f"message {block} has {size} tool call(s) but {len(answered)} result(s) "
-                    f"before message {seq}"
+                    f"before message {seq}",
                 )
             message = {"role": role, "content": content}
             if name is not None or refusal is not None or reasoning is not None:
@@ -293,7 +307,9 @@ def read_history(
                 ):
                     if value is not None:
                         if type(value) is not str:
-                            raise Corrupt(f"message {seq} has {key} {show(value)}, not text")
+                            raise Corrupt(
+                                "invalid_type", f"message {seq} has {key} {show(value)}, not text"
+                            )
                         message[key] = decode_text(value) if value[:1] == MARK else value
             if n_calls:
                 calls_of[seq] = message["tool_calls"] = []
@@ -306,11 +322,12 @@ def read_history(
         append(message)
     if block is not None:
         raise Corrupt(
+            "missing_result",
             f"message {block} has {size} tool call(s) but {len(answered)} result(s) "
-            "(the history ends there)"
+            "(the history ends there)",
         )
     if turn_at is not None and not messages:
-        raise Corrupt(f"message {turn_at} cannot be read")
+        raise Corrupt("seq_gap", f"message {turn_at} cannot be read")
     whole = last is None and turn_at is None
     if calls_of or (whole and messages):
         calls_query = (
@@ -335,14 +352,16 @@ def read_history(
             target = calls_of.get(assistant_seq) if type(assistant_seq) is int else None
             if target is None:
                 where = f"call {show(position)} of message {show(assistant_seq)}"
-                raise Corrupt(f"{where} belongs to no assistant message with tool calls")
+                raise Corrupt(
+                    "orphan_call", f"{where} belongs to no assistant message with tool calls"
+                )
             size, answered = blocks[assistant_seq]
             if position != len(target) or len(target) >= size:
                 where = f"call {show(position)} of message {show(assistant_seq)}"
-                raise Corrupt(f"{where} is not call {len(target)} of {size}")
+                raise Corrupt("call_count_mismatch", f"{where} is not call {len(target)} of {size}")
             if state != _FINISHED:
                 where = f"call {show(position)} of message {show(assistant_seq)}"
-                raise Corrupt(f"{where} is {show(state)}, not finished")
+                raise Corrupt("not_finished", f"{where} is {show(state)}, not finished")
             if not (
                 type(call_id) is str
                 and type(kind) is str
@@ -350,7 +369,7 @@ def read_history(
                 and type(arguments) is str
             ):
                 where = f"call {show(position)} of message {show(assistant_seq)}"
-                raise Corrupt(f"{where} has a value that is not text")
+                raise Corrupt("invalid_type", f"{where} has a value that is not text")
             if call_id[:1] == MARK:
                 call_id = decode_text(call_id)
             if kind[:1] == MARK:
@@ -361,15 +380,16 @@ def read_history(
                 arguments = decode_text(arguments)
             if not name.strip(_JSON_WHITESPACE):
                 where = f"call {show(position)} of message {show(assistant_seq)}"
-                raise Corrupt(f"{where} has a blank name")
+                raise Corrupt("invalid_name", f"{where} has a blank name")
             if kind != "custom" and not is_json(arguments):  # custom: free text (0007)
                 where = f"call {show(position)} of message {show(assistant_seq)}"
-                raise Corrupt(f"{where} has arguments that are not JSON")
+                raise Corrupt("invalid_arguments", f"{where} has arguments that are not JSON")
             if call_id != answered[position]:
                 where = f"call {show(position)} of message {show(assistant_seq)}"
                 raise Corrupt(
+                    "result_id_mismatch",
                     f"the result of {where} answers {show(answered[position])}, "
-                    f"not the call's id {show(call_id)}"
+                    f"not the call's id {show(call_id)}",
                 )
             target.append(
                 {"id": call_id, "type": kind, "custom": {"name": name, "input": arguments}}
@@ -383,15 +403,17 @@ def read_history(
         for seq, found in calls_of.items():
             if len(found) != blocks[seq][0]:
                 raise Corrupt(
-                    f"message {seq} has {blocks[seq][0]} tool call(s) but {len(found)} call row(s)"
+                    "call_count_mismatch",
+                    f"message {seq} has {blocks[seq][0]} tool call(s) but {len(found)} call row(s)",
                 )
     for seq, answered_by in legacy.items():  # the legacy shape: "function_call", not "tool_calls"
         assistant = assistants[seq]
         function = assistant.pop("tool_calls")[0]["function"]
         if function["name"] != answered_by:
             raise Corrupt(
+                "result_id_mismatch",
                 f"message {seq + 1} answers function {show(answered_by)}, but message {seq} "
-                f"calls {show(function['name'])}"
+                f"calls {show(function['name'])}",
             )
         assistant["function_call"] = function
     return messages
@@ -418,11 +440,15 @@ def read_provider(
             )
         ).all()
     except (ValueError, TypeError) as exc:  # JSON that is not JSON
-        raise Corrupt(f"stored provider items cannot be read back: {first_line(exc)}") from None
+        raise Corrupt(
+            "invalid_type", f"stored provider items cannot be read back: {first_line(exc)}"
+        ) from None
     provider = {seq: (fmt, items) for seq, fmt, items in rows}
     for seq, (_fmt, items) in provider.items():
         if items is not None and not isinstance(items, list):
-            raise Corrupt(f"message {seq} has provider items {show(items)}, not a list")
+            raise Corrupt(
+                "invalid_type", f"message {seq} has provider items {show(items)}, not a list"
+            )
     return list(range(first, first + count)), provider
 
 
@@ -436,13 +462,15 @@ def _content_parts(seq: int, stored: object) -> list[Any]:
     """A message's content parts, from the JSON text the query reads (``Corrupt`` when it is
     not a JSON list)."""
     if type(stored) is not str:
-        raise Corrupt(f"message {seq} has content parts {show(stored)}, not a list")
+        raise Corrupt("invalid_type", f"message {seq} has content parts {show(stored)}, not a list")
     try:
         parts = json.loads(stored)
     except ValueError as exc:  # JSON that is not JSON
-        raise Corrupt(f"a stored message cannot be read back: {first_line(exc)}") from None
+        raise Corrupt(
+            "invalid_type", f"a stored message cannot be read back: {first_line(exc)}"
+        ) from None
     if not isinstance(parts, list):
-        raise Corrupt(f"message {seq} has content parts {show(parts)}, not a list")
+        raise Corrupt("invalid_type", f"message {seq} has content parts {show(parts)}, not a list")
     if _MAY_HOLD_MARK.search(stored) is not None:
         return cast("list[Any]", decode_json(parts))
     return parts
@@ -452,10 +480,11 @@ def _after(last_seq: object, slots_left: object) -> int:
     """The seq after the conversation's last message (``last_seq``), which must close its
     tool block (``slots_left`` 0)."""
     if not isinstance(last_seq, int) or not is_int(last_seq):
-        raise Corrupt(f"a message has seq {show(last_seq)}, not an integer")
+        raise Corrupt("invalid_type", f"a message has seq {show(last_seq)}, not an integer")
     if slots_left != 0:
         raise Corrupt(
-            f"the last message (seq {last_seq}) leaves {show(slots_left)} tool result slot(s) open"
+            "missing_result",
+            f"the last message (seq {last_seq}) leaves {show(slots_left)} tool result slot(s) open",
         )
     return last_seq + 1
 
@@ -467,7 +496,14 @@ def check_expected(conversation_id: str, expected: int | None, actual: int) -> N
 
 # -- values --------------------------------------------------------------------------------------
 class Corrupt(Exception):
-    """A stored history that breaks the contract (becomes ``CorruptStoreError``)."""
+    """A stored history that breaks the contract (becomes ``CorruptStoreError``): ``kind``
+    names the rule it breaks (:data:`fsm.store.contract.READER_RULES`), ``problem`` where."""
+
+    def __init__(self, kind: str, problem: str) -> None:
+        assert kind in READER_RULES, kind
+        super().__init__(problem)
+        self.kind = kind
+        self.problem = problem
 
 
 _ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))

@@ -132,6 +132,7 @@ def _statements(
 
 _FK_OFF = ("PRAGMA foreign_keys=OFF",)
 _CK_OFF = ("PRAGMA foreign_keys=ON", "PRAGMA ignore_check_constraints=ON")
+_BOTH_OFF = ("PRAGMA foreign_keys=OFF", "PRAGMA ignore_check_constraints=ON")
 _REPLICA = "SET LOCAL session_replication_role = replica"
 
 
@@ -289,6 +290,63 @@ _LIST: list[Corruption] = [
         [f"UPDATE fsm_tool_calls SET state = 'truncated' WHERE {_C} AND position = 0"],
         _CK_OFF,
     ),
+    # -- SQLite, both off: the rules only the reader and the check see ------------------------
+    _statements(
+        "sqlite_both_off_seq_start",
+        "sqlite",
+        "PRAGMA foreign_keys=OFF, ignore_check_constraints=ON",
+        "the first message is gone: the history starts at seq 1 (rule 1)",
+        {"seq_start"},
+        [f"DELETE FROM fsm_messages WHERE {_C} AND seq = 0"],
+        _BOTH_OFF,
+    ),
+    _statements(
+        "sqlite_both_off_unknown_role",
+        "sqlite",
+        "PRAGMA foreign_keys=OFF, ignore_check_constraints=ON",
+        "a message with the role 'robot'",
+        {"invalid_row"},
+        [f"UPDATE fsm_messages SET role = 'robot' WHERE {_C} AND seq = 4"],
+        _BOTH_OFF,
+    ),
+    _statements(
+        "sqlite_both_off_results_swapped",
+        "sqlite",
+        "PRAGMA foreign_keys=OFF, ignore_check_constraints=ON",
+        "the two results of a block swapped between their slots (rule 2)",
+        {"result_misplaced"},
+        [  # in three steps: (assistant_seq, call_position) is unique
+            f"UPDATE fsm_messages SET call_position = 9 WHERE {_C} AND seq = 2",
+            f"UPDATE fsm_messages SET call_position = 0 WHERE {_C} AND seq = 3",
+            f"UPDATE fsm_messages SET call_position = 1 WHERE {_C} AND seq = 2",
+        ],
+        _BOTH_OFF,
+    ),
+    _statements(
+        "sqlite_both_off_result_outside_a_block",
+        "sqlite",
+        "PRAGMA foreign_keys=OFF, ignore_check_constraints=ON",
+        "the last user message made the result of a third call of a two-call message, after "
+        "its block (rules 2, 3)",
+        {"orphan_result"},
+        [
+            "UPDATE fsm_messages SET role = 'tool', tool_call_id = 'z', assistant_seq = 1,"
+            f" call_position = 2 WHERE {_C} AND seq = 4",
+        ],
+        _BOTH_OFF,
+    ),
+    _statements(
+        "sqlite_both_off_user_in_a_result_slot",
+        "sqlite",
+        "PRAGMA foreign_keys=OFF, ignore_check_constraints=ON",
+        "the result of call y made a user message, in that result's slot (rule 5)",
+        {"interleaved"},
+        [
+            "UPDATE fsm_messages SET role = 'user', tool_call_id = NULL, assistant_seq = NULL,"
+            f" call_position = NULL WHERE {_C} AND seq = 3",
+        ],
+        _BOTH_OFF,
+    ),
     # -- PostgreSQL, replica role ------------------------------------------------------------
     _statements(
         "postgresql_replica_missing_result",
@@ -329,6 +387,24 @@ _LIST: list[Corruption] = [
         {"missing_result"},
         "fsm_messages",
         _DROP_RESULT,
+    ),
+    _statements(
+        "postgresql_key_dropped_seq_duplicate",
+        "postgresql",
+        "ALTER TABLE fsm_messages DROP CONSTRAINT: its primary and unique keys",
+        "two messages with seq 4, once the key that made seqs unique is gone (rule 1)",
+        {"seq_duplicate"},
+        [
+            # every key of the table (the others hold seq too), with the foreign keys on them
+            "DO $$ DECLARE r record; BEGIN FOR r IN SELECT conname FROM pg_constraint"
+            " WHERE conrelid = 'fsm_messages'::regclass AND contype IN ('p', 'u') LOOP"
+            " EXECUTE format('ALTER TABLE fsm_messages DROP CONSTRAINT IF EXISTS %%I CASCADE',"
+            " r.conname); END LOOP; END $$",
+            _REPLICA,
+            "INSERT INTO fsm_messages (conversation_id, seq, role, content, n_calls, slots_left,"
+            f" prev_seq, prev_slots_left) VALUES ('{CONVERSATION}', 4, 'user', 'again', 0, 0, 3,"
+            " 0)",
+        ],
     ),
     # -- PostgreSQL, checks added back NOT VALID ---------------------------------------------
     _not_valid_builder(

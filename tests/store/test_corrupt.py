@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from fsm.store import ConversationStore, CorruptStoreError
+from fsm.store import ConversationStore, CorruptStoreError, audit
+from fsm.store.contract import READER_RULES, RULES
 from fsm.store.migrate import upgrade
 from tests.store.corrupt import CORRUPTIONS, seed
 
@@ -34,6 +35,13 @@ def test_history_of_a_corrupt_store_names_the_check(empty_url: sa.URL, name: str
             store.history(cid)
         message = str(caught.value)
         assert "\n" not in message and caught.value.conversation_id == cid
+        # the rule broken, named as the integrity check reports it (one rule list)
+        assert caught.value.kind in corruption.kinds, (caught.value.kind, message)
+        assert f"({caught.value.kind}: " in message
+        # (on the store's own engine, which runs the checks: quick_check then finds the rows
+        # that break one, which are no damage to the file)
+        reported = {v.kind for v in audit.check(store.engine) if v.conversation_id == cid}
+        assert caught.value.kind in reported, (caught.value.kind, reported)
         if corruption.breaks_the_tail:
             with pytest.raises(CorruptStoreError):
                 store.next_seq(cid)
@@ -51,3 +59,13 @@ def test_the_builders_seed_a_valid_history(db_url: sa.URL) -> None:
     with ConversationStore(db_url) as store:
         roles = [m["role"] for m in store.history(cid)]
     assert roles == ["user", "assistant", "tool", "tool", "user"]
+
+
+def test_every_rule_a_read_can_find_is_broken_by_a_builder() -> None:
+    """The rule list is the tests' list too: every rule of ``READER_RULES`` has a corruption
+    that breaks it (the test above then sees the reader and the check both name it), and every
+    kind a builder expects is a rule of the list."""
+    expected = {kind for c in CORRUPTIONS.values() for kind in c.kinds}
+    assert expected >= READER_RULES, sorted(READER_RULES - expected)
+    assert expected <= RULES.keys(), sorted(expected - RULES.keys())
+    assert {c.engine for c in CORRUPTIONS.values()} == {"sqlite", "postgresql"}
