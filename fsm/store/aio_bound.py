@@ -5,19 +5,42 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal, overload
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from fsm.parser import Anomaly, ParseResult, Turn
 from fsm.store.bound import BoundStore
 from fsm.store.core import StoreCore
-from fsm.store.history import CommittedTurn
 from fsm.store.render import HistoryFormat
-from fsm.store.store import Results
 from fsm.telemetry import store_write
 from fsm.types import AnthropicMessage, Message, ResponsesItem
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _awaited(
+    method: Callable[Concatenate[BoundStore, P], R],
+) -> Callable[Concatenate[AsyncBoundStore, P], Coroutine[Any, Any, R]]:
+    """:class:`BoundStore`'s ``method``, awaited: run on the caller's connection through
+    :meth:`~sqlalchemy.ext.asyncio.AsyncConnection.run_sync`, its parameters and result the
+    same (its logging/tracing decorator left out: the async method has its own)."""
+    inner: Callable[..., R] = getattr(method, "__wrapped__", method)
+
+    async def run(self: AsyncBoundStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        bound = self._sync
+        result: R = await self._conn.run_sync(lambda _conn: inner(bound, *args, **kwargs))
+        return result
+
+    functools.update_wrapper(run, method)
+    name = method.__name__
+    run.__qualname__ = f"AsyncBoundStore.{name}"
+    run.__doc__ = (
+        f":meth:`BoundStore.{name} <fsm.store.BoundStore.{name}>`, awaited, in the caller's "
+        "transaction."
+    )
+    return run
 
 
 class AsyncBoundStore:
@@ -54,113 +77,16 @@ class AsyncBoundStore:
     def __repr__(self) -> str:
         return f"AsyncBoundStore({self._core.url!r})"
 
-    async def create_conversation(
-        self,
-        conversation_id: str | None = None,
-        *,
-        metadata: Mapping[str, Any] | None = None,
-        exist_ok: bool = False,
-    ) -> str:
-        """:meth:`AsyncConversationStore.create_conversation`, in the caller's transaction."""
-        bound = self._sync
-        result: str = await self._conn.run_sync(
-            lambda _conn: bound.create_conversation(
-                conversation_id, metadata=metadata, exist_ok=exist_ok
-            )
-        )
-        return result
-
-    async def delete_conversation(self, conversation_id: str) -> bool:
-        """:meth:`AsyncConversationStore.delete_conversation`, in the caller's transaction."""
-        bound = self._sync
-        result: bool = await self._conn.run_sync(
-            lambda _conn: bound.delete_conversation(conversation_id)
-        )
-        return result
-
-    async def next_seq(self, conversation_id: str) -> int:
-        """:meth:`AsyncConversationStore.next_seq`, in the caller's transaction."""
-        bound = self._sync
-        result: int = await self._conn.run_sync(lambda _conn: bound.next_seq(conversation_id))
-        return result
-
-    @store_write("append")
-    async def append(
-        self,
-        conversation_id: str,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        expected_seq: int | None = None,
-    ) -> int:
-        """:meth:`AsyncConversationStore.append`, in the caller's transaction."""
-        bound = self._sync
-        result: int = await self._conn.run_sync(
-            lambda _conn: _undecorated(bound.append)(
-                conversation_id, messages, expected_seq=expected_seq
-            )
-        )
-        return result
-
-    @store_write("commit_turn")
-    async def commit_turn(
-        self,
-        conversation_id: str,
-        turn: Turn | ParseResult,
-        results: Results | None = None,
-        *,
-        expected_seq: int | None = None,
-        idempotency_key: str | None = None,
-    ) -> CommittedTurn:
-        """:meth:`AsyncConversationStore.commit_turn`, in the caller's transaction."""
-        bound = self._sync
-        result: CommittedTurn = await self._conn.run_sync(
-            lambda _conn: _undecorated(bound.commit_turn)(
-                conversation_id,
-                turn,
-                results,
-                expected_seq=expected_seq,
-                idempotency_key=idempotency_key,
-            )
-        )
-        return result
-
-    @store_write("import_history")
-    async def import_history(
-        self,
-        conversation_id: str,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        format: str = "chat",
-        expected_seq: int | None = None,
-    ) -> int:
-        """:meth:`BoundStore.import_history <fsm.store.BoundStore.import_history>`, in the
-        caller's transaction."""
-        bound = self._sync
-        seq: int = await self._conn.run_sync(
-            lambda _conn: _undecorated(bound.import_history)(
-                conversation_id, messages, format=format, expected_seq=expected_seq
-            )
-        )
-        return seq
-
-    @store_write("record_attempt")
-    async def record_attempt(
-        self,
-        conversation_id: str,
-        attempt: Turn | ParseResult,
-        *,
-        results: Results | None = None,
-        error: str | None = None,
-        anomalies: Sequence[Anomaly] = (),
-    ) -> list[int]:
-        """:meth:`AsyncConversationStore.record_attempt`, in the caller's transaction."""
-        bound = self._sync
-        result: list[int] = await self._conn.run_sync(
-            lambda _conn: _undecorated(bound.record_attempt)(
-                conversation_id, attempt, results=results, error=error, anomalies=anomalies
-            )
-        )
-        return result
+    # Every operation but ``history`` (whose overloads say what each format returns) is the
+    # BoundStore's, awaited: one table, not a copy of each method.
+    create_conversation = _awaited(BoundStore.create_conversation)
+    delete_conversation = _awaited(BoundStore.delete_conversation)
+    next_seq = _awaited(BoundStore.next_seq)
+    append = store_write("append")(_awaited(BoundStore.append))
+    commit_turn = store_write("commit_turn")(_awaited(BoundStore.commit_turn))
+    import_history = store_write("import_history")(_awaited(BoundStore.import_history))
+    record_attempt = store_write("record_attempt")(_awaited(BoundStore.record_attempt))
+    attempts = _awaited(BoundStore.attempts)
 
     @overload
     async def history(
@@ -215,19 +141,3 @@ class AsyncBoundStore:
             )
         )
         return result
-
-    async def attempts(self, conversation_id: str) -> list[dict[str, Any]]:
-        """:meth:`AsyncConversationStore.attempts`, in the caller's transaction."""
-        bound = self._sync
-        result: list[dict[str, Any]] = await self._conn.run_sync(
-            lambda _conn: bound.attempts(conversation_id)
-        )
-        return result
-
-
-def _undecorated(method: Any) -> Any:
-    """A bound method without its logging/tracing decorator (the async caller has its own)."""
-    inner = getattr(method, "__wrapped__", None)
-    if inner is None:
-        return method
-    return functools.partial(inner, method.__self__)
