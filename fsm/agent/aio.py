@@ -163,9 +163,11 @@ async def arun_agent_loop(
     if book is not None:
         with store_operation("pending", 0):
             found = await book.pending(conversation)
+        pending = None
         if found is not None:  # an earlier run crashed while its tools ran: resume it
             with store_operation("claim", 0):  # TurnInProgressError while its owner lives
-                pending = await _aretried(lambda: book.claim(found), record_budget(book))
+                pending = await _aclaimed(book, found, record_budget(book))
+        if pending is not None:
             try:
                 async with heartbeat(book, pending):
                     await _aledger_tools(book, pending, tools, emit, 0)
@@ -377,6 +379,18 @@ async def _arecord_outcome(
     """The async twin of :func:`fsm.agent.loop._record_outcome`."""
     record = ledger.failed if error else ledger.succeeded
     return await _aretried(lambda: record(pending, position, content), budget)
+
+
+async def _aclaimed(book: Any, found: Any, budget: float) -> Any:
+    """``found`` claimed to resume it, or ``None`` when it was resolved since it was read (as
+    the sync loop's ``_claimed``)."""
+    try:
+        return await _aretried(lambda: book.claim(found), budget)
+    except Exception:
+        now = await book.pending(found.conversation_id)
+        if now is None or now.id != found.id:
+            return None
+        raise
 
 
 async def _aretried(step: Callable[[], Awaitable[T]], budget: float) -> T:

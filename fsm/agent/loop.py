@@ -194,9 +194,11 @@ def run_agent_loop(
     if book is not None:
         with store_operation("pending", 0):
             found = book.pending(conversation)
+        pending = None
         if found is not None:  # an earlier run crashed while its tools ran: resume it
             with store_operation("claim", 0):  # TurnInProgressError while its owner lives
-                pending = _retried(lambda: book.claim(found), record_budget(book))
+                pending = _claimed(book, found, record_budget(book))
+        if pending is not None:
             try:
                 with heartbeat(book, pending):
                     resumed = _ledger_run(book, pending, tools, emit, 0)[1]
@@ -367,6 +369,19 @@ def _record_outcome(
     """Record call ``position``'s outcome, retrying brief faults (the step is idempotent)."""
     record = ledger.failed if error else ledger.succeeded
     return _retried(lambda: record(pending, position, content), budget)
+
+
+def _claimed(book: Any, found: Any, budget: float) -> Any:
+    """``found`` (read by ``pending()``) claimed to resume it, or ``None`` when it was resolved
+    since it was read: its owner committed or abandoned it meanwhile, so there is nothing to
+    resume (the claim's own error is raised while the turn is still pending)."""
+    try:
+        return _retried(lambda: book.claim(found), budget)
+    except Exception:
+        now = book.pending(found.conversation_id)
+        if now is None or now.id != found.id:
+            return None
+        raise
 
 
 def _retried(step: Callable[[], T], budget: float) -> T:

@@ -492,3 +492,103 @@ def test_the_async_loop_keeps_a_result_in_hand_through_a_long_fault(
 
     asyncio.run(asyncio.wait_for(body(), 90))
     assert log.count("add") == 1  # add ran once
+
+
+# -- a turn resolved between pending() and claim() ----------------------------------------------
+def _racing_pending(store: Any, commit: Callable[[], Any]) -> Callable[[str], Any]:
+    """``store.pending``, with ``commit`` (the turn's owner committing it) run right after the
+    first read that finds the turn: the run that read it then claims a committed turn."""
+    read = store.pending
+
+    def pending(cid: str) -> Any:
+        found = read(cid)
+        if found is not None:
+            commit()
+        return found
+
+    return pending
+
+
+def test_a_turn_committed_between_pending_and_claim_is_not_resumed(
+    fsm_db_url: str, fsm_replay: Any
+) -> None:
+    """A request reads the conversation's pending turn just before its owner commits it: its
+    claim finds the turn committed, and the run goes on with the conversation as it is (it raised
+    LedgerStateError "already committed" before)."""
+    import openai
+
+    from fsm.agent import run_agent_loop
+    from tests.helpers.store import make_turn
+
+    server = fsm_replay([FINAL])
+    with ConversationStore(fsm_db_url) as store:
+        store.create_conversation("conv")
+        store.append("conv", [USER])
+        owner = store.begin("conv", make_turn([("call_1", "add", '{"a": 1, "b": 2}')]))
+        owner = store.succeeded(store.started(owner, 0), 0, "3")
+        store.pending = _racing_pending(store, lambda: store.commit(owner))  # type: ignore[method-assign]
+        client = openai.OpenAI(base_url=server.base_url, api_key="t", max_retries=0)
+        try:
+            result = run_agent_loop(
+                client,
+                store,
+                "conv",
+                {},
+                model=MODEL,
+                messages=[{"role": "user", "content": "?"}],
+                ledger=True,
+            )
+        finally:
+            client.close()
+        assert result.status == "completed"
+        roles = [m["role"] for m in store.history("conv")]
+        assert roles == ["user", "assistant", "tool", "user", "assistant"]
+
+
+def test_the_async_loop_too(fsm_db_url: str, fsm_replay: Any) -> None:
+    """The same race through ``arun_agent_loop`` and the asyncio store."""
+    import asyncio
+
+    import openai
+
+    from fsm.agent import arun_agent_loop
+    from fsm.store.aio import AsyncConversationStore
+    from tests.helpers.store import make_turn
+
+    server = fsm_replay([FINAL])
+
+    async def body() -> None:
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="t", max_retries=0)
+        try:
+            async with AsyncConversationStore(fsm_db_url) as store:
+                await store.create_conversation("conv")
+                await store.append("conv", [USER])
+                turn = make_turn([("call_1", "add", '{"a": 1, "b": 2}')])
+                owner = await store.begin("conv", turn)
+                owner = await store.succeeded(await store.started(owner, 0), 0, "3")
+                read = store.pending
+                committed: list[Any] = []
+
+                async def pending(cid: str) -> Any:
+                    found = await read(cid)
+                    if found is not None and not committed:
+                        committed.append(await store.commit(owner))
+                    return found
+
+                store.pending = pending  # type: ignore[method-assign]
+                result = await arun_agent_loop(
+                    client,
+                    store,
+                    "conv",
+                    {},
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "?"}],
+                    ledger=True,
+                )
+                assert result.status == "completed"
+                roles = [m["role"] for m in await store.history("conv")]
+                assert roles == ["user", "assistant", "tool", "user", "assistant"]
+        finally:
+            await client.close()
+
+    asyncio.run(asyncio.wait_for(body(), 60))
