@@ -339,14 +339,21 @@ class StoreCore:
         ledger: bool = False,
     ) -> CommittedTurn:
         """Write a planned turn and its results (or return the stored copy of the same turn);
-        ``ledger``: the tool ledger's commit of the conversation's pending turn (any other
-        commit waits while one is pending).
+        ``ledger``: the tool ledger's commit of the conversation's pending turn, which it holds
+        under the conversation's lock at ``expected_seq`` (any other commit waits while one is
+        pending): nothing is read first, the rows are inserted.
 
         Statements: on PostgreSQL the conversation's lock, one query (:func:`write_state`), one
         ``INSERT`` of all the turn's rows; on SQLite (whose ``BEGIN IMMEDIATE`` already holds
         the database's write lock) the query and one ``INSERT`` per table."""
-        turn, calls, contents, assistant = plan.turn, plan.calls, plan.contents, plan.assistant
-        n = len(calls)
+        turn, assistant = plan.turn, plan.assistant
+        if ledger and expected_seq is not None:
+            # the tool ledger's commit of the pending turn it holds, under the conversation's
+            # lock: that turn has blocked every other write since begin() read the
+            # conversation, its earlier commits and the turn's seq, so nothing is read again
+            # (a raw write in between still meets the schema's keys)
+            self._insert_committed(conn, conversation_id, plan, expected_seq, idempotency_key)
+            return self._committed(conversation_id, plan, expected_seq)
         params: dict[str, Any]
         if idempotency_key is not None:
             same, params = writes.BY_KEY, {"key": idempotency_key}
@@ -386,6 +393,20 @@ class StoreCore:
                 conversation_id, stored_at, cast("list[HistoryMessage]", stored), False
             )
         _check_expected(conversation_id, expected_seq, seq)
+        self._insert_committed(conn, conversation_id, plan, seq, idempotency_key)
+        return self._committed(conversation_id, plan, seq)
+
+    def _insert_committed(
+        self,
+        conn: Connection,
+        conversation_id: str,
+        plan: TurnPlan,
+        seq: int,
+        idempotency_key: str | None,
+    ) -> None:
+        """Insert a planned turn at ``seq``: its assistant message, calls and results."""
+        calls, contents = plan.calls, plan.contents
+        n = len(calls)
         message = assistant_row(conversation_id, seq, plan, idempotency_key)
         call_rows = [
             {
@@ -418,9 +439,13 @@ class StoreCore:
             for p, (call, (text, parts)) in enumerate(zip(calls, contents, strict=True))
         ]
         self.insert_turn(conn, message, call_rows, result_rows)
-        messages = [assistant] + [
+
+    @staticmethod
+    def _committed(conversation_id: str, plan: TurnPlan, seq: int) -> CommittedTurn:
+        """The :class:`CommittedTurn` of a planned turn just inserted at ``seq``."""
+        messages = [plan.assistant] + [
             tool_message(call, text, parts)
-            for call, (text, parts) in zip(calls, contents, strict=True)
+            for call, (text, parts) in zip(plan.calls, plan.contents, strict=True)
         ]
         return CommittedTurn(
             conversation_id, seq, cast("list[HistoryMessage]", messages), created=True

@@ -25,6 +25,7 @@ same idempotency key: the turn lands exactly once).
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -625,6 +626,12 @@ class ConversationStore(LedgerMethods):
             with self._transaction(conn, write=False) as conn:
                 yield conn
 
+    @functools.cached_property
+    def _writers(self) -> threading.RLock | None:
+        """SQLite: the lock this process's writers of the database take in turn (looked up
+        once: finding the file's real path is a system call per write otherwise)."""
+        return None if self._core.postgres else _sqlite_writer_lock(self._url)
+
     @contextmanager
     def _write(self) -> Iterator[Connection]:
         """A write transaction (``BEGIN IMMEDIATE`` on SQLite), under the deadline.
@@ -634,7 +641,7 @@ class ConversationStore(LedgerMethods):
         time, and its own busy handler makes a waiting writer sleep and poll (up to 100 ms
         between tries), which under contention costs more than the writes. Other processes
         still queue on ``BEGIN IMMEDIATE`` and its busy timeout."""
-        lock = None if self._core.postgres else _sqlite_writer_lock(self._url)
+        lock = self._writers
         if lock is not None and not lock.acquire(timeout=self._busy_timeout):
             raise StoreBusyError(
                 f"the database {self._core.url} stayed locked by another writer of this "
