@@ -330,6 +330,27 @@ def test_a_commit_that_fails_keeps_the_outcome_it_recorded(store: ConversationSt
         store.begin(_conv(store, "c2"), make_turn(CALLS), start=5)
 
 
+def test_the_async_store_keeps_the_outcome_of_a_commit_that_fails(db_url: sa.URL) -> None:
+    from fsm.store.ledger import Outcome
+
+    async def body() -> None:
+        async with AsyncConversationStore(db_url) as store:
+            cid = await store.create_conversation("c1")
+            await store.append(cid, [{"role": "user", "content": "go"}])
+            pending = await store.begin(cid, make_turn(CALLS), start=0)
+            with pytest.raises(LedgerStateError, match="call 1 \\(email\\) is not_started"):
+                await store.commit(pending, recording=Outcome(0, result="paid"))
+            stored = await store.pending(cid)
+            assert stored is not None and stored.executions[0].result == "paid"  # kept
+            pending = await store.started(stored, 1)
+            done = await store.commit(pending, recording=Outcome(1, error="SMTP down"))
+            assert done.created
+            history = await store.history(cid)
+            assert [m.get("content") for m in history[2:]] == ["paid", "SMTP down"]
+
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
 def test_one_heartbeat_thread_keeps_every_turn_of_the_store(store: ConversationStore) -> None:
     """Two requests of one process (two conversations) hold their turns at once: the store's
     heartbeat renews both; each turn's lease ends on its own once its body ends."""

@@ -441,20 +441,31 @@ def finished_body(
     return _finish(conn, stored, (position, outcome, text, parts))
 
 
+class CommitFailed(Exception):
+    """The commit of :func:`commit_recording_body` failed (``cause``) after the outcome was
+    recorded in the same transaction (``recorded``), which rolls back with it: the caller
+    records the outcome alone, in a transaction of its own, then raises ``cause``."""
+
+    def __init__(self, cause: BaseException, recorded: bool) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.recorded = recorded
+
+
 def commit_recording_body(
     core: StoreCoreLike, conn: Connection, pending: PendingTurn, recording: Recording
-) -> tuple[CommittedTurn | None, BaseException | None]:
-    """Record ``recording`` (the last tool's outcome), then commit the turn in a savepoint of
-    the same transaction: the committed turn, or the commit's error with the outcome still
-    recorded (the caller commits the transaction, then raises it)."""
+) -> CommittedTurn:
+    """Record ``recording`` (the last tool's outcome), then commit the turn, in one
+    transaction; a commit that fails raises :class:`CommitFailed` (no savepoint: the rare
+    failure costs a second transaction, the common commit two statements less)."""
     stored = _owned(core, conn, pending, "commit")
-    if stored.state == "pending" and stored.owner == pending.owner:
+    recorded = stored.state == "pending" and stored.owner == pending.owner
+    if recorded:
         stored = _finish(conn, stored, recording)
     try:
-        with conn.begin_nested():
-            return _commit_stored(core, conn, pending, stored), None
+        return _commit_stored(core, conn, pending, stored)
     except (StoreError, sa.exc.IntegrityError, sa.exc.DataError) as exc:
-        return None, exc
+        raise CommitFailed(exc, recorded) from exc
 
 
 def commit_body(core: StoreCoreLike, conn: Connection, pending: PendingTurn) -> CommittedTurn:

@@ -30,6 +30,7 @@ from fsm.store.history import (
     StoreCoreLike,
 )
 from fsm.store.ledger.bodies import (
+    CommitFailed,
     abandon_body,
     begin_body,
     claim_body,
@@ -316,12 +317,15 @@ class LedgerMethods:
                 return commit_body(self._core, conn, pending)
         outcome = to_recording(pending, recording)
         with self._core.translate():
-            with self._write() as conn:
-                done, failure = commit_recording_body(self._core, conn, pending, outcome)
-            if failure is not None:
-                raise failure
-        assert done is not None
-        return done
+            try:
+                with self._write() as conn:
+                    return commit_recording_body(self._core, conn, pending, outcome)
+            except CommitFailed as failed:
+                failure = failed
+            if failure.recorded:  # rolled back with the commit: recorded alone
+                with self._write() as conn:
+                    finished_body(self._core, conn, pending, *outcome)
+            raise failure.cause
 
     def abandon(self, pending: PendingTurn, reason: str) -> PendingTurn:
         """Give up the pending turn: it stays in the ledger for audit (with ``reason``), and
@@ -497,16 +501,20 @@ class AsyncLedgerMethods:
         outcome = None if recording is None else to_recording(pending, recording)
         await self.open()
         with self._core.translate():
-            async with self._write() as conn:
-                if outcome is None:
-                    return await conn.run_sync(lambda c: commit_body(self._core, c, pending))
-                done, failure = await conn.run_sync(
-                    lambda c: commit_recording_body(self._core, c, pending, outcome)
-                )
-            if failure is not None:
-                raise failure
-        assert done is not None
-        return done
+            try:
+                async with self._write() as conn:
+                    if outcome is None:
+                        return await conn.run_sync(lambda c: commit_body(self._core, c, pending))
+                    return await conn.run_sync(
+                        lambda c: commit_recording_body(self._core, c, pending, outcome)
+                    )
+            except CommitFailed as failed:
+                failure = failed
+            assert outcome is not None
+            if failure.recorded:  # rolled back with the commit: recorded alone
+                async with self._write() as conn:
+                    await conn.run_sync(lambda c: finished_body(self._core, c, pending, *outcome))
+            raise failure.cause
 
     async def abandon(self, pending: PendingTurn, reason: str) -> PendingTurn:
         """:meth:`ConversationStore.abandon <fsm.store.ConversationStore.abandon>`, awaited."""
