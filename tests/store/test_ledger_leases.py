@@ -317,6 +317,42 @@ def test_an_outcome_is_recorded_with_the_next_step(store: ConversationStore) -> 
     assert not store.commit(pending, recording=Outcome(1, error="SMTP down")).created
 
 
+def test_steps_given_an_older_handle_do_what_the_store_holds(store: ConversationStore) -> None:
+    """The steps read only the turn's row when the handle is the latest (the common case) and
+    trust its calls' states; given an older handle (a step retried after its answer was lost),
+    they find the store holds more and decide on what it holds: nothing started twice, no
+    outcome recorded twice or changed, the commit whole."""
+    from sqlalchemy import event
+
+    from fsm.store.ledger import Outcome
+
+    cid = _conv(store)
+    first = store.begin(cid, make_turn(CALLS), start=0)
+    latest = store.started(first, 1, recording=Outcome(0, result="paid"))
+    statements: list[str] = []
+    event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    again = store.started(first, 1, recording=Outcome(0, result="paid"))  # the retry: a no-op
+    assert [(e.state, e.starts) for e in again.executions] == [("succeeded", 1), ("started", 1)]
+    assert again == latest == store.pending(cid)
+    with pytest.raises(LedgerStateError, match="with another result"):
+        store.started(first, 1, recording=Outcome(0, result="changed"))
+    statements.clear()
+    done = store.commit(first, recording=Outcome(1, error="SMTP down"))  # an older handle
+    assert done.created
+    assert [m.get("content") for m in store.history(cid)[2:]] == ["paid", "SMTP down"]
+    assert any("SELECT" in s and "fsm_tool_executions" in s for s in statements)  # it read them
+    # the latest handle: the turn's row only, the calls as the handle shows them
+    cid2 = _conv(store, "c2")
+    pending = store.started(
+        store.begin(cid2, make_turn(CALLS), start=0), 1, recording=Outcome(0, result="x")
+    )
+    statements.clear()
+    assert store.commit(pending, recording=Outcome(1, result="y")).created
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    assert not any("fsm_tool_executions" in s for s in reads), reads
+    assert [m.get("content") for m in store.history(cid2)[2:]] == ["x", "y"]
+
+
 def test_a_commit_that_fails_keeps_the_outcome_it_recorded(store: ConversationStore) -> None:
     from fsm.store.ledger import Outcome
 

@@ -394,20 +394,24 @@ def _finish(conn: Connection, stored: PendingTurn, recording: Recording) -> Pend
             f"call {position} ({ex.call.name}) of pending turn {stored.id} was never started: "
             "record started() before the tool runs"
         )
-    succeeded = state == "succeeded"
-    row = conn.execute(
-        step_statement("finish"),
-        {
-            "c": stored.conversation_id,
-            "p": stored.id,
-            "pos": position,
-            "state": state,
-            "result": text if succeeded else None,
-            "parts": parts if succeeded else None,
-            "error": None if succeeded else text,
-        },
-    ).one()
+    row = conn.execute(step_statement("finish"), _finish_params(stored, recording)).one()
     return _with(stored, position, row)
+
+
+def _finish_params(stored: PendingTurn, recording: Recording) -> dict[str, Any]:
+    """The binds of the ``finish`` statement that records ``recording`` on ``stored``."""
+    position, outcome, text, parts = recording
+    state = execution_next("started", "succeed" if outcome == "succeeded" else "fail")
+    succeeded = state == "succeeded"
+    return {
+        "c": stored.conversation_id,
+        "p": stored.id,
+        "pos": position,
+        "state": state,
+        "result": text if succeeded else None,
+        "parts": parts if succeeded else None,
+        "error": None if succeeded else text,
+    }
 
 
 def started_body(
@@ -421,10 +425,57 @@ def started_body(
     """Record that the owner starts call ``position`` (a no-op if this owner already did), and
     renew its lease: the tool starts with a whole lease ahead. ``recording``: an outcome to
     record first, in the same transaction (the previous tool's)."""
+    row = _renew(core, conn, pending, lease)
+    if row is not None:  # still pending and this owner's: the common case, read no more
+        done = _started_as_handled(conn, _as_handled(pending, row), position, recording)
+        if done is not None:
+            return done
     stored = _renewed(core, conn, pending, lease)
     if recording is not None:
         stored = _finish(conn, stored, recording)
     return _start(core, conn, stored, position, None)
+
+
+def _as_handled(pending: PendingTurn, row: Any) -> PendingTurn:
+    """The turn as its row (just read under its lock, still pending and ``pending``'s owner's)
+    says, with the executions of the handle ``pending``: this owner's own record of them. An
+    outcome there is the stored one (an outcome is final); a state before an outcome may be
+    older than the store's when the handle is (a step retried after its answer was lost), so
+    the steps below change a call only from the state the handle shows, and give up (``None``)
+    when the store holds another: the caller then reads the executions and decides as always."""
+    return replace(
+        built_turn(pending.conversation_id, row._mapping, ()), executions=pending.executions
+    )
+
+
+def _finished_as_handled(
+    conn: Connection, stored: PendingTurn, recording: Recording
+) -> PendingTurn | None:
+    """``recording`` on a call the handle shows started, or ``None``."""
+    position = recording[0]
+    if stored.executions[position].state != "started":
+        return None
+    row = conn.execute(step_statement("finish"), _finish_params(stored, recording)).first()
+    return None if row is None else _with(stored, position, row)
+
+
+def _started_as_handled(
+    conn: Connection, stored: PendingTurn, position: int, recording: Recording | None
+) -> PendingTurn | None:
+    """``recording``, then call ``position`` started, on the calls as the handle shows them
+    (see :func:`_as_handled`), or ``None``."""
+    if recording is not None:
+        found = _finished_as_handled(conn, stored, recording)
+        if found is None:
+            return None
+        stored = found
+    if stored.executions[position].state != "not_started":
+        return None
+    row = conn.execute(
+        step_statement("start_new"),
+        {"c": stored.conversation_id, "p": stored.id, "pos": position, "owner": stored.owner},
+    ).first()
+    return None if row is None else _with(stored, position, row)
 
 
 def finished_body(
@@ -458,6 +509,18 @@ def commit_recording_body(
     """Record ``recording`` (the last tool's outcome), then commit the turn, in one
     transaction; a commit that fails raises :class:`CommitFailed` (no savepoint: the rare
     failure costs a second transaction, the common commit two statements less)."""
+    if isinstance(pending, PendingTurn):  # the common case first: read no more than the turn
+        if core.postgres:
+            require_conversation(conn, pending.conversation_id, lock=True)
+        keys = {"c": pending.conversation_id, "p": pending.id, "holder": pending.owner}
+        row = conn.execute(step_statement("owned", core.postgres), keys).first()
+        if row is not None:
+            found = _finished_as_handled(conn, _as_handled(pending, row), recording)
+            if found is not None and all(e.state in EXECUTION_OUTCOMES for e in found.executions):
+                try:
+                    return _commit_stored(core, conn, pending, found)
+                except (StoreError, sa.exc.IntegrityError, sa.exc.DataError) as exc:
+                    raise CommitFailed(exc, True) from exc
     stored = _owned(core, conn, pending, "commit")
     recorded = stored.state == "pending" and stored.owner == pending.owner
     if recorded:

@@ -125,6 +125,11 @@ def _build(name: str, postgres: bool) -> Any:
             t.conversation_id == sa.bindparam("c"), t.state == "pending"
         )
         return query.with_for_update() if name == "open_locked" else query
+    if name == "owned":  # the turn's row, if still pending and the holder's
+        query = sa.select(_TURNS_T).where(
+            turn, t.state == "pending", t.owner == sa.bindparam("holder")
+        )
+        return query.with_for_update() if postgres else query
     if name == "renew":  # the owner's lease renewed, the turn's row read back
         return (
             sa.update(_TURNS_T)
@@ -158,10 +163,11 @@ def _build(name: str, postgres: bool) -> Any:
             .where(e.conversation_id == sa.bindparam("c"), e.pending_id == sa.bindparam("p"))
             .order_by(e.position)
         )
-    if name == "start":
+    if name in ("start", "start_new"):  # start_new: only a call not started yet
+        where = call if name == "start" else sa.and_(call, e.state == "not_started")
         return (
             sa.update(_EXEC_T)
-            .where(call)
+            .where(where)
             .values(
                 state=execution_next("not_started", "start"),
                 starts=e.starts + 1,
@@ -170,10 +176,10 @@ def _build(name: str, postgres: bool) -> Any:
             )
             .returning(*_EXEC_T.c)
         )
-    if name == "finish":
+    if name == "finish":  # only a started call: an outcome is recorded once
         return (
             sa.update(_EXEC_T)
-            .where(call)
+            .where(call, e.state == "started")
             .values(
                 state=sa.bindparam("state", type_=e.state.type),
                 finished_at=db_now(),
