@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, mypy_cache
 
 USER_FILE = REPO / "tests" / "typing" / "history_per_format.py"
 
@@ -25,7 +25,7 @@ def _mypy(*target: str) -> subprocess.CompletedProcess[str]:
     """``mypy --strict`` on ``target`` with this environment's SDKs, fsm from the checkout."""
     pytest.importorskip("mypy")
     return subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", *target],
+        [sys.executable, "-m", "mypy", "--strict", *mypy_cache(), *target],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -28,7 +28,7 @@ from packaging.utils import canonicalize_name
 
 import fsm
 from fsm.cli.main import cli
-from tests.helpers import REPO
+from tests.helpers import REPO, mypy_cache
 
 DIST = "fsm-toolcalls"
 PROJECT: dict[str, Any] = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))[
@@ -240,7 +240,7 @@ def test_the_editable_install_is_one_mypy_follows(tmp_path: Path) -> None:
     shutil.copy(REPO / "ci" / "user_check.py", tmp_path / "user_check.py")
     (tmp_path / "misuse.py").write_text("import fsm\n\nversion: int = fsm.__version__\n")
     done = subprocess.run(
-        [mypy, "--strict", "--no-incremental", "user_check.py", "misuse.py"],
+        [mypy, "--strict", *mypy_cache(), "user_check.py", "misuse.py"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

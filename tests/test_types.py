@@ -23,6 +23,7 @@ import fsm.types as T
 from fsm import parse
 from fsm.agent import function_tool
 from fsm.store import ConversationStore
+from tests.helpers import mypy_cache
 from tests.helpers.agent import DEMO, FINAL, USER
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,9 +113,7 @@ def test_a_user_module_passing_fsm_messages_to_the_sdk_passes_mypy_strict(
             "-m",
             "mypy",
             "--strict",
-            "--no-incremental",
-            "--cache-dir",
-            os.devnull,
+            *mypy_cache(),
             "--hide-error-context",
             "--no-color-output",
             "--show-error-codes",

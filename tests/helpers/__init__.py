@@ -266,3 +266,16 @@ def require_framework(module: str, extra: str) -> Any:
         if os.environ.get("FSM_REQUIRE_FRAMEWORKS") == "1":
             pytest.fail(message + "; FSM_REQUIRE_FRAMEWORKS=1 makes this an error")
         pytest.skip(message, allow_module_level=True)
+
+
+def mypy_cache() -> list[str]:
+    """mypy's options for a cache shared by the mypy runs of one test worker (one directory per
+    interpreter and xdist worker, in the system's temporary directory): the first run checks the
+    SDKs' stubs, the later ones reuse them (mypy checks each cached file against the source, so
+    an edited fsm is checked again)."""
+    import hashlib
+    import tempfile
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    venv = hashlib.sha256(sys.executable.encode()).hexdigest()[:12]
+    return ["--cache-dir", str(Path(tempfile.gettempdir()) / "fsm-tests-mypy" / f"{venv}-{worker}")]
