@@ -17,6 +17,7 @@ each argument fragment appended while ``accumulating``.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
 from transitions import Event as _MachineEvent
@@ -282,13 +283,22 @@ def stream_next(state: StreamState, trigger: str) -> StreamState:
 def stream_diagram() -> str:
     """The stream's states as Mermaid ``stateDiagram-v2`` text, built from
     :data:`STREAM_TRANSITIONS` (the manual shows it, generated at each build)."""
-    lines = ["stateDiagram-v2", f"    [*] --> {StreamState.OPEN.value}"]
-    for trigger, sources, dest in STREAM_TRANSITIONS:
+    return _diagram(
+        [s.value for s in StreamState],
+        [(t, tuple(s.value for s in sources), d.value) for t, sources, d in STREAM_TRANSITIONS],
+    )
+
+
+def _diagram(states: Sequence[str], table: Sequence[tuple[str, tuple[str, ...], str]]) -> str:
+    """Mermaid ``stateDiagram-v2`` text of a machine: ``states`` (the first is the initial
+    one; those no transition leaves are final) and its ``(trigger, sources, destination)``."""
+    lines = ["stateDiagram-v2", f"    [*] --> {states[0]}"]
+    for trigger, sources, dest in table:
         for source in sources:
-            lines.append(f"    {source.value} --> {dest.value}: {trigger}")
-    for state in StreamState:
-        if not any(state in sources for _, sources, _ in STREAM_TRANSITIONS):
-            lines.append(f"    {state.value} --> [*]")
+            lines.append(f"    {source} --> {dest}: {trigger}")
+    for state in states:
+        if not any(state in sources for _, sources, _ in table):
+            lines.append(f"    {state} --> [*]")
     return "\n".join(lines) + "\n"
 
 
@@ -547,11 +557,4 @@ def ledger_diagram(machine: str) -> str:
         "turn": (LEDGER_TURN_STATES, LEDGER_TURN_TRANSITIONS),
         "execution": (EXECUTION_STATES, EXECUTION_TRANSITIONS),
     }[machine]
-    lines = ["stateDiagram-v2", f"    [*] --> {states[0]}"]
-    for trigger, sources, dest in table:
-        for source in sources:
-            lines.append(f"    {source} --> {dest}: {trigger}")
-    for state in states:
-        if not any(state in sources for _, sources, _ in table):
-            lines.append(f"    {state} --> [*]")
-    return "\n".join(lines) + "\n"
+    return _diagram(states, table)

@@ -509,26 +509,38 @@ def commit_recording_body(
     """Record ``recording`` (the last tool's outcome), then commit the turn, in one
     transaction; a commit that fails raises :class:`CommitFailed` (no savepoint: the rare
     failure costs a second transaction, the common commit two statements less)."""
-    if isinstance(pending, PendingTurn):  # the common case first: read no more than the turn
-        if core.postgres:
-            require_conversation(conn, pending.conversation_id, lock=True)
-        keys = {"c": pending.conversation_id, "p": pending.id, "holder": pending.owner}
-        row = conn.execute(step_statement("owned", core.postgres), keys).first()
-        if row is not None:
-            found = _finished_as_handled(conn, _as_handled(pending, row), recording)
-            if found is not None and all(e.state in EXECUTION_OUTCOMES for e in found.executions):
-                try:
-                    return _commit_stored(core, conn, pending, found)
-                except (StoreError, sa.exc.IntegrityError, sa.exc.DataError) as exc:
-                    raise CommitFailed(exc, True) from exc
-    stored = _owned(core, conn, pending, "commit")
-    recorded = stored.state == "pending" and stored.owner == pending.owner
-    if recorded:
-        stored = _finish(conn, stored, recording)
+    found = _commit_as_handled(core, conn, pending, recording)
+    if found is not None:
+        stored, recorded = found, True
+    else:
+        stored = _owned(core, conn, pending, "commit")
+        recorded = stored.state == "pending" and stored.owner == pending.owner
+        if recorded:
+            stored = _finish(conn, stored, recording)
     try:
         return _commit_stored(core, conn, pending, stored)
     except (StoreError, sa.exc.IntegrityError, sa.exc.DataError) as exc:
         raise CommitFailed(exc, recorded) from exc
+
+
+def _commit_as_handled(
+    core: StoreCoreLike, conn: Connection, pending: PendingTurn, recording: Recording
+) -> PendingTurn | None:
+    """The common case of :func:`commit_recording_body`: the turn still pending and
+    ``pending``'s owner's, read by one query, ``recording`` recorded on the calls as the handle
+    shows them (see :func:`_as_handled`), every call then with an outcome; ``None`` otherwise."""
+    if not isinstance(pending, PendingTurn):
+        return None
+    if core.postgres:
+        require_conversation(conn, pending.conversation_id, lock=True)
+    keys = {"c": pending.conversation_id, "p": pending.id, "holder": pending.owner}
+    row = conn.execute(step_statement("owned", core.postgres), keys).first()
+    if row is None:
+        return None
+    found = _finished_as_handled(conn, _as_handled(pending, row), recording)
+    if found is None or any(e.state not in EXECUTION_OUTCOMES for e in found.executions):
+        return None
+    return found
 
 
 def commit_body(core: StoreCoreLike, conn: Connection, pending: PendingTurn) -> CommittedTurn:
