@@ -339,7 +339,10 @@ def configure_engine(
         # the host's own transactions keep their JIT setting: only fsm's write transactions
         # (the WRITE option) get a setting of fsm's
         profile = store_profile(foreign_keys=True, busy_timeout=busy_timeout)
-        configure(sync_engine, dataclasses.replace(profile, postgres_every_transaction=None))
+        configure(
+            sync_engine,
+            dataclasses.replace(profile, postgres_every_transaction=None, postgres_own_begin=False),
+        )
     # connections opened before this call lack the settings: the pool's are closed (a new
     # pool takes their place), one still checked out is refused by require_configured
     sync_engine.dispose()

@@ -110,6 +110,10 @@ class _Profile:
     postgres_deadline_ms: int | None = None
     #: PostgreSQL: run first in every transaction, writes or not (``None``: nothing)
     postgres_every_transaction: str | None = None
+    #: PostgreSQL (psycopg): fsm sends each transaction's ``BEGIN`` itself, in the same round
+    #: trip as its settings (:func:`_begin_statement`); only on fsm's own engines, never on a
+    #: host's engine given to :func:`configure_engine`
+    postgres_own_begin: bool = False
 
 
 def store_profile(
@@ -129,6 +133,7 @@ def store_profile(
         postgres_writes_only=True,
         postgres_deadline_ms=None if timeout is None else server_deadline_ms(timeout),
         postgres_every_transaction=_POSTGRES_EVERY_TRANSACTION,
+        postgres_own_begin=True,
     )
 
 
@@ -180,6 +185,7 @@ READONLY_PROFILE: Final = _Profile(
     postgres_transaction=_POSTGRES_READONLY_TRANSACTION,
     text_factory=_lenient_text,
     immediate_writes=False,
+    postgres_own_begin=True,
 )
 
 
@@ -312,7 +318,12 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
     transaction (or, with ``postgres_writes_only``, every write transaction) begins with the
     profile's ``postgres_transaction``, and with ``postgres_deadline_ms`` also sets its
     ``statement_timeout``, ``lock_timeout`` and ``idle_in_transaction_session_timeout``
-    locally: one round trip for all of them.
+    locally: one round trip for all of them. With ``postgres_own_begin`` (fsm's own engines
+    on psycopg) that round trip carries the ``BEGIN`` too: the driver connection is switched to
+    autocommit (psycopg then sends no ``BEGIN`` of its own; its ``commit()`` and
+    ``rollback()`` still end the transaction the server has open) and fsm begins the
+    transaction with the isolation level, read-only and deferrable modes SQLAlchemy set on the
+    connection (:func:`_begin_statement`): one round trip less per transaction.
 
     A session whose own value is shorter (set for the role or the database, or in the URL's
     ``options=-c lock_timeout=...``) keeps it: the deadline only ever shortens a wait."""
@@ -320,6 +331,7 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
     transaction, writes_only = profile.postgres_transaction, profile.postgres_writes_only
     every = profile.postgres_every_transaction
     deadline_ms = profile.postgres_deadline_ms
+    own_begin = profile.postgres_own_begin and engine.dialect.driver.startswith("psycopg")
     wanted: dict[str, int] = {}
     if deadline_ms is not None:
         # Several rows go in one INSERT ... VALUES statement, not through psycopg's pipelined
@@ -334,11 +346,12 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
             "lock_timeout": max(1, deadline_ms * 9 // 10),
             "idle_in_transaction_session_timeout": deadline_ms,
         }
-    if transaction is not None or wanted or every is not None:
+    if transaction is not None or wanted or every is not None or own_begin:
 
         @event.listens_for(engine, "begin")
         def _on_begin(connection: Connection) -> None:
-            statements = []
+            begin = _begin_statement(connection) if own_begin else None
+            statements = [] if begin is None else [begin]
             if transaction is not None and (
                 not writes_only or connection.get_execution_options().get(WRITE, False)
             ):
@@ -380,6 +393,33 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
         finally:
             cursor.close()
             dbapi_connection.autocommit = autocommit
+
+
+def _begin_statement(connection: Connection) -> str | None:
+    """The ``BEGIN`` psycopg would send for ``connection`` (its isolation level, read-only and
+    deferrable modes, as SQLAlchemy set them on the driver connection), after switching the
+    driver connection to autocommit so that psycopg sends none itself; ``None`` for a
+    connection the caller asked to be in autocommit (``isolation_level="AUTOCOMMIT"``)."""
+    level_option = connection.get_execution_options().get(
+        "isolation_level", getattr(connection.dialect, "isolation_level", None)
+    )
+    if level_option == "AUTOCOMMIT":
+        return None
+    dbapi = connection.connection.dbapi_connection
+    driver = connection.connection.driver_connection
+    assert dbapi is not None and driver is not None
+    parts = ["BEGIN"]
+    level = driver.isolation_level
+    if level is not None:
+        parts.append(f"ISOLATION LEVEL {level.name.replace('_', ' ')}")
+    if driver.read_only is not None:
+        parts.append("READ ONLY" if driver.read_only else "READ WRITE")
+    if driver.deferrable is not None:
+        parts.append("DEFERRABLE" if driver.deferrable else "NOT DEFERRABLE")
+    if not driver.autocommit:
+        # SQLAlchemy turns it off again when it resets a connection's isolation level
+        dbapi.autocommit = True
+    return " ".join(parts)
 
 
 def search_path_per_transaction(engine: Engine, schema: str) -> None:

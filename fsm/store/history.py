@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -199,7 +200,7 @@ def read_history(
             .scalar_subquery()
         )
         query = query.where(m.seq >= sa.func.coalesce(owner, first))
-    rows = conn.execute(query).all()
+    rows = _fetch(conn, query)
     messages: list[dict[str, Any]] = []
     append = messages.append
     calls_of: dict[int, list[dict[str, Any]]] = {}
@@ -347,7 +348,7 @@ def read_history(
             calls_query = calls_query.where(
                 t.assistant_seq >= min(calls_of), t.assistant_seq <= max(calls_of)
             )
-        calls = conn.execute(calls_query).all()
+        calls = _fetch(conn, calls_query)
         for assistant_seq, position, call_id, kind, name, arguments, state in calls:
             target = calls_of.get(assistant_seq) if type(assistant_seq) is int else None
             if target is None:
@@ -417,6 +418,19 @@ def read_history(
             )
         assistant["function_call"] = function
     return messages
+
+
+def _fetch(conn: Connection, query: sa.Executable) -> Sequence[Any]:
+    """All rows of ``query`` as the driver's tuples: the columns are read as the driver
+    returns them anyway (no type processing), and SQLAlchemy's ``Row`` objects would cost a
+    third of a long read. A driver error while fetching (SQLite steps the statement in
+    ``fetchall``) is met again through SQLAlchemy's own fetch, whose error handling types it."""
+    result = conn.execute(query)
+    try:
+        return result.cursor.fetchall()
+    except conn.dialect.loaded_dbapi.Error:
+        result.close()
+    return conn.execute(query).all()
 
 
 def read_provider(

@@ -253,8 +253,11 @@ def test_postgres_sessions_carry_no_fsm_setting(engine_name: str, db_url: sa.URL
         store.commit_turn(cid, make_turn(), ["r"])
         with store.engine.connect() as conn:
             assert conn.exec_driver_sql("SHOW enable_seqscan").scalar_one() == "on"
-    sets = [s for s in seen if s.upper().startswith("SET")]
+    # fsm begins its transactions itself, with their settings in the same round trip
+    parts = [part for statement in seen for part in statement.split("; ")]
+    sets = [s for s in parts if s.upper().startswith("SET")]
     assert sets and all(s.startswith("SET LOCAL ") for s in sets), sets
+    assert all(s.startswith("BEGIN; SET LOCAL ") for s in seen if "SET LOCAL" in s), seen
     # each write transaction begins with it (with the store's deadline, in the same round
     # trip): create_conversation, then commit_turn
     plan = [s for s in sets if s.startswith("SET LOCAL enable_seqscan = off")]

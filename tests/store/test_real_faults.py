@@ -733,6 +733,33 @@ def test_rotten_file_is_found_by_the_check_and_the_reads(
         store.history("c07")
 
 
+def test_a_page_that_rots_midway_through_a_read_is_typed(tmp_path: Path) -> None:
+    """history() fetches the driver's rows itself; SQLite steps the statement while fetching,
+    so a damaged page met after the first row raises there: still DatabaseCorruptError, not
+    the driver's sqlite3.DatabaseError."""
+    path = tmp_path / "long.db"
+    with ConversationStore(f"sqlite:///{path}", auto_upgrade=True) as store:
+        conv = store.create_conversation("long")
+        store.append(conv, [{"role": "user", "content": f"{i} " + "x" * 300} for i in range(600)])
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        leaves = [
+            page
+            for (page,) in conn.execute(
+                "SELECT pageno FROM dbstat WHERE name = 'fsm_messages' AND pagetype = 'leaf' "
+                "ORDER BY pageno"
+            )
+        ]
+    assert len(leaves) > 10, leaves
+    # a leaf near the end of the history: the first rows read fine, then the damage
+    flip_bytes(path, (leaves[-3] - 1) * page_size + 8, page_size - 8)
+    with ConversationStore(f"sqlite:///{path}") as store:
+        with pytest.raises(DatabaseCorruptError):
+            store.history("long")
+        assert len(store.history("long", last=2)) == 2  # the rows before the damage read on
+
+
 def test_the_check_sees_a_damaged_index(healthy: Path, tmp_path: Path) -> None:
     """Damage only an index (the rows are intact): quick_check and integrity_check see it."""
     with sqlite3.connect(healthy) as conn:

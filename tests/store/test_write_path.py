@@ -22,6 +22,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
+from bench.roundtrips import round_trips
 from fsm.store import ConversationStore, upgrade
 from tests.helpers.store import empty_database, make_turn, pg_partitions
 
@@ -155,10 +156,28 @@ def test_a_commit_is_few_statements(store: ConversationStore) -> None:
     finally:
         sa.event.remove(store.engine, "before_cursor_execute", before)
     if store.dialect == "postgresql":
-        assert seen == ["SET", "SELECT", "SELECT", "WITH"], seen
+        # fsm's own BEGIN carries the transaction's settings
+        assert seen == ["BEGIN;", "SELECT", "SELECT", "WITH"], seen
     else:
         assert seen == ["BEGIN", "SELECT", "INSERT", "INSERT", "INSERT"], seen
     assert store.history(conv)[-1]["content"] == "ok"
+
+
+def test_postgres_round_trips(store: ConversationStore) -> None:
+    """Counted on the wire (libpq's trace): a commit is 5 round trips (BEGIN with the
+    transaction's settings, the lock, the state, the insert, COMMIT), a read 4 (BEGIN with its
+    settings, two SELECTs, COMMIT); psycopg sends no BEGIN of its own."""
+    if store.dialect != "postgresql":
+        pytest.skip("PostgreSQL round trips")
+    conv = store.create_conversation()
+    with round_trips(store.engine) as commit:
+        store.commit_turn(conv, make_turn(response_id="trips"), ["ok"])
+    assert commit.total == 5, commit.trace
+    assert commit.trace[0].startswith('"BEGIN; SET LOCAL'), commit.trace
+    with round_trips(store.engine) as read:
+        store.history(conv)
+    assert read.total == 4, read.trace
+    assert read.trace[0].startswith('"BEGIN ISOLATION LEVEL REPEATABLE READ; SET LOCAL'), read.trace
 
 
 def test_sqlite_writers_of_a_process_take_turns(tmp_path: Path) -> None:
