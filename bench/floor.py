@@ -63,6 +63,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import store as bench_store  # noqa: E402  (bench/store.py: the turn, the peers, the report)
+from roundtrips import round_trips  # noqa: E402
 
 from fsm.parser import Turn  # noqa: E402
 from fsm.store import ConversationStore, upgrade  # noqa: E402
@@ -70,7 +71,7 @@ from fsm.store import ConversationStore, upgrade  # noqa: E402
 SECTION = "## Floor: store writes"
 RESULTS = bench_store.RESULTS
 WRITERS = 16
-CONVERSATION_POOLS = (16, 1000)
+POOLS = (16, 1000)
 FLOOR = "floor"
 FSM = "fsm"
 AGENTS = bench_store.AGENTS
@@ -228,6 +229,8 @@ class SingleRun:
     best: dict[str, float | str] = field(default_factory=dict)
     #: statements fsm sends for one commit (COMMIT included)
     statements: list[str] = field(default_factory=list)
+    #: PostgreSQL: round trips of one commit, counted on the wire (the floor's: 1)
+    round_trips: int | None = None
 
 
 def _turns(tag: str, n: int) -> list[Turn]:
@@ -253,6 +256,17 @@ def fsm_statements(store: ConversationStore) -> list[str]:
         event.remove(store.engine, "before_cursor_execute", before)
         event.remove(store.engine, "commit", at_commit)
     return seen
+
+
+def fsm_round_trips(store: ConversationStore) -> int | None:
+    """PostgreSQL: the round trips of one commit, counted on the wire (``None`` on SQLite,
+    which runs in the process)."""
+    if store.dialect != "postgresql":
+        return None
+    conv = store.create_conversation()
+    with round_trips(store.engine) as counted:
+        store.commit_turn(conv, bench_store.make_turn(3, "trips"), RESULTS)
+    return counted.total
 
 
 class AgentsWriter:
@@ -331,6 +345,7 @@ def single_writer(engine: Engine, turns: int, rounds: int, *, peers_too: bool = 
             run.best[name] = f"{type(exc).__name__}: {exc}"
     try:
         run.statements = fsm_statements(store)
+        run.round_trips = fsm_round_trips(store)
 
         def fsm_pass(tag: str) -> float:
             conv = store.create_conversation()
@@ -384,6 +399,8 @@ class ConcurrentRun:
     conversations: int
     fsm: Throughput
     floor: Throughput
+    #: writer processes, each on a conversation of its own (else threads sharing one store)
+    processes: bool = False
 
 
 def drive(
@@ -460,6 +477,76 @@ def concurrent(engine: Engine, conversations: int, turns_each: int) -> Concurren
     return ConcurrentRun(engine.name, conversations, ours, theirs)
 
 
+# -- sixteen writer processes -----------------------------------------------------------------
+def _process_writer(engine: Engine, which: str, turns_each: int, barrier: Any, queue: Any) -> None:
+    """One writer process: its own conversation (so the floor may keep the seq in Python), its
+    own store or connection, ``turns_each`` turns timed one by one after the start barrier."""
+    latencies: list[float] = []
+    try:
+        prepared = _turns(f"{which}-{uuid.uuid4().hex[:8]}", turns_each + 1)
+        if which == FSM:
+            with ConversationStore(engine.url) as store:
+                conv = store.create_conversation()
+                store.commit_turn(conv, prepared[0], RESULTS)  # warm: statements compiled
+                barrier.wait()
+                for turn in prepared[1:]:
+                    start = time.perf_counter()
+                    store.commit_turn(conv, turn, RESULTS)
+                    latencies.append(time.perf_counter() - start)
+        else:
+            floor = engine.floor()
+            try:
+                conv = uuid.uuid4().hex
+                floor.create([conv])
+                floor.commit(conv, 0, prepared[0])
+                seq = 1 + len(prepared[0].tool_calls)
+                barrier.wait()
+                for turn in prepared[1:]:
+                    start = time.perf_counter()
+                    floor.commit(conv, seq, turn)
+                    latencies.append(time.perf_counter() - start)
+                    seq += 1 + len(turn.tool_calls)
+            finally:
+                floor.close()
+        queue.put(latencies)
+    except BaseException as exc:  # reported by the parent
+        queue.put(f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def processes(engine: Engine, turns_each: int) -> ConcurrentRun:
+    """:data:`WRITERS` writer processes, each on a conversation of its own, fsm then the floor:
+    turns per second from the start barrier to the last writer's end, and latencies."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    found: dict[str, Throughput] = {}
+    for which in (FSM, FLOOR):
+        barrier, queue = ctx.Barrier(WRITERS + 1), ctx.Queue()
+        procs = [
+            ctx.Process(target=_process_writer, args=(engine, which, turns_each, barrier, queue))
+            for _ in range(WRITERS)
+        ]
+        for proc in procs:
+            proc.start()
+        barrier.wait(timeout=300)
+        start = time.perf_counter()
+        got = [queue.get(timeout=600) for _ in procs]
+        elapsed = time.perf_counter() - start
+        for proc in procs:
+            proc.join()
+        failed = [g for g in got if isinstance(g, str)]
+        if failed:
+            raise RuntimeError(f"{which} writer failed: {failed[0]}")
+        flat = sorted(x for lat in got for x in lat)
+        found[which] = Throughput(
+            len(flat) / elapsed,
+            statistics.median(flat),
+            flat[min(len(flat) - 1, round(0.99 * (len(flat) - 1)))],
+        )
+    return ConcurrentRun(engine.name, WRITERS, found[FSM], found[FLOOR], processes=True)
+
+
 # -- engines ----------------------------------------------------------------------------------
 @contextmanager
 def engines(tmp: Path, postgres: str | None) -> Iterator[tuple[list[Engine], str | None]]:
@@ -512,8 +599,8 @@ def _cell(value: float | str | None) -> str:
 def single_table(runs: list[SingleRun]) -> list[str]:
     lines = [
         "| engine | fsm | floor | fsm/floor | openai-agents | fsm/openai-agents | langchain "
-        "| fsm/langchain | fsm statements |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| fsm/langchain | fsm statements | fsm round trips |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for run in runs:
         ours = run.best[FSM]
@@ -522,19 +609,22 @@ def single_table(runs: list[SingleRun]) -> list[str]:
         for name in (AGENTS, LANGCHAIN):
             cells += [_cell(run.best.get(name)), _ratio(ours, run.best.get(name))]
         cells.append(str(len(run.statements)))
+        cells.append("-" if run.round_trips is None else str(run.round_trips))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
 def concurrent_table(runs: list[ConcurrentRun]) -> list[str]:
     lines = [
-        "| engine | conversations | fsm turns/s | fsm p99 | floor turns/s | floor p99 "
+        "| engine | writers | conversations | fsm turns/s | fsm p99 | floor turns/s | floor p99 "
         "| fsm/floor turns/s |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for run in runs:
+        writers = f"{WRITERS} processes" if run.processes else f"{WRITERS} threads"
+        conversations = "one each" if run.processes else f"{run.conversations:,}"
         lines.append(
-            f"| {run.engine} | {run.conversations:,} | {run.fsm.turns_per_s:,.0f} | "
+            f"| {run.engine} | {writers} | {conversations} | {run.fsm.turns_per_s:,.0f} | "
             f"{_ms(run.fsm.p99_s)} | {run.floor.turns_per_s:,.0f} | {_ms(run.floor.p99_s)} | "
             f"{run.fsm.turns_per_s / run.floor.turns_per_s:.2f} |"
         )
@@ -624,16 +714,25 @@ def main(argv: list[str] | None = None) -> int:
                 ratio = _ratio(run.best[FSM], value) if name != FSM else ""  # type: ignore[arg-type]
                 print(f"  {name:14} {_cell(value):>10}  fsm/{name} {ratio}")
             print(f"  fsm statements: {len(run.statements)}: {run.statements}")
+            if run.round_trips is not None:
+                print(f"  fsm round trips per commit: {run.round_trips} (the floor's: 1)")
         if not args.no_concurrency:
             for engine in found:
-                for pool in CONVERSATION_POOLS:
-                    got = concurrent(engine, pool, args.concurrent_turns)
+                runs = [concurrent(engine, pool, args.concurrent_turns) for pool in POOLS]
+                runs.append(processes(engine, args.concurrent_turns))
+                for got in runs:
                     concurrents.append(got)
+                    where = (
+                        f"{WRITERS} writer processes, a conversation each"
+                        if got.processes
+                        else f"{WRITERS} writer threads on {got.conversations} conversations"
+                    )
                     print(
-                        f"{engine.name}, {WRITERS} writers on {pool} conversations: fsm "
+                        f"{engine.name}, {where}: fsm "
                         f"{got.fsm.turns_per_s:,.0f} turns/s p50 {_ms(got.fsm.p50_s)} p99 "
                         f"{_ms(got.fsm.p99_s)}; floor {got.floor.turns_per_s:,.0f} turns/s p50 "
-                        f"{_ms(got.floor.p50_s)} p99 {_ms(got.floor.p99_s)}"
+                        f"{_ms(got.floor.p50_s)} p99 {_ms(got.floor.p99_s)}; fsm/floor "
+                        f"{got.fsm.turns_per_s / got.floor.turns_per_s:.2f}"
                     )
     elapsed = time.perf_counter() - started
     load_end = bench_store._load()

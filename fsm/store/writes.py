@@ -125,50 +125,55 @@ def insert_turn(
     call_columns: tuple[str, ...],
     calls: int,
 ) -> sa.TextClause:
-    """PostgreSQL: the ``messages`` rows (the assistant message, then one result per call;
-    binds ``m{i}_{column}``) and the ``tool_calls`` rows (binds ``c{i}_{column}``) of a turn, in
-    one statement, in ``schema`` (``None``: the ``search_path``).
+    """PostgreSQL: the ``messages`` rows (the assistant message, then one result per call) and
+    the ``tool_calls`` rows of a turn, in one statement, in ``schema`` (``None``: the
+    ``search_path``): each table's rows ``unnest``-ed from one array per column (binds
+    ``m_{column}`` and ``c_{column}``; see :func:`turn_params`).
 
-    A text statement with typed binds (SQLAlchemy caches its compiled form; a Core
-    ``insert().values([...])`` of several rows has no cache key and compiles at every call);
-    the values' types are the columns' own (the codec's encodings, JSON)."""
+    An array per column, not a placeholder per value: the statement's text and its number of
+    parameters stay the same whatever the number of calls and small enough (at most 50
+    parameters) for psycopg to cache its conversion of the query, which for a
+    placeholder per value (some 150 for a turn of 3 calls) it parsed again at every commit:
+    more than half of a commit's time in Python. A text statement with typed binds
+    (SQLAlchemy caches its compiled form); each element is bound as its column's type (the
+    codec's encodings, JSON)."""
     quote = _QUOTE.quote
 
-    def target(table: sa.Table, columns: tuple[str, ...]) -> str:
+    def insert(table: sa.Table, columns: tuple[str, ...], prefix: str) -> str:
         name = quote(table.name) if schema is None else f"{quote(schema)}.{quote(table.name)}"
-        return f"{name} ({', '.join(quote(c) for c in columns)})"
-
-    def values(columns: tuple[str, ...], rows: int, prefix: str) -> str:
-        return ", ".join(
-            "(" + ", ".join(f":{prefix}{i}_{c}" for c in columns) + ")" for i in range(rows)
+        arrays = ", ".join(f"CAST(:{prefix}_{c} AS {_array_type(table, c)})" for c in columns)
+        return (
+            f"INSERT INTO {name} ({', '.join(quote(c) for c in columns)}) "
+            f"SELECT * FROM unnest({arrays})"
         )
 
-    sql = f"INSERT INTO {target(MESSAGES, message_columns)} VALUES " + values(
-        message_columns, calls + 1, "m"
-    )
-    binds = [_bind(MESSAGES, c, f"m{i}_{c}") for i in range(calls + 1) for c in message_columns]
+    sql = insert(MESSAGES, message_columns, "m")
+    binds = [_array_bind(MESSAGES, c, f"m_{c}") for c in message_columns]
     if calls:
-        sql = (
-            f"WITH written_calls AS (INSERT INTO {target(TOOL_CALLS, call_columns)} VALUES "
-            + values(call_columns, calls, "c")
-            + ") "
-            + sql
-        )
-        binds += [_bind(TOOL_CALLS, c, f"c{i}_{c}") for i in range(calls) for c in call_columns]
+        sql = f"WITH written_calls AS ({insert(TOOL_CALLS, call_columns, 'c')}) {sql}"
+        binds += [_array_bind(TOOL_CALLS, c, f"c_{c}") for c in call_columns]
     return sa.text(sql).bindparams(*binds)
 
 
-#: quotes identifiers as PostgreSQL needs them
-_QUOTE: Final = postgresql.dialect().identifier_preparer  # type: ignore[no-untyped-call]
+def _array_type(table: sa.Table, column: str) -> str:
+    """The SQL type of an array of ``column``'s values (``TEXT[]``, ``JSON[]``, ...)."""
+    return f"{table.c[column].type.compile(dialect=_PG)}[]"
+
+
+def _array_bind(table: sa.Table, column: str, name: str) -> sa.BindParameter[Any]:
+    """A bind of a list of ``column``'s values, each processed as the column's type."""
+    # one dimension: a JSON value that is a list is an element, not a nested array
+    return sa.bindparam(name, type_=postgresql.ARRAY(table.c[column].type, dimensions=1))
+
+
+#: quotes identifiers as PostgreSQL needs them, and renders its types
+_PG: Final = postgresql.dialect()  # type: ignore[no-untyped-call]
+_QUOTE: Final = _PG.identifier_preparer
 
 
 def turn_params(
     prefix: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]
 ) -> dict[str, Any]:
-    """The bind values of ``rows`` for :func:`insert_turn` (``prefix`` ``m`` or ``c``); a
-    column a row lacks is NULL."""
-    params: dict[str, Any] = {}
-    for i, row in enumerate(rows):
-        for c in columns:
-            params[f"{prefix}{i}_{c}"] = row.get(c)
-    return params
+    """The bind values of ``rows`` for :func:`insert_turn` (``prefix`` ``m`` or ``c``): a list
+    per column, a row's value or NULL where the row lacks the column."""
+    return {f"{prefix}_{c}": [row.get(c) for row in rows] for c in columns}
