@@ -14,6 +14,7 @@ fsm (index probes) and once through a bare connection (sequential scans of the g
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -228,3 +229,49 @@ def test_sqlite_writers_of_a_process_take_turns(tmp_path: Path) -> None:
                 t.join()
             assert not errors, errors
             assert len(patient.history(conv)) == 16 * 5 * 2
+
+
+@pytest.mark.parametrize("host", [False, True], ids=["own engine", "host engine"])
+def test_sqlite_writer_waits_for_another_process_lock(tmp_path: Path, host: bool) -> None:
+    """Another process's write lock (here a bare sqlite3 connection, which takes no lock of
+    this process): the store's BEGIN IMMEDIATE polls with a short jittered backoff, lands once
+    the lock is released, raises the retryable StoreBusyError when it is held past
+    ``busy_timeout``; the connection's busy timeout (for its reads) is back afterwards. The
+    same through a host's engine given to configure_engine (no error hook of the store's)."""
+    import sqlite3
+    import threading
+
+    from fsm.store import configure_engine
+    from fsm.store.errors import StoreBusyError
+
+    path = tmp_path / "other.db"
+    url = sa.make_url(f"sqlite:///{path}")
+    upgrade(url)
+    engine = configure_engine(sa.create_engine(url), busy_timeout=0.5) if host else None
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        with (
+            ConversationStore(engine=engine) if host else ConversationStore(url, busy_timeout=0.5)
+        ) as store:
+            conv = store.create_conversation()
+            other.execute("BEGIN IMMEDIATE")
+            started = time.monotonic()
+            with pytest.raises(StoreBusyError) as busy:
+                store.append(conv, [{"role": "user", "content": "never"}])
+            assert busy.value.retryable
+            assert time.monotonic() - started >= 0.45  # waited its busy timeout first
+            releaser = threading.Timer(0.2, lambda: other.execute("COMMIT"))
+            other.execute("COMMIT")
+            other.execute("BEGIN IMMEDIATE")
+            releaser.start()
+            try:
+                store.append(conv, [{"role": "user", "content": "after the lock"}])
+            finally:
+                releaser.join()
+            assert [m["content"] for m in store.history(conv)] == ["after the lock"]
+            with store.engine.connect() as conn:
+                assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar_one() == 500
+    finally:
+        other.close()
+        if engine is not None:
+            engine.dispose()
