@@ -353,6 +353,54 @@ def test_steps_given_an_older_handle_do_what_the_store_holds(store: Conversation
     assert [m.get("content") for m in store.history(cid2)[2:]] == ["x", "y"]
 
 
+def test_a_step_that_records_and_starts_in_one_statement_meets_what_the_store_holds(
+    store: ConversationStore,
+) -> None:
+    """started(recording=...) records the outcome and starts the next call with one statement
+    (on PostgreSQL the owner's lease renewed by it too): when the store holds the outcome
+    already (so only the start applies) it is a no-op there, a changed outcome rolls the start
+    back, and a turn claimed by another process is left as the claimer has it."""
+    from fsm.store.ledger import Outcome
+
+    cid = _conv(store)
+    first = store.begin(cid, make_turn(CALLS), start=0)
+    assert [(e.state, e.starts, e.started_by) for e in first.executions] == [
+        ("started", 1, first.owner),
+        ("not_started", 0, None),
+    ]
+    assert first.executions[0].started_at is not None
+    store.succeeded(first, 0, "paid")  # the store holds the outcome; the handle does not
+    with pytest.raises(LedgerStateError, match="with another result"):
+        store.started(first, 1, recording=Outcome(0, result="changed"))
+    stored = store.pending(cid)
+    assert stored is not None
+    assert [(e.state, e.starts) for e in stored.executions] == [
+        ("succeeded", 1),
+        ("not_started", 0),  # rolled back with the refused outcome
+    ]
+    done = store.started(first, 1, recording=Outcome(0, result="paid"))
+    assert [(e.state, e.starts) for e in done.executions] == [("succeeded", 1), ("started", 1)]
+    assert done == store.pending(cid)
+    assert done.lease_expires_at is not None and first.lease_expires_at is not None
+    assert done.lease_expires_at >= first.lease_expires_at  # renewed
+    # another owner claims the turn: the old owner's step changes nothing
+    cid2 = _conv(store, "c2")
+    mine = store.begin(cid2, make_turn(CALLS), start=0)
+    store.release(mine)
+    seen = store.pending(cid2)
+    assert seen is not None
+    taken = store.claim(seen)
+    with pytest.raises(PendingTurnError, match="claimed by another process"):
+        store.started(mine, 1, recording=Outcome(0, result="paid"))
+    after = store.pending(cid2)
+    assert after is not None and after.owner == taken.owner
+    assert after.lease_expires_at == taken.lease_expires_at
+    assert [(e.state, e.starts) for e in after.executions] == [
+        ("started", 1),
+        ("not_started", 0),
+    ]
+
+
 def test_a_commit_that_fails_keeps_the_outcome_it_recorded(store: ConversationStore) -> None:
     from fsm.store.ledger import Outcome
 

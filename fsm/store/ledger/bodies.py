@@ -152,6 +152,9 @@ def begin_body(
     pending_id = inserted._mapping["id"]
     executions: Sequence[Any] = []
     if n:
+        # the call ``start`` is inserted started (by this owner, now): one statement less
+        # than inserting it not started and starting it (the INSERT gave the turn its lease)
+        started = execution_next("not_started", "start")
         executions = conn.execute(
             step_statement("insert_executions"),
             [
@@ -162,15 +165,21 @@ def begin_body(
                     "pending_n_calls": n,
                     **plans.call_columns(call),
                     "legacy": call.legacy,
-                    "state": "not_started",
-                    "starts": 0,
+                    **(
+                        {"state": started, "starts": 1, "started_by": owner, "started": True}
+                        if p == start
+                        else {
+                            "state": "not_started",
+                            "starts": 0,
+                            "started_by": None,
+                            "started": False,
+                        }
+                    ),
                 }
                 for p, call in enumerate(calls)
             ],
         ).all()
-    found = built_turn(conversation_id, inserted._mapping, executions)
-    # the INSERT gave it its lease: starting the call needs no renewal
-    return found if start is None else _start(core, conn, found, start, None)
+    return built_turn(conversation_id, inserted._mapping, executions)
 
 
 def pending_body(conn: Connection, conversation_id: str) -> PendingTurn | None:
@@ -425,11 +434,18 @@ def started_body(
     """Record that the owner starts call ``position`` (a no-op if this owner already did), and
     renew its lease: the tool starts with a whole lease ahead. ``recording``: an outcome to
     record first, in the same transaction (the previous tool's)."""
-    row = _renew(core, conn, pending, lease)
-    if row is not None:  # still pending and this owner's: the common case, read no more
-        done = _started_as_handled(conn, _as_handled(pending, row), position, recording)
-        if done is not None:
-            return done
+    done: PendingTurn | None = None
+    if core.postgres and recording is not None:
+        # the lease renewed by the statement that records and starts (one round trip)
+        if isinstance(pending, PendingTurn):
+            done = _started_as_handled(core, conn, pending, position, recording, lease)
+    else:
+        row = _renew(core, conn, pending, lease)
+        if row is not None:  # still pending and this owner's: the common case, read no more
+            handled = _as_handled(pending, row)
+            done = _started_as_handled(core, conn, handled, position, recording, None)
+    if done is not None:
+        return done
     stored = _renewed(core, conn, pending, lease)
     if recording is not None:
         stored = _finish(conn, stored, recording)
@@ -449,33 +465,66 @@ def _as_handled(pending: PendingTurn, row: Any) -> PendingTurn:
 
 
 def _finished_as_handled(
-    conn: Connection, stored: PendingTurn, recording: Recording
+    conn: Connection, stored: PendingTurn, recording: Recording, *, owned: bool = False
 ) -> PendingTurn | None:
-    """``recording`` on a call the handle shows started, or ``None``."""
+    """``recording`` on a call the handle shows started, or ``None``; ``owned``: only if the
+    turn is still pending and the handle's owner's, checked by the same statement."""
     position = recording[0]
     if stored.executions[position].state != "started":
         return None
-    row = conn.execute(step_statement("finish"), _finish_params(stored, recording)).first()
+    params = _finish_params(stored, recording)
+    if owned:
+        params["holder"] = stored.owner
+    row = conn.execute(step_statement("finish_owned" if owned else "finish"), params).first()
     return None if row is None else _with(stored, position, row)
 
 
 def _started_as_handled(
-    conn: Connection, stored: PendingTurn, position: int, recording: Recording | None
+    core: StoreCoreLike,
+    conn: Connection,
+    stored: PendingTurn,
+    position: int,
+    recording: Recording | None,
+    lease: float | None,
 ) -> PendingTurn | None:
     """``recording``, then call ``position`` started, on the calls as the handle shows them
-    (see :func:`_as_handled`), or ``None``."""
-    if recording is not None:
-        found = _finished_as_handled(conn, stored, recording)
-        if found is None:
-            return None
-        stored = found
+    (see :func:`_as_handled`), or ``None``. ``lease`` (PostgreSQL, with a ``recording``): the
+    owner's lease renewed by the same statement, which changes nothing unless the turn is still
+    pending and the handle's owner's (``stored`` is then the handle itself)."""
     if stored.executions[position].state != "not_started":
         return None
-    row = conn.execute(
-        step_statement("start_new"),
-        {"c": stored.conversation_id, "p": stored.id, "pos": position, "owner": stored.owner},
-    ).first()
-    return None if row is None else _with(stored, position, row)
+    keys = {"c": stored.conversation_id, "p": stored.id, "pos": position, "owner": stored.owner}
+    if recording is None:
+        row = conn.execute(step_statement("start_new"), keys).first()
+        return None if row is None else _with(stored, position, row)
+    done = recording[0]
+    if done == position or stored.executions[done].state != "started":
+        return None
+    # the outcome and the next start in one statement; should it change one call only (the
+    # store holds another state than the handle for the other), the caller's full path reads
+    # the store and finishes the step from there, in the same transaction
+    finished = _finish_params(stored, recording)
+    params = {
+        "c": stored.conversation_id,
+        "p": stored.id,
+        "pos": position,
+        "starter": stored.owner,
+        "fpos": done,
+        "fstate": finished["state"],
+        "fresult": finished["result"],
+        "fparts": finished["parts"],
+        "ferror": finished["error"],
+    }
+    if lease is not None:
+        params |= {"holder": stored.owner, **lease_params(core, lease)}
+    rows = conn.execute(step_statement("finish_start", lease is not None), params).all()
+    if len(rows) != 2:
+        return None
+    for row in rows:
+        stored = _with(stored, int(row._mapping["position"]), row)
+    if lease is not None:
+        stored = replace(stored, lease_expires_at=utc(rows[0]._mapping["renewed_lease"]))
+    return stored
 
 
 def finished_body(
@@ -532,12 +581,18 @@ def _commit_as_handled(
     if not isinstance(pending, PendingTurn):
         return None
     if core.postgres:
-        require_conversation(conn, pending.conversation_id, lock=True)
-    keys = {"c": pending.conversation_id, "p": pending.id, "holder": pending.owner}
-    row = conn.execute(step_statement("owned", core.postgres), keys).first()
-    if row is None:
-        return None
-    found = _finished_as_handled(conn, _as_handled(pending, row), recording)
+        # the turn's row with the conversation's lock, in one statement; no row: nothing
+        # locked, the full path locks and says why
+        keys = {"c": pending.conversation_id, "p": pending.id, "holder": pending.owner}
+        row = conn.execute(step_statement("owned_locked", True), keys).first()
+        if row is None:
+            return None
+        found = _finished_as_handled(conn, _as_handled(pending, row), recording)
+    else:
+        # SQLite (BEGIN IMMEDIATE holds the database's lock): the outcome recorded only if the
+        # turn is still pending and the handle's owner's, by the same statement; the turn's
+        # other columns are the handle's (they never change after begin)
+        found = _finished_as_handled(conn, pending, recording, owned=True)
     if found is None or any(e.state not in EXECUTION_OUTCOMES for e in found.executions):
         return None
     return found

@@ -130,6 +130,16 @@ def _build(name: str, postgres: bool) -> Any:
             turn, t.state == "pending", t.owner == sa.bindparam("holder")
         )
         return query.with_for_update() if postgres else query
+    if name == "owned_locked":
+        # PostgreSQL: the same, with the conversation's lock taken by the same statement (it
+        # locks the rows of both tables; a turn changed while the lock was awaited is read
+        # again at its newest version, so a claim made meanwhile is seen)
+        return (
+            sa.select(_TURNS_T)
+            .join(Conversation, Conversation.id == t.conversation_id)
+            .where(turn, t.state == "pending", t.owner == sa.bindparam("holder"))
+            .with_for_update()
+        )
     if name == "renew":  # the owner's lease renewed, the turn's row read back
         return (
             sa.update(_TURNS_T)
@@ -143,8 +153,16 @@ def _build(name: str, postgres: bool) -> Any:
             .values(lease_expires_at=_lease_bind(postgres))
             .returning(*_TURNS_T.c)
         )
-    if name == "insert_executions":
-        return sa.insert(_EXEC_T).returning(*_EXEC_T.c, sort_by_parameter_order=True)
+    if name == "insert_executions":  # bind ``started``: the call begun started (begin's start)
+        return (
+            sa.insert(_EXEC_T)
+            .values(
+                started_at=sa.case(
+                    (sa.bindparam("started", type_=sa.Boolean()), db_now()), else_=sa.null()
+                )
+            )
+            .returning(*_EXEC_T.c, sort_by_parameter_order=True)
+        )
     if name == "resolve":
         return (
             sa.update(_TURNS_T)
@@ -189,7 +207,82 @@ def _build(name: str, postgres: bool) -> Any:
             )
             .returning(*_EXEC_T.c)
         )
+    if name == "finish_owned":  # SQLite: "finish", if the turn is pending and the holder's
+        return (
+            sa.update(_EXEC_T)
+            .where(call, e.state == "started", _owned_turn())
+            .values(
+                state=sa.bindparam("state", type_=e.state.type),
+                finished_at=db_now(),
+                result=sa.bindparam("result", type_=e.result.type),
+                result_parts=sa.bindparam("parts", type_=e.result_parts.type),
+                error=sa.bindparam("error", type_=e.error.type),
+            )
+            .returning(*_EXEC_T.c)
+        )
+    if name == "finish_start":  # the call at ``fpos`` finished, the one at ``pos`` started
+        done = e.position == sa.bindparam("fpos")
+        which = [
+            e.conversation_id == sa.bindparam("c"),
+            e.pending_id == sa.bindparam("p"),
+            sa.or_(
+                sa.and_(done, e.state == "started"),
+                sa.and_(e.position == sa.bindparam("pos"), e.state == "not_started"),
+            ),
+        ]
+        returning: list[Any] = list(_EXEC_T.c)
+        if postgres:
+            # and the owner's lease renewed, in the same statement: the executions change
+            # only if the renewal found the turn pending and the holder's
+            renewed = (
+                sa.update(_TURNS_T)
+                .where(turn, t.state == "pending", t.owner == sa.bindparam("holder"))
+                .values(lease_expires_at=_lease_bind(postgres))
+                .returning(t.id, t.lease_expires_at)
+                .cte("renewed")
+            )
+            which.append(e.pending_id == renewed.c.id)
+            returning.append(renewed.c.lease_expires_at.label("renewed_lease"))
+        return (
+            sa.update(_EXEC_T)
+            .where(*which)
+            .values(
+                state=sa.case(
+                    (done, sa.bindparam("fstate", type_=e.state.type)),
+                    else_=sa.literal(execution_next("not_started", "start"), e.state.type),
+                ),
+                finished_at=sa.case((done, db_now()), else_=e.finished_at),
+                result=sa.case(
+                    (done, sa.bindparam("fresult", type_=e.result.type)), else_=e.result
+                ),
+                result_parts=sa.case(
+                    (done, sa.bindparam("fparts", type_=e.result_parts.type)),
+                    else_=e.result_parts,
+                ),
+                error=sa.case((done, sa.bindparam("ferror", type_=e.error.type)), else_=e.error),
+                starts=sa.case((done, e.starts), else_=e.starts + 1),
+                started_at=sa.case((done, e.started_at), else_=db_now()),
+                started_by=sa.case(
+                    (done, e.started_by),
+                    # not "owner": a key named as a column of the renewed turn would be taken
+                    # for a value of its SET clause
+                    else_=sa.bindparam("starter", type_=e.started_by.type),
+                ),
+            )
+            .returning(*returning)
+        )
     raise AssertionError(name)  # pragma: no cover
+
+
+def _owned_turn() -> sa.ColumnElement[bool]:
+    """The pending turn (binds ``c``, ``p``) is still pending and the holder's (``holder``)."""
+    t = _TURNS_T.c
+    return sa.exists().where(
+        t.conversation_id == sa.bindparam("c"),
+        t.id == sa.bindparam("p"),
+        t.state == "pending",
+        t.owner == sa.bindparam("holder"),
+    )
 
 
 def _lease_bind(postgres: bool) -> Any:
