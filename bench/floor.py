@@ -18,14 +18,20 @@ and the peers of ``bench/store.py`` (openai-agents ``SQLAlchemySession``, LangCh
 
 Then throughput under concurrency: 16 writer threads, each committing turns to a conversation
 drawn at random from 16 (writers collide on conversations all the time) or from 1,000 (they
-seldom do). Threads, not processes: a web service shares one store (one engine, one pool)
-between its request threads, and that sharing (the pool, the locks) is what this measures; the
-database's own work runs outside the GIL (PostgreSQL in its server processes, SQLite in C with
-the GIL released). The floor runs at the same concurrency with one connection per thread and
-the least locking that stays correct: on PostgreSQL a lock per conversation held in Python
-around its transaction (the next seq is kept there too), on SQLite one lock around each
-transaction (SQLite has one writer at a time anyway). Reported: turns per second and the 99th
-percentile of a commit's latency.
+seldom do). Threads: a web service shares one store (one engine, one pool) between its request
+threads, and that sharing (the pool, the locks) is what this measures; the database's own work
+runs outside the GIL (PostgreSQL in its server processes, SQLite in C with the GIL released).
+The floor runs at the same concurrency with one connection per thread and the least locking
+that stays correct: on PostgreSQL a lock per conversation held in Python around its transaction
+(the next seq is kept there too), on SQLite one lock around each transaction (SQLite has one
+writer at a time anyway). And 16 writer *processes* (forked), each with its own store (or bare
+connection) and a conversation of its own (so the floor keeps its seq in Python): what many
+worker processes of a service do. Reported: turns per second and the 99th percentile of a
+commit's latency.
+
+Also reported: the round trips of one fsm commit, counted on the wire (``bench/roundtrips.py``),
+where a commit's time goes (this process's CPU, and the rest, waiting on the database), and
+issue 31's goals with the figure each was measured at.
 
 Usage::
 
@@ -231,6 +237,9 @@ class SingleRun:
     statements: list[str] = field(default_factory=list)
     #: PostgreSQL: round trips of one commit, counted on the wire (the floor's: 1)
     round_trips: int | None = None
+    #: this process's CPU seconds per turn in the best pass of fsm and of the floor: the rest
+    #: of a commit's time is spent waiting on the database (its work, the round trips)
+    cpu: dict[str, float] = field(default_factory=dict)
 
 
 def _turns(tag: str, n: int) -> list[Turn]:
@@ -347,24 +356,28 @@ def single_writer(engine: Engine, turns: int, rounds: int, *, peers_too: bool = 
         run.statements = fsm_statements(store)
         run.round_trips = fsm_round_trips(store)
 
+        cpus: dict[str, list[float]] = {FSM: [], FLOOR: []}
+
         def fsm_pass(tag: str) -> float:
             conv = store.create_conversation()
             store.append(conv, [{"role": "user", "content": "warm up"}])
             prepared = _turns(tag, turns)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             for turn in prepared:
                 store.commit_turn(conv, turn, RESULTS)
+            cpus[FSM].append((time.process_time() - cpu) / turns)
             return (time.perf_counter() - start) / turns
 
         def floor_pass(tag: str) -> float:
             conv = uuid.uuid4().hex
             floor.create([conv])
             prepared = _turns(tag, turns)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             seq = 0
             for turn in prepared:
                 floor.commit(conv, seq, turn)
                 seq += 1 + len(turn.tool_calls)
+            cpus[FLOOR].append((time.process_time() - cpu) / turns)
             return (time.perf_counter() - start) / turns
 
         passes: list[tuple[str, Callable[[str], float]]] = [(FSM, fsm_pass), (FLOOR, floor_pass)]
@@ -377,6 +390,8 @@ def single_writer(engine: Engine, turns: int, rounds: int, *, peers_too: bool = 
                 samples[name].append(fn(f"{name}-r{r}"))
         for name, got in samples.items():
             run.best[name] = min(got)
+        for name, spent in cpus.items():  # the CPU of the best pass
+            run.cpu[name] = spent[samples[name].index(min(samples[name]))]
     finally:
         store.close()
         floor.close()
@@ -584,6 +599,63 @@ def engines(tmp: Path, postgres: str | None) -> Iterator[tuple[list[Engine], str
 
 
 # -- report -----------------------------------------------------------------------------------
+def time_split(run: SingleRun) -> str:
+    """Where a commit's time goes: this process's CPU, and the rest (waiting on the database:
+    its work and the round trips), for fsm and the floor."""
+    parts = []
+    for name in (FSM, FLOOR):
+        wall, cpu = run.best[name], run.cpu.get(name)
+        if isinstance(wall, float) and cpu is not None:
+            parts.append(
+                f"{name} {_ms(wall)} = {_ms(cpu)} CPU in the process + "
+                f"{_ms(max(0.0, wall - cpu))} waiting on the database"
+            )
+    trips = "" if run.round_trips is None else f" (fsm: {run.round_trips} round trips, floor: 1)"
+    return f"{run.engine}: " + "; ".join(parts) + trips
+
+
+def goals(singles: list[SingleRun], concurrents: list[ConcurrentRun]) -> list[str]:
+    """Issue 31's goals, each with the figure measured and whether it is met."""
+    lines: list[str] = []
+
+    def say(goal: str, figure: str, met: bool) -> None:
+        lines.append(f"{'met' if met else 'NOT met'}: {goal}: {figure}")
+
+    for run in singles:
+        ours, floor = run.best[FSM], run.best[FLOOR]
+        assert isinstance(ours, float) and isinstance(floor, float)
+        limit = 2.0 if run.engine == "PostgreSQL" else 10.0
+        say(
+            f"{run.engine} commit <= {limit:g}x the floor",
+            f"{ours / floor:.2f}x",
+            ours <= limit * floor,
+        )
+        theirs = run.best.get(LANGCHAIN)
+        if run.engine == "PostgreSQL" and isinstance(theirs, float):
+            say(
+                "PostgreSQL commit faster than LangChain's SQLChatMessageHistory",
+                f"{_ms(ours)} vs {_ms(theirs)} (the floor: {_ms(floor)})",
+                ours < theirs,
+            )
+    for got in concurrents:
+        if not got.processes:
+            continue
+        share = got.fsm.turns_per_s / got.floor.turns_per_s
+        if got.engine == "PostgreSQL":
+            say(
+                f"PostgreSQL, {WRITERS} writer processes, >= 0.5 of the floor",
+                f"{share:.2f}",
+                share >= 0.5,
+            )
+        else:
+            say(
+                f"SQLite, {WRITERS} writer processes, >= 0.25 of the floor and p99 <= 50 ms",
+                f"{share:.2f}, p99 {_ms(got.fsm.p99_s)} (the floor's p99: {_ms(got.floor.p99_s)})",
+                share >= 0.25 and got.fsm.p99_s <= 0.050,
+            )
+    return lines
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.2f} ms"
 
@@ -669,17 +741,27 @@ def render_md(
             f"`{s}`" for s in run.statements) + ".")  # fmt: skip
         lines.append("")
     lines += [
+        "Where a commit's time goes (CPU of this process, the rest waiting on the database):",
+        "",
+    ]
+    lines += [f"- {time_split(run)}" for run in singles]
+    lines.append("")
+    lines += [
         f"Under concurrency: {WRITERS} writer threads, {args.concurrent_turns} turns each, each "
         "turn to a conversation drawn at random from 16 (writers collide on conversations "
         "all the time) or from 1,000 (they seldom do); one `ConversationStore` shared by the "
         "threads (one engine, one pool, as a threaded web service has), and the floor with a "
         "connection per thread and the least locking that stays correct (PostgreSQL: a lock "
         "per conversation held around its transaction; SQLite: one lock around each "
-        "transaction, as SQLite has one writer at a time). Threads rather than processes: the "
-        "sharing of one store is what is measured, and the databases' own work runs outside "
-        "the GIL.",
+        "transaction, as SQLite has one writer at a time). The *processes* rows: 16 forked "
+        "writer processes, each with its own store (the floor: its own connection) and a "
+        "conversation of its own, as the worker processes of a service.",
         "",
         *concurrent_table(concurrents),
+        "",
+        "The goals of issue 31, as measured by this run:",
+        "",
+        *[f"- {line}" for line in goals(singles, concurrents)],
         "",
         f"Machine: {bench_store._cpu()}, {os.cpu_count()} cores; CPython "
         f"{platform.python_version()}; SQLite {sqlite3.sqlite_version}"
@@ -716,6 +798,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  fsm statements: {len(run.statements)}: {run.statements}")
             if run.round_trips is not None:
                 print(f"  fsm round trips per commit: {run.round_trips} (the floor's: 1)")
+            print(f"  where the time goes: {time_split(run)}")
         if not args.no_concurrency:
             for engine in found:
                 runs = [concurrent(engine, pool, args.concurrent_turns) for pool in POOLS]
@@ -736,6 +819,9 @@ def main(argv: list[str] | None = None) -> int:
                     )
     elapsed = time.perf_counter() - started
     load_end = bench_store._load()
+    print("goals:")
+    for line in goals(singles, concurrents):
+        print(f"  {line}")
     print(f"load average {load_start} at the start, {load_end} at the end; {elapsed:.0f} s")
     if args.write_md:
         section = render_md(singles, concurrents, args, elapsed, (load_start, load_end), pg)

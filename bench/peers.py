@@ -408,7 +408,7 @@ def environment(peers: list[Peer]) -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
 
     versions: dict[str, str] = {}
-    for dist in ("fsm", *PEER_DISTS, "orjson", "pydantic"):
+    for dist in ("fsm-toolcalls", *PEER_DISTS, "orjson", "pydantic"):
         try:
             versions[dist] = version(dist)
         except PackageNotFoundError:
