@@ -125,15 +125,11 @@ def _build(name: str, postgres: bool) -> Any:
             t.conversation_id == sa.bindparam("c"), t.state == "pending"
         )
         return query.with_for_update() if name == "open_locked" else query
-    if name == "owned":  # the turn's row, if still pending and the holder's
-        query = sa.select(_TURNS_T).where(
-            turn, t.state == "pending", t.owner == sa.bindparam("holder")
-        )
-        return query.with_for_update() if postgres else query
     if name == "owned_locked":
-        # PostgreSQL: the same, with the conversation's lock taken by the same statement (it
-        # locks the rows of both tables; a turn changed while the lock was awaited is read
-        # again at its newest version, so a claim made meanwhile is seen)
+        # PostgreSQL: the turn's row, if still pending and the holder's, with the
+        # conversation's lock taken by the same statement (it locks the rows of both tables; a
+        # turn changed while the lock was awaited is read again at its newest version, so a
+        # claim made meanwhile is seen)
         return (
             sa.select(_TURNS_T)
             .join(Conversation, Conversation.id == t.conversation_id)
@@ -194,23 +190,12 @@ def _build(name: str, postgres: bool) -> Any:
             )
             .returning(*_EXEC_T.c)
         )
-    if name == "finish":  # only a started call: an outcome is recorded once
+    if name in ("finish", "finish_owned"):  # only a started call: an outcome is recorded once
+        # finish_owned (SQLite): only if the turn is still pending and the holder's
+        owned = [_owned_turn()] if name == "finish_owned" else []
         return (
             sa.update(_EXEC_T)
-            .where(call, e.state == "started")
-            .values(
-                state=sa.bindparam("state", type_=e.state.type),
-                finished_at=db_now(),
-                result=sa.bindparam("result", type_=e.result.type),
-                result_parts=sa.bindparam("parts", type_=e.result_parts.type),
-                error=sa.bindparam("error", type_=e.error.type),
-            )
-            .returning(*_EXEC_T.c)
-        )
-    if name == "finish_owned":  # SQLite: "finish", if the turn is pending and the holder's
-        return (
-            sa.update(_EXEC_T)
-            .where(call, e.state == "started", _owned_turn())
+            .where(call, e.state == "started", *owned)
             .values(
                 state=sa.bindparam("state", type_=e.state.type),
                 finished_at=db_now(),
