@@ -341,13 +341,14 @@ def _where(pending: PendingTurn, position: int) -> sa.ColumnElement[bool]:
     )
 
 
-def _with(
-    stored: PendingTurn, position: int, row: Any, lease: datetime | None = None
-) -> PendingTurn:
-    """``stored`` with call ``position``'s execution read from ``row`` (an UPDATE's
-    RETURNING), and its lease when given: no second read of the turn."""
+def _with(stored: PendingTurn, rows: Sequence[Any], lease: datetime | None = None) -> PendingTurn:
+    """``stored`` with the executions read from ``rows`` (an UPDATE's RETURNING: each row
+    replaces the call at its position), and its lease when given: no second read of the
+    turn, one new handle."""
     executions = list(stored.executions)
-    executions[position] = execution_of(row._mapping)
+    for row in rows:
+        found = execution_of(row._mapping)
+        executions[found.call.position] = found
     return replace(
         stored,
         executions=tuple(executions),
@@ -380,7 +381,7 @@ def _start(
     row = conn.execute(
         step_statement("start"), {**keys, "pos": position, "owner": stored.owner}
     ).one()
-    return _with(stored, position, row, until)
+    return _with(stored, [row], until)
 
 
 def _finish(conn: Connection, stored: PendingTurn, recording: Recording) -> PendingTurn:
@@ -404,7 +405,7 @@ def _finish(conn: Connection, stored: PendingTurn, recording: Recording) -> Pend
             "record started() before the tool runs"
         )
     row = conn.execute(step_statement("finish"), _finish_params(stored, recording)).one()
-    return _with(stored, position, row)
+    return _with(stored, [row])
 
 
 def _finish_params(stored: PendingTurn, recording: Recording) -> dict[str, Any]:
@@ -459,9 +460,7 @@ def _as_handled(pending: PendingTurn, row: Any) -> PendingTurn:
     older than the store's when the handle is (a step retried after its answer was lost), so
     the steps below change a call only from the state the handle shows, and give up (``None``)
     when the store holds another: the caller then reads the executions and decides as always."""
-    return replace(
-        built_turn(pending.conversation_id, row._mapping, ()), executions=pending.executions
-    )
+    return built_turn(pending.conversation_id, row._mapping, (), handled=pending.executions)
 
 
 def _finished_as_handled(
@@ -476,7 +475,7 @@ def _finished_as_handled(
     if owned:
         params["holder"] = stored.owner
     row = conn.execute(step_statement("finish_owned" if owned else "finish"), params).first()
-    return None if row is None else _with(stored, position, row)
+    return None if row is None else _with(stored, [row])
 
 
 def _started_as_handled(
@@ -496,7 +495,7 @@ def _started_as_handled(
     keys = {"c": stored.conversation_id, "p": stored.id, "pos": position, "owner": stored.owner}
     if recording is None:
         row = conn.execute(step_statement("start_new"), keys).first()
-        return None if row is None else _with(stored, position, row)
+        return None if row is None else _with(stored, [row])
     done = recording[0]
     if done == position or stored.executions[done].state != "started":
         return None
@@ -520,11 +519,8 @@ def _started_as_handled(
     rows = conn.execute(step_statement("finish_start", lease is not None), params).all()
     if len(rows) != 2:
         return None
-    for row in rows:
-        stored = _with(stored, int(row._mapping["position"]), row)
-    if lease is not None:
-        stored = replace(stored, lease_expires_at=utc(rows[0]._mapping["renewed_lease"]))
-    return stored
+    renewed = None if lease is None else utc(rows[0]._mapping["renewed_lease"])
+    return _with(stored, rows, renewed)
 
 
 def finished_body(

@@ -353,8 +353,15 @@ def load(
     return built_turn(conversation_id, values, executions)
 
 
-def built_turn(conversation_id: str, values: Any, executions: Sequence[Any]) -> PendingTurn:
-    """A :class:`PendingTurn` from its row's mapping and its executions' rows (in order)."""
+def built_turn(
+    conversation_id: str,
+    values: Any,
+    executions: Sequence[Any],
+    *,
+    handled: tuple[Execution, ...] | None = None,
+) -> PendingTurn:
+    """A :class:`PendingTurn` from its row's mapping and its executions' rows (in order), or
+    with the executions ``handled`` (a handle's own)."""
     return PendingTurn(
         conversation_id=conversation_id,
         id=int(values["id"]),
@@ -374,7 +381,9 @@ def built_turn(conversation_id: str, values: Any, executions: Sequence[Any]) -> 
         finish_reason=values["finish_reason"],
         usage=values["usage"],
         idempotency_key=values["idempotency_key"],
-        executions=tuple(execution_of(x._mapping) for x in executions),
+        executions=(
+            handled if handled is not None else tuple(execution_of(x._mapping) for x in executions)
+        ),
         format=values.get("format"),
         provider_items=values.get("provider_items"),
         lease_expires_at=utc(values.get("lease_expires_at")),
