@@ -293,6 +293,35 @@ def test_a_host_postgres_engine_works_without_configure_engine(
         engine.dispose()
 
 
+def test_a_host_postgres_engine_keeps_psycopg_s_own_begin(engine_name: str, db_url: sa.URL) -> None:
+    """fsm's own engines send each transaction's BEGIN with its settings (psycopg kept in
+    autocommit); a host's engine given to configure_engine is left as psycopg drives it: the
+    store's writes through it and the host's own transactions send no BEGIN of fsm's, and its
+    connections are not switched to autocommit."""
+    if engine_name != "postgresql":
+        pytest.skip("PostgreSQL's BEGIN")
+    engine = configure_engine(sa.create_engine(db_url))
+    seen: list[str] = []
+    sa.event.listen(engine, "before_cursor_execute", lambda *a: seen.append(a[2].strip()))
+    try:
+        store = ConversationStore(engine=engine)
+        cid = store.create_conversation("c1")
+        store.commit_turn(cid, make_turn(), ["r"])
+        assert len(store.history(cid)) == 2
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+            assert conn.connection.driver_connection.autocommit is False
+            assert conn.connection.driver_connection.info.transaction_status == 2  # INTRANS
+        assert seen and not any(s.upper().startswith("BEGIN") for s in seen), seen
+    finally:
+        engine.dispose()
+    with ConversationStore(db_url) as own:  # and fsm's own engine does send it
+        seen.clear()
+        sa.event.listen(own.engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+        own.history(cid)
+        assert seen[0].startswith("BEGIN ISOLATION LEVEL REPEATABLE READ; "), seen
+
+
 # -- async ---------------------------------------------------------------------------------------
 def _host_async_engine(db_url: sa.URL) -> AsyncEngine:
     engine = sa_create_async_engine(async_url(db_url))
