@@ -108,10 +108,6 @@ def state(*, exists: bool, same: str | None) -> sa.Select[Any]:
     return sa.select(*columns)
 
 
-def _bind(table: sa.Table, column: str, name: str) -> sa.BindParameter[Any]:
-    return sa.bindparam(name, type_=table.c[column].type)
-
-
 @functools.cache
 def insert_row(table: sa.Table) -> sa.Insert:
     """``INSERT INTO table``: one row, or several through ``executemany`` (cached compiled)."""
