@@ -77,7 +77,7 @@ from fsm.store import ConversationStore, upgrade  # noqa: E402
 SECTION = "## Floor: store writes"
 RESULTS = bench_store.RESULTS
 WRITERS = 16
-POOLS = (16, 1000)
+CONVERSATION_POOLS = (16, 1000)
 FLOOR = "floor"
 FSM = "fsm"
 AGENTS = bench_store.AGENTS
@@ -452,6 +452,12 @@ def drive(
     elapsed = time.perf_counter() - start
     if errors:
         raise errors[0]
+    return throughput(latencies, elapsed)
+
+
+def throughput(latencies: list[list[float]], elapsed: float) -> Throughput:
+    """Turns per second over ``elapsed`` and the median and 99th percentile latency of the
+    writers' ``latencies``."""
     flat = sorted(x for lat in latencies for x in lat)
     return Throughput(
         len(flat) / elapsed,
@@ -493,36 +499,42 @@ def concurrent(engine: Engine, conversations: int, turns_each: int) -> Concurren
 
 
 # -- sixteen writer processes -----------------------------------------------------------------
+@contextmanager
+def _writer_of(engine: Engine, which: str) -> Iterator[Callable[[Turn], None]]:
+    """How one writer process commits a turn to a conversation of its own: fsm's store, or
+    the floor's bare connection keeping the next seq in Python."""
+    if which == FSM:
+        with ConversationStore(engine.url) as store:
+            conv = store.create_conversation()
+            yield lambda turn: store.commit_turn(conv, turn, RESULTS)
+        return
+    floor = engine.floor()
+    try:
+        conv, seq = uuid.uuid4().hex, [0]
+        floor.create([conv])
+
+        def commit(turn: Turn) -> None:
+            floor.commit(conv, seq[0], turn)
+            seq[0] += 1 + len(turn.tool_calls)
+
+        yield commit
+    finally:
+        floor.close()
+
+
 def _process_writer(engine: Engine, which: str, turns_each: int, barrier: Any, queue: Any) -> None:
     """One writer process: its own conversation (so the floor may keep the seq in Python), its
     own store or connection, ``turns_each`` turns timed one by one after the start barrier."""
     latencies: list[float] = []
     try:
         prepared = _turns(f"{which}-{uuid.uuid4().hex[:8]}", turns_each + 1)
-        if which == FSM:
-            with ConversationStore(engine.url) as store:
-                conv = store.create_conversation()
-                store.commit_turn(conv, prepared[0], RESULTS)  # warm: statements compiled
-                barrier.wait()
-                for turn in prepared[1:]:
-                    start = time.perf_counter()
-                    store.commit_turn(conv, turn, RESULTS)
-                    latencies.append(time.perf_counter() - start)
-        else:
-            floor = engine.floor()
-            try:
-                conv = uuid.uuid4().hex
-                floor.create([conv])
-                floor.commit(conv, 0, prepared[0])
-                seq = 1 + len(prepared[0].tool_calls)
-                barrier.wait()
-                for turn in prepared[1:]:
-                    start = time.perf_counter()
-                    floor.commit(conv, seq, turn)
-                    latencies.append(time.perf_counter() - start)
-                    seq += 1 + len(turn.tool_calls)
-            finally:
-                floor.close()
+        with _writer_of(engine, which) as commit:
+            commit(prepared[0])  # warm: statements compiled, connection open
+            barrier.wait()
+            for turn in prepared[1:]:
+                start = time.perf_counter()
+                commit(turn)
+                latencies.append(time.perf_counter() - start)
         queue.put(latencies)
     except BaseException as exc:  # reported by the parent
         queue.put(f"{type(exc).__name__}: {exc}")
@@ -553,12 +565,7 @@ def processes(engine: Engine, turns_each: int) -> ConcurrentRun:
         failed = [g for g in got if isinstance(g, str)]
         if failed:
             raise RuntimeError(f"{which} writer failed: {failed[0]}")
-        flat = sorted(x for lat in got for x in lat)
-        found[which] = Throughput(
-            len(flat) / elapsed,
-            statistics.median(flat),
-            flat[min(len(flat) - 1, round(0.99 * (len(flat) - 1)))],
-        )
+        found[which] = throughput(got, elapsed)
     return ConcurrentRun(engine.name, WRITERS, found[FSM], found[FLOOR], processes=True)
 
 
@@ -801,7 +808,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  where the time goes: {time_split(run)}")
         if not args.no_concurrency:
             for engine in found:
-                runs = [concurrent(engine, pool, args.concurrent_turns) for pool in POOLS]
+                runs = [
+                    concurrent(engine, pool, args.concurrent_turns) for pool in CONVERSATION_POOLS
+                ]
                 runs.append(processes(engine, args.concurrent_turns))
                 for got in runs:
                     concurrents.append(got)

@@ -517,7 +517,7 @@ class StoreCore:
                 columns += tuple(c for c in result_rows[0] if c not in message)
             translate = conn.get_execution_options().get("schema_translate_map") or {}
             conn.execute(
-                writes.insert_turn(translate.get(None), columns, call_columns, n),
+                writes.insert_turn(translate.get(None), columns, call_columns),
                 {
                     **writes.turn_params("m", columns, [message, *result_rows]),
                     **writes.turn_params("c", call_columns, call_rows),

@@ -355,8 +355,8 @@ def _begin_immediate(connection: Connection, wait: float) -> None:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
             return
         except (StoreBusyError, sa.exc.OperationalError) as exc:
-            # typed by the store's error hook (a host's engine has none: the driver's text)
-            if not (isinstance(exc, StoreBusyError) or _locked(exc.orig)) or wait <= 0:
+            # typed by the store's error hook (a host's engine has none: the driver's code)
+            if not faults.sqlite_busy(exc) or wait <= 0:
                 raise
         # the tries in between go to the driver (a busy one costs microseconds, not an
         # exception through SQLAlchemy's error handling); the last one through SQLAlchemy,
@@ -370,16 +370,11 @@ def _begin_immediate(connection: Connection, wait: float) -> None:
                 raw.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
-                if not _locked(exc):
+                if not faults.sqlite_busy(exc):
                     break
         connection.exec_driver_sql("BEGIN IMMEDIATE")
     finally:
         raw.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
-
-
-def _locked(exc: BaseException | None) -> bool:
-    text = str(exc).lower()
-    return "locked" in text or "busy" in text
 
 
 def _configure_postgres(engine: Engine, profile: _Profile) -> None:

@@ -69,6 +69,7 @@ __all__ = [
     "Fault",
     "driver_error",
     "hook",
+    "sqlite_busy",
     "translate",
 ]
 
@@ -337,6 +338,14 @@ def driver_error(exc: BaseException) -> BaseException:
             break
         error, seen = inner, seen + 1
     return error if _has_code(error) else getattr(exc, "orig", None) or exc
+
+
+def sqlite_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` (the driver's error, or SQLAlchemy's or a typed one chained to it) is
+    SQLite's: the database is locked by another connection (``SQLITE_BUSY``, ``SQLITE_LOCKED``),
+    decided by its result code as :func:`translate` decides."""
+    code = getattr(driver_error(exc), "sqlite_errorcode", None)
+    return isinstance(code, int) and SQLITE_FAULTS.get(code & 0xFF) is _busy
 
 
 def _has_code(error: BaseException) -> bool:

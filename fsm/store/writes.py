@@ -119,7 +119,6 @@ def insert_turn(
     schema: str | None,
     message_columns: tuple[str, ...],
     call_columns: tuple[str, ...],
-    calls: int,
 ) -> sa.TextClause:
     """PostgreSQL: the ``messages`` rows (the assistant message, then one result per call) and
     the ``tool_calls`` rows of a turn, in one statement, in ``schema`` (``None``: the
@@ -145,7 +144,7 @@ def insert_turn(
 
     sql = insert(MESSAGES, message_columns, "m")
     binds = [_array_bind(MESSAGES, c, f"m_{c}") for c in message_columns]
-    if calls:
+    if call_columns:  # a turn with calls
         sql = f"WITH written_calls AS ({insert(TOOL_CALLS, call_columns, 'c')}) {sql}"
         binds += [_array_bind(TOOL_CALLS, c, f"c_{c}") for c in call_columns]
     return sa.text(sql).bindparams(*binds)

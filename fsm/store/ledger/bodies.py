@@ -154,7 +154,6 @@ def begin_body(
     if n:
         # the call ``start`` is inserted started (by this owner, now): one statement less
         # than inserting it not started and starting it (the INSERT gave the turn its lease)
-        started = execution_next("not_started", "start")
         executions = conn.execute(
             step_statement("insert_executions"),
             [
@@ -165,16 +164,12 @@ def begin_body(
                     "pending_n_calls": n,
                     **plans.call_columns(call),
                     "legacy": call.legacy,
-                    **(
-                        {"state": started, "starts": 1, "started_by": owner, "started": True}
-                        if p == start
-                        else {
-                            "state": "not_started",
-                            "starts": 0,
-                            "started_by": None,
-                            "started": False,
-                        }
-                    ),
+                    "state": execution_next("not_started", "start")
+                    if p == start
+                    else "not_started",
+                    "starts": int(p == start),
+                    "started_by": owner if p == start else None,
+                    "started": p == start,
                 }
                 for p, call in enumerate(calls)
             ],
@@ -436,10 +431,9 @@ def started_body(
     renew its lease: the tool starts with a whole lease ahead. ``recording``: an outcome to
     record first, in the same transaction (the previous tool's)."""
     done: PendingTurn | None = None
-    if core.postgres and recording is not None:
+    if core.postgres and recording is not None and isinstance(pending, PendingTurn):
         # the lease renewed by the statement that records and starts (one round trip)
-        if isinstance(pending, PendingTurn):
-            done = _started_as_handled(core, conn, pending, position, recording, lease)
+        done = _started_as_handled(core, conn, pending, position, recording, lease)
     else:
         row = _renew(core, conn, pending, lease)
         if row is not None:  # still pending and this owner's: the common case, read no more
@@ -504,15 +498,12 @@ def _started_as_handled(
     # the store and finishes the step from there, in the same transaction
     finished = _finish_params(stored, recording)
     params = {
+        **{f"f{key}": finished[key] for key in ("state", "result", "parts", "error")},
         "c": stored.conversation_id,
         "p": stored.id,
         "pos": position,
         "starter": stored.owner,
         "fpos": done,
-        "fstate": finished["state"],
-        "fresult": finished["result"],
-        "fparts": finished["parts"],
-        "ferror": finished["error"],
     }
     if lease is not None:
         params |= {"holder": stored.owner, **lease_params(core, lease)}

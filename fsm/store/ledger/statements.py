@@ -105,6 +105,8 @@ def step_statement(name: str, postgres: bool = False) -> Any:
 def _build(name: str, postgres: bool) -> Any:
     t, e = _TURNS_T.c, _EXEC_T.c
     turn = sa.and_(t.conversation_id == sa.bindparam("c"), t.id == sa.bindparam("p"))
+    # the turn, still pending and the holder's
+    held = sa.and_(turn, t.state == "pending", t.owner == sa.bindparam("holder"))
     call = sa.and_(
         e.conversation_id == sa.bindparam("c"),
         e.pending_id == sa.bindparam("p"),
@@ -133,13 +135,13 @@ def _build(name: str, postgres: bool) -> Any:
         return (
             sa.select(_TURNS_T)
             .join(Conversation, Conversation.id == t.conversation_id)
-            .where(turn, t.state == "pending", t.owner == sa.bindparam("holder"))
+            .where(held)
             .with_for_update()
         )
     if name == "renew":  # the owner's lease renewed, the turn's row read back
         return (
             sa.update(_TURNS_T)
-            .where(turn, t.state == "pending", t.owner == sa.bindparam("holder"))
+            .where(held)
             .values(lease_expires_at=_lease_bind(postgres))
             .returning(*_TURNS_T.c)
         )
@@ -192,7 +194,7 @@ def _build(name: str, postgres: bool) -> Any:
         )
     if name in ("finish", "finish_owned"):  # only a started call: an outcome is recorded once
         # finish_owned (SQLite): only if the turn is still pending and the holder's
-        owned = [_owned_turn()] if name == "finish_owned" else []
+        owned = [sa.exists().where(held)] if name == "finish_owned" else []
         return (
             sa.update(_EXEC_T)
             .where(call, e.state == "started", *owned)
@@ -221,7 +223,7 @@ def _build(name: str, postgres: bool) -> Any:
             # only if the renewal found the turn pending and the holder's
             renewed = (
                 sa.update(_TURNS_T)
-                .where(turn, t.state == "pending", t.owner == sa.bindparam("holder"))
+                .where(held)
                 .values(lease_expires_at=_lease_bind(postgres))
                 .returning(t.id, t.lease_expires_at)
                 .cte("renewed")
@@ -257,17 +259,6 @@ def _build(name: str, postgres: bool) -> Any:
             .returning(*returning)
         )
     raise AssertionError(name)  # pragma: no cover
-
-
-def _owned_turn() -> sa.ColumnElement[bool]:
-    """The pending turn (binds ``c``, ``p``) is still pending and the holder's (``holder``)."""
-    t = _TURNS_T.c
-    return sa.exists().where(
-        t.conversation_id == sa.bindparam("c"),
-        t.id == sa.bindparam("p"),
-        t.state == "pending",
-        t.owner == sa.bindparam("holder"),
-    )
 
 
 def _lease_bind(postgres: bool) -> Any:
