@@ -396,6 +396,27 @@ class StoreCore:
         self._insert_committed(conn, conversation_id, plan, seq, idempotency_key)
         return self._committed(conversation_id, plan, seq)
 
+    def commit_ledger_turn(
+        self,
+        conn: Connection,
+        conversation_id: str,
+        plan: TurnPlan,
+        seq: int,
+        idempotency_key: str | None,
+        outcome: Mapping[str, Any],
+    ) -> CommittedTurn | None:
+        """PostgreSQL: the tool ledger's commit of the pending turn it holds (under the
+        conversation's lock, at ``seq``) in one statement: ``outcome`` (the binds ``l_c``,
+        ``l_p``, ``l_pos``, ``l_state``, ``l_result``, ``l_parts``, ``l_error`` of
+        :func:`fsm.store.writes.insert_turn`) recorded on its last call, the pending turn
+        marked committed, the turn's rows inserted; ``None`` when that call was not
+        ``started`` (nothing written: the caller reads the store and decides)."""
+        message, call_rows, result_rows = _turn_rows(conversation_id, plan, seq, idempotency_key)
+        written = self.insert_turn(
+            conn, message, call_rows, result_rows, ledger={**outcome, "l_seq": seq}
+        )
+        return self._committed(conversation_id, plan, seq) if written else None
+
     def _insert_committed(
         self,
         conn: Connection,
@@ -405,40 +426,7 @@ class StoreCore:
         idempotency_key: str | None,
     ) -> None:
         """Insert a planned turn at ``seq``: its assistant message, calls and results."""
-        calls, contents = plan.calls, plan.contents
-        n = len(calls)
-        message = assistant_row(conversation_id, seq, plan, idempotency_key)
-        call_rows = [
-            {
-                "conversation_id": conversation_id,
-                "assistant_seq": seq,
-                "position": p,
-                "assistant_n_calls": n,
-                **plans.call_columns(call),
-                "state": call.state,
-            }
-            for p, call in enumerate(calls)
-        ]
-        result_rows = [
-            {
-                "conversation_id": conversation_id,
-                "seq": seq + 1 + p,
-                "role": "tool",
-                "content": text,
-                "content_parts": parts,
-                "tool_call_id": call.id,
-                # a legacy call's result is a "function" message: it keeps the name
-                "name": call.name if call.legacy else None,
-                "assistant_seq": seq,
-                "call_position": p,
-                "n_calls": 0,
-                "slots_left": n - 1 - p,
-                "prev_seq": seq + p,
-                "prev_slots_left": n - p,
-            }
-            for p, (call, (text, parts)) in enumerate(zip(calls, contents, strict=True))
-        ]
-        self.insert_turn(conn, message, call_rows, result_rows)
+        self.insert_turn(conn, *_turn_rows(conversation_id, plan, seq, idempotency_key))
 
     @staticmethod
     def _committed(conversation_id: str, plan: TurnPlan, seq: int) -> CommittedTurn:
@@ -505,29 +493,37 @@ class StoreCore:
         message: dict[str, Any],
         call_rows: list[dict[str, Any]],
         result_rows: list[dict[str, Any]],
-    ) -> None:
+        *,
+        ledger: Mapping[str, Any] | None = None,
+    ) -> bool:
         """Insert a turn's rows: on PostgreSQL in one statement (one round trip), on SQLite
         one statement per table (assistant message, calls, results: each table's foreign keys
-        are checked at the end of its statement)."""
+        are checked at the end of its statement). ``ledger`` (PostgreSQL): the tool ledger's
+        commit in the same statement (see :func:`fsm.store.writes.insert_turn`), which writes
+        nothing unless its last outcome is recorded. Whether the rows were written."""
         n = len(call_rows)
         if self.postgres:
             call_columns = tuple(call_rows[0]) if n else ()
             columns = tuple(message)
             if n:
                 columns += tuple(c for c in result_rows[0] if c not in message)
-            translate = conn.get_execution_options().get("schema_translate_map") or {}
-            conn.execute(
-                writes.insert_turn(translate.get(None), columns, call_columns),
+            result = conn.execute(
+                writes.insert_turn(
+                    writes.schema(conn), columns, call_columns, ledger=ledger is not None
+                ),
                 {
                     **writes.turn_params("m", columns, [message, *result_rows]),
                     **writes.turn_params("c", call_columns, call_rows),
+                    **(ledger or {}),
                 },
             )
-            return
+            return ledger is None or bool(result.all())
+        assert ledger is None, "the ledger's one-statement commit is PostgreSQL's"
         conn.execute(writes.insert_row(writes.MESSAGES), message)
         if n:
             conn.execute(writes.insert_row(writes.TOOL_CALLS), call_rows)
             conn.execute(writes.insert_row(writes.MESSAGES), result_rows)
+        return True
 
     def record_attempt(
         self, conn: Connection, conversation_id: str, plan: AttemptPlan
@@ -624,6 +620,46 @@ def _read_attempts(conn: Connection, conversation_id: str) -> list[dict[str, Any
             }
         )
     return [{**row, "tool_calls": by_attempt.get(row["id"], [])} for row in rows]
+
+
+def _turn_rows(
+    conversation_id: str, plan: TurnPlan, seq: int, idempotency_key: str | None
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """A planned turn's rows at ``seq``: its assistant message, its calls, its results."""
+    calls, contents = plan.calls, plan.contents
+    n = len(calls)
+    message = assistant_row(conversation_id, seq, plan, idempotency_key)
+    call_rows = [
+        {
+            "conversation_id": conversation_id,
+            "assistant_seq": seq,
+            "position": p,
+            "assistant_n_calls": n,
+            **plans.call_columns(call),
+            "state": call.state,
+        }
+        for p, call in enumerate(calls)
+    ]
+    result_rows = [
+        {
+            "conversation_id": conversation_id,
+            "seq": seq + 1 + p,
+            "role": "tool",
+            "content": text,
+            "content_parts": parts,
+            "tool_call_id": call.id,
+            # a legacy call's result is a "function" message: it keeps the name
+            "name": call.name if call.legacy else None,
+            "assistant_seq": seq,
+            "call_position": p,
+            "n_calls": 0,
+            "slots_left": n - 1 - p,
+            "prev_seq": seq + p,
+            "prev_slots_left": n - p,
+        }
+        for p, (call, (text, parts)) in enumerate(zip(calls, contents, strict=True))
+    ]
+    return message, call_rows, result_rows
 
 
 def assistant_row(

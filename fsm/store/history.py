@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -95,6 +95,19 @@ class StoreCoreLike(Protocol):
         ledger: bool = False,
     ) -> CommittedTurn:
         """Write a planned turn and its results (or return the stored copy of the same turn)."""
+        ...
+
+    def commit_ledger_turn(
+        self,
+        conn: Connection,
+        conversation_id: str,
+        plan: TurnPlan,
+        seq: int,
+        idempotency_key: str | None,
+        outcome: Mapping[str, Any],
+    ) -> CommittedTurn | None:
+        """PostgreSQL: the ledger's last outcome, its resolution and the turn in one statement
+        (``None``: the outcome was not recorded, nothing written)."""
         ...
 
 

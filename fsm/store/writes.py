@@ -15,7 +15,8 @@ executing it costs once it is compiled; so every statement a write sends is buil
   ``executemany``);
 * :func:`insert_turn`: PostgreSQL, a whole turn in one statement: the calls in a data-modifying
   ``WITH`` and the assistant message with its results in the ``INSERT`` (the foreign keys are
-  checked at the end of the statement, when every row of it is there): one round trip.
+  checked at the end of the statement, when every row of it is there): one round trip. The tool
+  ledger's commit adds its last outcome and the pending turn's resolution to the same statement.
 
 The lookup of an earlier commit uses ``min(seq + 0)``, not ``min(seq)``: with a bare ``min(seq)``
 SQLite (and PostgreSQL, by its estimates) may walk the primary key in seq order looking for the
@@ -31,17 +32,21 @@ from typing import Any, Final, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
 
-from fsm.store.models import Conversation, Message, PendingTurnRow, ToolCallRow
+from fsm.states import execution_next, ledger_turn_next
+from fsm.store.models import Conversation, Message, PendingTurnRow, ToolCallRow, ToolExecution
 
 __all__ = [
     "BY_KEY",
     "BY_RESPONSE",
     "MESSAGES",
     "TOOL_CALLS",
+    "insert_pending",
     "insert_row",
     "insert_turn",
     "lock",
+    "schema",
     "state",
     "turn_params",
 ]
@@ -49,6 +54,9 @@ __all__ = [
 #: the two tables of history
 MESSAGES: Final = cast(sa.Table, Message.__table__)
 TOOL_CALLS: Final = cast(sa.Table, ToolCallRow.__table__)
+#: the tool ledger's two tables
+PENDING_TURNS: Final = cast(sa.Table, PendingTurnRow.__table__)
+EXECUTIONS: Final = cast(sa.Table, ToolExecution.__table__)
 
 #: :func:`state`'s ways of finding an earlier commit of the same turn.
 BY_KEY: Final = "key"
@@ -57,6 +65,13 @@ BY_RESPONSE: Final = "response"
 
 def _cid() -> sa.BindParameter[str]:
     return sa.bindparam("cid", type_=Conversation.__table__.c.id.type)
+
+
+def schema(conn: Connection) -> str | None:
+    """The schema ``conn`` maps fsm's tables to (its ``schema_translate_map``), for the text
+    statements here; ``None``: the ``search_path``."""
+    translate = conn.get_execution_options().get("schema_translate_map") or {}
+    return cast("str | None", translate.get(None))
 
 
 @functools.cache
@@ -119,6 +134,8 @@ def insert_turn(
     schema: str | None,
     message_columns: tuple[str, ...],
     call_columns: tuple[str, ...],
+    *,
+    ledger: bool = False,
 ) -> sa.TextClause:
     """PostgreSQL: the ``messages`` rows (the assistant message, then one result per call) and
     the ``tool_calls`` rows of a turn, in one statement, in ``schema`` (``None``: the
@@ -131,23 +148,123 @@ def insert_turn(
     placeholder per value (some 150 for a turn of 3 calls) it parsed again at every commit:
     more than half of a commit's time in Python. A text statement with typed binds
     (SQLAlchemy caches its compiled form); each element is bound as its column's type (the
-    codec's encodings, JSON)."""
+    codec's encodings, JSON).
+
+    ``ledger``: the tool ledger's commit of its pending turn (binds ``l_c``, ``l_p``: the
+    turn; ``l_pos``, ``l_state``, ``l_result``, ``l_parts``, ``l_error``: the last call's
+    outcome; ``l_seq``: the turn's seq). The same statement records that outcome on the call,
+    only if the call is ``started`` (an outcome is recorded once), and marks the pending turn
+    committed at ``l_seq``; the rows go in only if the outcome was recorded. It returns a row
+    per message written: none when the call was not ``started`` (nothing written)."""
     quote = _QUOTE.quote
 
+    def name(table: sa.Table) -> str:
+        return quote(table.name) if schema is None else f"{quote(schema)}.{quote(table.name)}"
+
+    gate = " WHERE EXISTS (SELECT FROM recorded)" if ledger else ""
+
     def insert(table: sa.Table, columns: tuple[str, ...], prefix: str) -> str:
-        name = quote(table.name) if schema is None else f"{quote(schema)}.{quote(table.name)}"
         arrays = ", ".join(f"CAST(:{prefix}_{c} AS {_array_type(table, c)})" for c in columns)
         return (
-            f"INSERT INTO {name} ({', '.join(quote(c) for c in columns)}) "
-            f"SELECT * FROM unnest({arrays})"
+            f"INSERT INTO {name(table)} ({', '.join(quote(c) for c in columns)}) "
+            f"SELECT * FROM unnest({arrays}){gate}"
         )
 
     sql = insert(MESSAGES, message_columns, "m")
     binds = [_array_bind(MESSAGES, c, f"m_{c}") for c in message_columns]
+    ctes = []
+    if ledger:
+        finished = ", ".join(
+            f"{column} = :l_{value}"
+            for column, value in (
+                ("state", "state"),
+                ("result", "result"),
+                ("result_parts", "parts"),
+                ("error", "error"),
+            )
+        )
+        ctes += [
+            f"recorded AS (UPDATE {name(EXECUTIONS)} SET {finished}, "
+            "finished_at = CURRENT_TIMESTAMP WHERE conversation_id = :l_c AND pending_id = :l_p "
+            f"AND position = :l_pos AND state = '{_STARTED}' RETURNING 1)",
+            f"resolved AS (UPDATE {name(PENDING_TURNS)} SET state = '{_COMMITTED}', "
+            "committed_seq = :l_seq, resolved_at = CURRENT_TIMESTAMP "
+            "WHERE conversation_id = :l_c AND id = :l_p AND EXISTS (SELECT FROM recorded))",
+        ]
+        e = EXECUTIONS.c
+        binds += [
+            sa.bindparam("l_c", type_=e.conversation_id.type),
+            sa.bindparam("l_p", type_=e.pending_id.type),
+            sa.bindparam("l_pos", type_=e.position.type),
+            sa.bindparam("l_state", type_=e.state.type),
+            sa.bindparam("l_result", type_=e.result.type),
+            sa.bindparam("l_parts", type_=e.result_parts.type),
+            sa.bindparam("l_error", type_=e.error.type),
+            sa.bindparam("l_seq", type_=PENDING_TURNS.c.committed_seq.type),
+        ]
+        sql += " RETURNING 1"
     if call_columns:  # a turn with calls
-        sql = f"WITH written_calls AS ({insert(TOOL_CALLS, call_columns, 'c')}) {sql}"
+        ctes.append(f"written_calls AS ({insert(TOOL_CALLS, call_columns, 'c')})")
         binds += [_array_bind(TOOL_CALLS, c, f"c_{c}") for c in call_columns]
+    if ctes:
+        sql = f"WITH {', '.join(ctes)} {sql}"
     return sa.text(sql).bindparams(*binds)
+
+
+@functools.lru_cache(maxsize=64)
+def insert_pending(
+    schema: str | None, turn_columns: tuple[str, ...], call_columns: tuple[str, ...]
+) -> sa.TextualSelect:
+    """PostgreSQL: the tool ledger's pending turn and its calls' executions, in one statement
+    in ``schema`` (as :func:`insert_turn`): the ``pending_turns`` row from binds
+    ``t_{column}`` with its lease (bind ``lease``, seconds from now by the database's clock),
+    the ``tool_executions`` rows ``unnest``-ed from one array per column (binds
+    ``e_{column}``; the turn's id, conversation and number of calls taken from the row just
+    inserted; ``e_started``, not a column: the call is started now). One row per execution in
+    position order (one row without an execution for a turn without calls): the turn's columns
+    under their names, each execution's prefixed ``e_``."""
+    quote = _QUOTE.quote
+
+    def name(table: sa.Table) -> str:
+        return quote(table.name) if schema is None else f"{quote(schema)}.{quote(table.name)}"
+
+    e = EXECUTIONS.c
+    values = ", ".join(f":t_{c}" for c in turn_columns)
+    arrays = ", ".join(f"CAST(:e_{c} AS {_array_type(EXECUTIONS, c)})" for c in call_columns)
+    own = ("conversation_id", "pending_id", "pending_n_calls", "started_at")
+    if call_columns:
+        executions = (
+            f"INSERT INTO {name(EXECUTIONS)} "
+            f"({', '.join(quote(c) for c in (*own, *call_columns))}) "
+            "SELECT turn.conversation_id, turn.id, turn.n_calls, "
+            "CASE WHEN u.e_started THEN CURRENT_TIMESTAMP END, "
+            f"{', '.join(f'u.{quote(c)}' for c in call_columns)} FROM turn, unnest({arrays}, "
+            f"CAST(:e_started AS BOOLEAN[])) AS u({', '.join(quote(c) for c in call_columns)}, "
+            "e_started) RETURNING *"
+        )
+    else:  # a turn without calls: no execution
+        executions = f"SELECT * FROM {name(EXECUTIONS)} WHERE false"
+    sql = (
+        f"WITH turn AS (INSERT INTO {name(PENDING_TURNS)} "
+        f"({', '.join(quote(c) for c in (*turn_columns, 'lease_expires_at'))}) VALUES ({values}, "
+        "clock_timestamp() + make_interval(secs => CAST(:lease AS DOUBLE PRECISION))) "
+        f"RETURNING *), executions AS ({executions}) "
+        f"SELECT {', '.join(f'turn.{quote(c.name)}' for c in PENDING_TURNS.c)}, "
+        f"{', '.join(f'executions.{quote(c.name)} AS e_{c.name}' for c in e)} "
+        "FROM turn LEFT JOIN executions ON true ORDER BY executions.position"
+    )
+    binds = [sa.bindparam(f"t_{c}", type_=PENDING_TURNS.c[c].type) for c in turn_columns]
+    if call_columns:
+        binds += [_array_bind(EXECUTIONS, c, f"e_{c}") for c in call_columns]
+        binds.append(sa.bindparam("e_started", type_=postgresql.ARRAY(sa.Boolean(), dimensions=1)))
+    columns = [sa.column(c.name, c.type) for c in PENDING_TURNS.c]
+    columns += [sa.column(f"e_{c.name}", c.type) for c in e]
+    return sa.text(sql).bindparams(*binds).columns(*columns)
+
+
+#: the states the ledger's commit moves its last call from and its pending turn to
+_STARTED: Final = execution_next("not_started", "start")
+_COMMITTED: Final = ledger_turn_next("pending", "commit")
 
 
 def _array_type(table: sa.Table, column: str) -> str:

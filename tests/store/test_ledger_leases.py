@@ -19,6 +19,7 @@ from fsm.store import (
     ConversationStore,
     LedgerStateError,
     PendingTurnError,
+    StoreError,
     TurnInProgressError,
 )
 from fsm.store.aio import AsyncConversationStore
@@ -398,6 +399,136 @@ def test_a_step_that_records_and_starts_in_one_statement_meets_what_the_store_ho
     assert [(e.state, e.starts) for e in after.executions] == [
         ("started", 1),
         ("not_started", 0),
+    ]
+
+
+def test_begin_and_commit_are_one_statement_each_after_the_lock(store: ConversationStore) -> None:
+    """On PostgreSQL begin inserts the pending turn and its executions with one statement, and
+    commit(recording=) records the last outcome, resolves the pending turn and writes the turn
+    to history with one statement (after the conversation's lock): what they return and
+    what the store then holds is what the step-by-step path gives (SQLite: one statement per
+    table under its write lock)."""
+    from sqlalchemy import event
+
+    from fsm.store.ledger import Outcome
+
+    postgres = store.engine.dialect.name == "postgresql"
+    statements: list[str] = []
+    event.listen(
+        store.engine, "before_cursor_execute", lambda *a: statements.append(" ".join(a[2].split()))
+    )
+    cid = _conv(store)
+    statements.clear()
+    pending = store.begin(cid, make_turn(CALLS), start=1)
+    writes = [s for s in statements if not s.startswith("BEGIN")]
+    assert len(writes) == 3, writes  # PostgreSQL: lock, state, insert; SQLite: state, 2 inserts
+    if postgres:
+        assert writes[2].startswith("WITH turn AS (INSERT INTO fsm_pending_turns"), writes
+    assert [(e.state, e.starts, e.started_by) for e in pending.executions] == [
+        ("not_started", 0, None),
+        ("started", 1, pending.owner),
+    ]
+    assert [e.call.name for e in pending.executions] == ["pay", "email"]
+    assert pending == store.pending(cid)  # the step's answer is what is stored
+    assert pending.executions[1].started_at is not None and pending.lease_expires_at is not None
+    # a turn without calls
+    cid2 = _conv(store, "c2")
+    empty = store.begin(cid2, make_turn((), content="the answer", finish_reason="stop"))
+    assert empty.executions == () and empty == store.pending(cid2)
+    assert store.commit(empty).messages[0]["content"] == "the answer"
+
+    pending = store.started(pending, 0, recording=Outcome(1, result="sent"))
+    statements.clear()
+    done = store.commit(pending, recording=Outcome(0, error="card declined"))
+    writes = [s for s in statements if not s.startswith("BEGIN")]
+    if postgres:
+        assert len(writes) == 2, writes  # the turn with its lock, then everything else
+        assert writes[1].startswith("WITH recorded AS (UPDATE fsm_tool_executions"), writes
+    else:
+        assert len(writes) == 5, writes  # the outcome, 3 inserts, the resolution
+    assert done.created and done.seq == 1
+    assert [m.get("content") for m in done.messages] == [None, "card declined", "sent"]
+    assert store.history(cid)[1:] == done.messages
+    assert store.pending(cid) is None
+    with store.engine.connect() as conn:
+        turns = conn.execute(
+            sa.text(
+                "SELECT state, committed_seq, resolved_at FROM fsm_pending_turns "
+                "WHERE conversation_id = 'c1'"
+            )
+        ).all()
+        executions = conn.execute(
+            sa.text(
+                "SELECT state, result, error, finished_at FROM fsm_tool_executions "
+                "WHERE conversation_id = 'c1' ORDER BY position"
+            )
+        ).all()
+    assert [(state, seq) for state, seq, _ in turns] == [("committed", 1)]
+    assert turns[0][2] is not None
+    assert [tuple(row[:3]) for row in executions] == [
+        ("failed", None, "card declined"),
+        ("succeeded", "sent", None),
+    ]
+    assert all(row[3] is not None for row in executions)
+    assert not store.commit(pending, recording=Outcome(0, error="card declined")).created
+
+
+def test_a_commit_given_a_call_the_store_holds_finished_decides_on_what_it_holds(
+    store: ConversationStore,
+) -> None:
+    """The handle shows the last call started; the store holds its outcome (recorded by a
+    step whose answer was lost): the one-statement commit writes nothing and the commit goes on
+    from what the store holds: the same outcome commits once, another is refused with nothing
+    written."""
+    from fsm.store.ledger import Outcome
+
+    for cid, result in (("c1", "sent"), ("c2", "other")):
+        pending = store.started(store.begin(_conv(store, cid), make_turn(CALLS), start=0), 1)
+        pending = store.started(pending, 1, recording=Outcome(0, result="paid"))
+        store.succeeded(pending, 1, "sent")  # the handle still shows call 1 started
+        if result == "sent":
+            done = store.commit(pending, recording=Outcome(1, result=result))
+            assert done.created
+            assert [m.get("content") for m in store.history(cid)[2:]] == ["paid", "sent"]
+            assert store.pending(cid) is None
+            continue
+        with pytest.raises(LedgerStateError, match="with another result"):
+            store.commit(pending, recording=Outcome(1, result=result))
+        assert len(store.history(cid)) == 1  # nothing written
+        stored = store.pending(cid)
+        assert stored is not None and stored.state == "pending"
+        assert [e.result for e in stored.executions] == ["paid", "sent"]
+
+
+def test_a_commit_whose_insert_fails_keeps_the_outcome_it_recorded(
+    store: ConversationStore,
+) -> None:
+    """A raw write takes the turn's seq while its last tool runs: the commit (the outcome, the
+    resolution and the turn in one statement on PostgreSQL) fails on the schema's keys as a
+    typed error, and the outcome it carried is then stored on its own; the turn stays
+    pending."""
+    from fsm.store.ledger import Outcome
+
+    cid = _conv(store)
+    pending = store.started(
+        store.begin(cid, make_turn(CALLS), start=0), 1, recording=Outcome(0, result="paid")
+    )
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO fsm_messages (conversation_id, seq, role, content, n_calls, "
+                "slots_left, prev_seq, prev_slots_left) VALUES ('c1', 1, 'user', 'raw', 0, 0, 0, 0)"
+            )
+        )
+    with pytest.raises(StoreError) as caught:
+        store.commit(pending, recording=Outcome(1, result="sent"))
+    assert not isinstance(caught.value, LedgerStateError), caught.value
+    assert [m.get("content") for m in store.history(cid)] == ["pay and tell", "raw"]
+    stored = store.pending(cid)
+    assert stored is not None and stored.state == "pending"
+    assert [(e.state, e.result) for e in stored.executions] == [
+        ("succeeded", "paid"),
+        ("succeeded", "sent"),  # recorded on its own after the failed commit
     ]
 
 

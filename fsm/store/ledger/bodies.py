@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 
 from fsm.parser import Turn
 from fsm.states import EXECUTION_OUTCOMES, execution_next, ledger_turn_next
-from fsm.store import plans
+from fsm.store import plans, writes
 from fsm.store.errors import (
     ConversationNotFoundError,
     IdempotencyMismatchError,
@@ -128,53 +128,79 @@ def begin_body(
         seq = WriteState(None, None, last_seq, slots_left).next_seq()
     check_expected(conversation_id, expected_seq, seq)
     n = len(calls)
-    inserted = conn.execute(
-        step_statement("insert_turn", core.postgres),
+    turn_row = {
+        "conversation_id": conversation_id,
+        "state": "pending",
+        "owner": owner,
+        "at_seq": seq,
+        "content": turn.content,
+        "reasoning": turn.reasoning,
+        "refusal": turn.refusal,
+        "model": turn.model,
+        "response_id": turn.response_id or None,
+        "choice": turn.index,
+        "finish_reason": turn.finish_reason,
+        "usage": plans.json_safe(turn.usage),
+        "idempotency_key": idempotency_key,
+        "n_calls": n,
+        **dict(zip(("format", "provider_items"), stored_items(turn), strict=True)),
+    }
+    # the call ``start`` is inserted started (by this owner, now): one statement less than
+    # inserting it not started and starting it (the INSERT gave the turn its lease)
+    call_rows = [
         {
-            **lease_params(core, lease),
-            "conversation_id": conversation_id,
-            "state": "pending",
-            "owner": owner,
-            "at_seq": seq,
-            "content": turn.content,
-            "reasoning": turn.reasoning,
-            "refusal": turn.refusal,
-            "model": turn.model,
-            "response_id": turn.response_id or None,
-            "choice": turn.index,
-            "finish_reason": turn.finish_reason,
-            "usage": plans.json_safe(turn.usage),
-            "idempotency_key": idempotency_key,
-            "n_calls": n,
-            **dict(zip(("format", "provider_items"), stored_items(turn), strict=True)),
-        },
+            "position": p,
+            **plans.call_columns(call),
+            "legacy": call.legacy,
+            "state": execution_next("not_started", "start") if p == start else "not_started",
+            "starts": int(p == start),
+            "started_by": owner if p == start else None,
+        }
+        for p, call in enumerate(calls)
+    ]
+    if core.postgres:
+        return _insert_pending(conn, turn_row, call_rows, start, lease)
+    inserted = conn.execute(
+        step_statement("insert_turn"), {**lease_params(core, lease), **turn_row}
     ).one()
-    pending_id = inserted._mapping["id"]
+    keys = {"conversation_id": conversation_id, "pending_id": inserted._mapping["id"]}
     executions: Sequence[Any] = []
     if n:
-        # the call ``start`` is inserted started (by this owner, now): one statement less
-        # than inserting it not started and starting it (the INSERT gave the turn its lease)
         executions = conn.execute(
             step_statement("insert_executions"),
             [
-                {
-                    "conversation_id": conversation_id,
-                    "pending_id": pending_id,
-                    "position": p,
-                    "pending_n_calls": n,
-                    **plans.call_columns(call),
-                    "legacy": call.legacy,
-                    "state": execution_next("not_started", "start")
-                    if p == start
-                    else "not_started",
-                    "starts": int(p == start),
-                    "started_by": owner if p == start else None,
-                    "started": p == start,
-                }
-                for p, call in enumerate(calls)
+                {**keys, **call, "pending_n_calls": n, "started": call["position"] == start}
+                for call in call_rows
             ],
         ).all()
     return built_turn(conversation_id, inserted._mapping, executions)
+
+
+def _insert_pending(
+    conn: Connection,
+    row: dict[str, Any],
+    call_rows: list[dict[str, Any]],
+    start: int | None,
+    lease: float,
+) -> PendingTurn:
+    """PostgreSQL: the pending turn ``row`` and its executions ``call_rows`` inserted by one
+    statement (:func:`fsm.store.writes.insert_pending`), the call ``start`` started."""
+    columns = tuple(call_rows[0]) if call_rows else ()
+    rows = conn.execute(
+        writes.insert_pending(writes.schema(conn), tuple(row), columns),
+        {
+            **{f"t_{column}": value for column, value in row.items()},
+            **writes.turn_params("e", columns, call_rows),
+            "e_started": [call["position"] == start for call in call_rows],
+            "lease": float(lease),
+        },
+    ).all()
+    executions = tuple(
+        execution_of({c.name: found._mapping[f"e_{c.name}"] for c in writes.EXECUTIONS.c})
+        for found in rows
+        if found._mapping["e_position"] is not None
+    )
+    return built_turn(row["conversation_id"], rows[0]._mapping, (), handled=executions)
 
 
 def pending_body(conn: Connection, conversation_id: str) -> PendingTurn | None:
@@ -546,6 +572,8 @@ def commit_recording_body(
     transaction; a commit that fails raises :class:`CommitFailed` (no savepoint: the rare
     failure costs a second transaction, the common commit two statements less)."""
     found = _commit_as_handled(core, conn, pending, recording)
+    if isinstance(found, CommittedTurn):
+        return found
     if found is not None:
         stored, recorded = found, True
     else:
@@ -561,10 +589,12 @@ def commit_recording_body(
 
 def _commit_as_handled(
     core: StoreCoreLike, conn: Connection, pending: PendingTurn, recording: Recording
-) -> PendingTurn | None:
+) -> PendingTurn | CommittedTurn | None:
     """The common case of :func:`commit_recording_body`: the turn still pending and
     ``pending``'s owner's, read by one query, ``recording`` recorded on the calls as the handle
-    shows them (see :func:`_as_handled`), every call then with an outcome; ``None`` otherwise."""
+    shows them (see :func:`_as_handled`), every call then with an outcome; ``None`` otherwise.
+    On PostgreSQL the turn is then committed too, by the statement that records the outcome
+    (the :class:`CommittedTurn`)."""
     if not isinstance(pending, PendingTurn):
         return None
     if core.postgres:
@@ -574,7 +604,11 @@ def _commit_as_handled(
         row = conn.execute(step_statement("owned_locked", True), keys).first()
         if row is None:
             return None
-        found = _finished_as_handled(conn, _as_handled(pending, row), recording)
+        handled = _as_handled(pending, row)
+        done = _commit_in_one(core, conn, handled, recording)
+        if done is not None:
+            return done
+        found = _finished_as_handled(conn, handled, recording)
     else:
         # SQLite (BEGIN IMMEDIATE holds the database's lock): the outcome recorded only if the
         # turn is still pending and the handle's owner's, by the same statement; the turn's
@@ -583,6 +617,57 @@ def _commit_as_handled(
     if found is None or any(e.state not in EXECUTION_OUTCOMES for e in found.executions):
         return None
     return found
+
+
+def _commit_in_one(
+    core: StoreCoreLike, conn: Connection, handled: PendingTurn, recording: Recording
+) -> CommittedTurn | None:
+    """PostgreSQL: ``recording`` on a call the handle shows started, the pending turn
+    resolved and the turn with every call's outcome written to history, by one statement; or
+    ``None`` (nothing written) when the other calls' outcomes are not all in the handle or the
+    store does not hold the call started: the caller goes on step by step."""
+    position, outcome, text, parts = recording
+    if handled.executions[position].state != "started":
+        return None
+    finished = _finish_params(handled, recording)
+    executions = list(handled.executions)
+    executions[position] = replace(
+        executions[position],
+        state=finished["state"],
+        result=parts if parts is not None else text if outcome == "succeeded" else None,
+        error=finished["error"],
+    )
+    stored = replace(handled, executions=tuple(executions))
+    if any(e.state not in EXECUTION_OUTCOMES for e in stored.executions):
+        return None
+    try:
+        return core.commit_ledger_turn(
+            conn,
+            stored.conversation_id,
+            _turn_plan(stored),
+            stored.at_seq,
+            stored.idempotency_key,
+            {f"l_{key}": value for key, value in finished.items()},
+        )
+    except (StoreError, sa.exc.IntegrityError, sa.exc.DataError) as exc:
+        raise CommitFailed(exc, recorded=True) from exc
+
+
+def _turn_plan(stored: PendingTurn) -> plans.TurnPlan:
+    """The :class:`~fsm.store.plans.TurnPlan` of a pending turn whose calls all have an
+    outcome: the turn as ``commit_turn`` writes it."""
+    contents = [
+        plan_result(e.call, {"content": e.content} if isinstance(e.content, list) else e.content)
+        for e in stored.executions
+    ]
+    return plans.TurnPlan(
+        cast(Turn, stored),
+        cast("list[ToolCall]", stored.calls),
+        contents,
+        stored.to_message(),
+        stored.format or "chat",
+        stored.provider_items,
+    )
 
 
 def commit_body(core: StoreCoreLike, conn: Connection, pending: PendingTurn) -> CommittedTurn:
@@ -624,22 +709,10 @@ def _commit_stored(
             + ", ".join(f"call {e.call.position} ({e.call.name}) is {e.state}" for e in unfinished)
             + "; record each call's outcome first"
         )
-    contents = [
-        plan_result(e.call, {"content": e.content} if isinstance(e.content, list) else e.content)
-        for e in stored.executions
-    ]
-    plan = plans.TurnPlan(
-        cast(Turn, stored),
-        cast("list[ToolCall]", stored.calls),
-        contents,
-        stored.to_message(),
-        stored.format or "chat",
-        stored.provider_items,
-    )
     done = core.commit_turn(
         conn,
         stored.conversation_id,
-        plan,
+        _turn_plan(stored),
         stored.at_seq,
         stored.idempotency_key,
         ledger=True,
