@@ -163,6 +163,13 @@ def _use_store(store: ConversationStore) -> None:
     store.commit_turn(cid, make_turn(), results=["ok"])
     store.record_attempt(cid, make_turn(finish_reason="length"))
     assert [m["role"] for m in store.history(cid)] == ["assistant", "tool"]
+    # the tool ledger's statements (PostgreSQL: text statements that name the schema)
+    from fsm.store.ledger import Outcome
+
+    pending = store.begin(cid, make_turn(response_id="ledger"), start=0)
+    assert pending == store.pending(cid)
+    assert store.commit(pending, recording=Outcome(0, result="sunny")).created
+    assert [m.get("content") for m in store.history(cid)[2:]] == [None, "sunny"]
 
 
 def test_fsm_beside_a_host_alembic_history(host_dir: Path, empty_url: sa.URL) -> None:
