@@ -121,7 +121,19 @@ def commit_turn(self, conn, *args, ledger=False, **kwargs):
     return out
 
 
+_commit_ledger_turn = StoreCore.commit_ledger_turn
+
+
+def commit_ledger_turn(self, conn, *args, **kwargs):
+    # PostgreSQL: the last outcome, the resolution and the turn in one statement
+    out = _commit_ledger_turn(self, conn, *args, **kwargs)
+    if out is not None:
+        die("during_commit")  # the turn's rows are written, the transaction not committed
+    return out
+
+
 StoreCore.commit_turn = commit_turn
+StoreCore.commit_ledger_turn = commit_ledger_turn
 
 client = openai.OpenAI(base_url=BASE, api_key="test", max_retries=0)
 with Store(URL) as store:
