@@ -58,7 +58,7 @@ from fsm.store.plans import (
 from fsm.store.render import HistoryFormat, render
 from fsm.types import Message as HistoryMessage
 
-__all__ = ["ConversationInfo", "StoreCore", "assistant_row"]
+__all__ = ["ConversationInfo", "StoreCore", "assistant_row", "turn_rows"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -343,9 +343,12 @@ class StoreCore:
         under the conversation's lock at ``expected_seq`` (any other commit waits while one is
         pending): nothing is read first, the rows are inserted.
 
-        Statements: on PostgreSQL the conversation's lock, one query (:func:`write_state`), one
-        ``INSERT`` of all the turn's rows; on SQLite (whose ``BEGIN IMMEDIATE`` already holds
-        the database's write lock) the query and one ``INSERT`` per table."""
+        Statements: on PostgreSQL the conversation's lock, then the query of
+        :func:`write_state` and the ``INSERT`` of all the turn's rows in one statement (which
+        inserts only in the common case: no pending turn, no earlier commit of the same turn,
+        the expected seq; else the state it read decides as below); on SQLite (whose ``BEGIN
+        IMMEDIATE`` already holds the database's write lock) the query and one ``INSERT`` per
+        table."""
         turn, assistant = plan.turn, plan.assistant
         if ledger and expected_seq is not None:
             # the tool ledger's commit of the pending turn it holds, under the conversation's
@@ -364,7 +367,15 @@ class StoreCore:
             )
         else:
             same, params = None, {}
-        found = self.write_state(conn, conversation_id, same, params)
+        if self.postgres:
+            checked = self._checked_insert(
+                conn, conversation_id, plan, same, params, expected_seq, idempotency_key
+            )
+            if isinstance(checked, CommittedTurn):
+                return checked
+            found = checked
+        else:
+            found = self.write_state(conn, conversation_id, same, params)
         if not ledger and found.pending is not None:
             raise pending_error(conversation_id, *found.pending)
         with self.reading(conversation_id):
@@ -396,6 +407,49 @@ class StoreCore:
         self._insert_committed(conn, conversation_id, plan, seq, idempotency_key)
         return self._committed(conversation_id, plan, seq)
 
+    def _checked_insert(
+        self,
+        conn: Connection,
+        conversation_id: str,
+        plan: TurnPlan,
+        same: str | None,
+        params: Mapping[str, Any],
+        expected_seq: int | None,
+        idempotency_key: str | None,
+    ) -> CommittedTurn | WriteState:
+        """PostgreSQL: after the conversation's lock, the state a commit needs and the turn's
+        rows in one statement (:func:`fsm.store.writes.checked_insert_turn`), which inserts
+        them in the common case: the :class:`CommittedTurn`; else (nothing written) the
+        :class:`WriteState` for the caller to decide on."""
+        cid = {"cid": conversation_id}
+        if conn.execute(writes.lock(for_update=True), cid).first() is None:
+            raise ConversationNotFoundError(conversation_id)
+        message, call_rows, result_rows = turn_rows(conversation_id, plan, 1, idempotency_key)
+        call_columns = tuple(call_rows[0]) if call_rows else ()
+        columns = tuple(message)
+        if call_rows:
+            columns += tuple(c for c in result_rows[0] if c not in message)
+        row = conn.execute(
+            writes.checked_insert_turn(writes.schema(conn), same, columns, call_columns),
+            {
+                **cid,
+                **params,
+                "expected": expected_seq,
+                **writes.turn_params("m", columns, [message, *result_rows]),
+                **writes.turn_params("c", call_columns, call_rows),
+            },
+        ).one()
+        pending_id, pending_at, stored_at, last_seq, slots_left, written = row
+        if written:
+            seq = 0 if last_seq is None else last_seq + 1
+            return self._committed(conversation_id, plan, seq)
+        return WriteState(
+            None if pending_id is None else (pending_id, pending_at),
+            stored_at,
+            last_seq,
+            slots_left,
+        )
+
     def commit_ledger_turn(
         self,
         conn: Connection,
@@ -411,7 +465,7 @@ class StoreCore:
         :func:`fsm.store.writes.insert_turn`) recorded on its last call, the pending turn
         marked committed, the turn's rows inserted; ``None`` when that call was not
         ``started`` (nothing written: the caller reads the store and decides)."""
-        message, call_rows, result_rows = _turn_rows(conversation_id, plan, seq, idempotency_key)
+        message, call_rows, result_rows = turn_rows(conversation_id, plan, seq, idempotency_key)
         written = self.insert_turn(
             conn, message, call_rows, result_rows, ledger={**outcome, "l_seq": seq}
         )
@@ -426,7 +480,7 @@ class StoreCore:
         idempotency_key: str | None,
     ) -> None:
         """Insert a planned turn at ``seq``: its assistant message, calls and results."""
-        self.insert_turn(conn, *_turn_rows(conversation_id, plan, seq, idempotency_key))
+        self.insert_turn(conn, *turn_rows(conversation_id, plan, seq, idempotency_key))
 
     @staticmethod
     def _committed(conversation_id: str, plan: TurnPlan, seq: int) -> CommittedTurn:
@@ -622,7 +676,7 @@ def _read_attempts(conn: Connection, conversation_id: str) -> list[dict[str, Any
     return [{**row, "tool_calls": by_attempt.get(row["id"], [])} for row in rows]
 
 
-def _turn_rows(
+def turn_rows(
     conversation_id: str, plan: TurnPlan, seq: int, idempotency_key: str | None
 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """A planned turn's rows at ``seq``: its assistant message, its calls, its results."""

@@ -16,7 +16,10 @@ executing it costs once it is compiled; so every statement a write sends is buil
 * :func:`insert_turn`: PostgreSQL, a whole turn in one statement: the calls in a data-modifying
   ``WITH`` and the assistant message with its results in the ``INSERT`` (the foreign keys are
   checked at the end of the statement, when every row of it is there): one round trip. The tool
-  ledger's commit adds its last outcome and the pending turn's resolution to the same statement.
+  ledger's commit adds its last outcome and the pending turn's resolution to the same statement;
+* :func:`checked_insert_turn`: PostgreSQL's ``commit_turn``, :func:`state` and the insert in one
+  statement after the lock, the rows inserted only in the common case the state shows;
+* :func:`insert_pending`: PostgreSQL, the tool ledger's pending turn and its executions.
 
 The lookup of an earlier commit uses ``min(seq + 0)``, not ``min(seq)``: with a bare ``min(seq)``
 SQLite (and PostgreSQL, by its estimates) may walk the primary key in seq order looking for the
@@ -32,7 +35,9 @@ from typing import Any, Final, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.engine import Connection
+from sqlalchemy.engine.interfaces import BindTyping
 
 from fsm.states import execution_next, ledger_turn_next
 from fsm.store.models import Conversation, Message, PendingTurnRow, ToolCallRow, ToolExecution
@@ -41,7 +46,9 @@ __all__ = [
     "BY_KEY",
     "BY_RESPONSE",
     "MESSAGES",
+    "SEQ_COLUMNS",
     "TOOL_CALLS",
+    "checked_insert_turn",
     "insert_pending",
     "insert_row",
     "insert_turn",
@@ -267,6 +274,87 @@ _STARTED: Final = execution_next("not_started", "start")
 _COMMITTED: Final = ledger_turn_next("pending", "commit")
 
 
+#: the columns of a turn's rows whose values move with the turn's seq (:func:`checked_insert_turn`)
+SEQ_COLUMNS: Final = frozenset({"seq", "prev_seq", "block_end_seq", "assistant_seq"})
+
+
+@functools.lru_cache(maxsize=256)
+def checked_insert_turn(
+    schema: str | None,
+    same: str | None,
+    message_columns: tuple[str, ...],
+    call_columns: tuple[str, ...],
+) -> sa.TextualSelect:
+    """PostgreSQL: :func:`state` and the insert of :func:`insert_turn` in one statement, run
+    after the conversation's lock (its own statement: see the module's note): the state row
+    (``pending_id, pending_at_seq, stored_at, last_seq, last_slots_left``) and ``written``, the
+    number of messages inserted. The rows go in only in the common case, which the state
+    shows: no pending turn, no earlier commit of the same turn, the last message's tool block
+    closed, and the next seq the one expected (bind ``expected``, NULL: any); else nothing is
+    written and the caller decides from the state (an error, the stored turn, ...).
+
+    The rows are bound as built for seq 1 (arrays as :func:`insert_turn` binds them); the
+    statement moves the :data:`SEQ_COLUMNS` to the conversation's next seq, and a turn at seq 0
+    gets no predecessor (``prev_seq`` and ``prev_slots_left`` NULL)."""
+    quote = _QUOTE.quote
+    translate = {None: schema} if schema is not None else None
+    compiled = state(exists=False, same=same).compile(
+        dialect=_PG_NAMED,
+        schema_translate_map=translate,
+        render_schema_translate=translate is not None,
+    )
+    # the query's binds, each with its type (the codec's encodings); its own constants (its
+    # state, its LIMIT) with their values
+    state_binds = [
+        sa.bindparam(key, type_=bind.type)
+        if key in ("cid", "key", "response_id", "choice")
+        else sa.bindparam(key, value=bind.value, type_=bind.type)
+        for key, bind in ((k, compiled.binds[k]) for k in compiled.params)
+    ]
+
+    def name(table: sa.Table) -> str:
+        return quote(table.name) if schema is None else f"{quote(schema)}.{quote(table.name)}"
+
+    first = "ok.next = 0 AND u.seq = 1"  # the assistant message of a turn at seq 0
+
+    def value(column: str) -> str:
+        if column == "prev_seq":
+            return f"CASE WHEN {first} THEN NULL ELSE u.prev_seq + ok.next - 1 END"
+        if column == "prev_slots_left":
+            return f"CASE WHEN {first} THEN NULL ELSE u.prev_slots_left END"
+        if column in SEQ_COLUMNS:
+            return f"u.{quote(column)} + ok.next - 1"
+        return f"u.{quote(column)}"
+
+    def insert(table: sa.Table, columns: tuple[str, ...], prefix: str) -> str:
+        arrays = ", ".join(f"CAST(:{prefix}_{c} AS {_array_type(table, c)})" for c in columns)
+        names = ", ".join(quote(c) for c in columns)
+        return (
+            f"INSERT INTO {name(table)} ({names}) "
+            f"SELECT {', '.join(value(c) for c in columns)} "
+            f"FROM ok, unnest({arrays}) AS u({names})"
+        )
+
+    expected = "CAST(:expected AS INTEGER)"
+    ctes = [
+        f"st (pending_id, pending_at, stored_at, last_seq, slots_left) AS ({compiled.string})",
+        "ok AS (SELECT coalesce(last_seq + 1, 0) AS next FROM st WHERE pending_id IS NULL "
+        "AND stored_at IS NULL AND (last_seq IS NULL OR slots_left = 0) "
+        f"AND ({expected} IS NULL OR {expected} = coalesce(last_seq + 1, 0)))",
+    ]
+    binds = [_array_bind(MESSAGES, c, f"m_{c}") for c in message_columns]
+    binds += [sa.bindparam("expected", type_=sa.Integer()), *state_binds]
+    if call_columns:
+        ctes.append(f"written_calls AS ({insert(TOOL_CALLS, call_columns, 'c')})")
+        binds += [_array_bind(TOOL_CALLS, c, f"c_{c}") for c in call_columns]
+    ctes.append(f"written AS ({insert(MESSAGES, message_columns, 'm')} RETURNING 1)")
+    sql = (
+        f"WITH {', '.join(ctes)} SELECT pending_id, pending_at, stored_at, last_seq, "
+        "slots_left, (SELECT count(*) FROM written) AS written FROM st"
+    )
+    return sa.text(sql).bindparams(*binds).columns()
+
+
 def _array_type(table: sa.Table, column: str) -> str:
     """The SQL type of an array of ``column``'s values (``TEXT[]``, ``JSON[]``, ...)."""
     return f"{table.c[column].type.compile(dialect=_PG)}[]"
@@ -280,6 +368,16 @@ def _array_bind(table: sa.Table, column: str, name: str) -> sa.BindParameter[Any
 
 #: quotes identifiers as PostgreSQL needs them, and renders its types
 _PG: Final = postgresql.dialect()  # type: ignore[no-untyped-call]
+
+
+class _NamedPG(PGDialect):
+    """PostgreSQL's SQL with ``:name`` binds and no casts on them: :func:`state` rendered for
+    a text statement."""
+
+    bind_typing = BindTyping.NONE
+
+
+_PG_NAMED: Final = _NamedPG(paramstyle="named")  # type: ignore[no-untyped-call]
 _QUOTE: Final = _PG.identifier_preparer
 
 

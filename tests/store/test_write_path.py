@@ -143,7 +143,7 @@ def test_foreign_key_checks_stay_index_probes_on_a_grown_table(pg_url: sa.URL) -
 
 
 def test_a_commit_is_few_statements(store: ConversationStore) -> None:
-    """PostgreSQL: SET LOCAL, the lock, one query, one INSERT, COMMIT; SQLite: BEGIN
+    """PostgreSQL: SET LOCAL, the lock, the query and the INSERT in one statement, COMMIT; SQLite: BEGIN
     IMMEDIATE, one query, one INSERT per table, COMMIT (bench/floor.py's figures)."""
     conv = store.create_conversation()
     seen: list[str] = []
@@ -158,15 +158,41 @@ def test_a_commit_is_few_statements(store: ConversationStore) -> None:
         sa.event.remove(store.engine, "before_cursor_execute", before)
     if store.dialect == "postgresql":
         # fsm's own BEGIN carries the transaction's settings
-        assert seen == ["BEGIN;", "SELECT", "SELECT", "WITH"], seen
+        assert seen == ["BEGIN;", "SELECT", "WITH"], seen
     else:
         assert seen == ["BEGIN", "SELECT", "INSERT", "INSERT", "INSERT"], seen
     assert store.history(conv)[-1]["content"] == "ok"
 
 
+def test_the_checked_insert_moves_exactly_the_columns_that_move_with_the_seq() -> None:
+    """PostgreSQL's commit binds a turn's rows as built for seq 1 and moves
+    ``writes.SEQ_COLUMNS`` to the conversation's next seq in SQL: those are exactly the columns
+    whose values differ between the rows built at two seqs, by the difference of the seqs, and
+    a turn at seq 0 differs from that only by its assistant message's predecessor (none)."""
+    from fsm.store import core, plans, writes
+
+    turn = make_turn((("call_a", "pay", '{"invoice": 1}'), ("call_b", "email", '{"to": "x@y"}')))
+    plan = plans.plan_turn(turn, ["paid", "sent"])
+
+    def rows(seq: int) -> list[dict[str, Any]]:
+        message, calls, results = core.turn_rows("c", plan, seq, "k")
+        return [message, *calls, *results]
+
+    base, later, first = rows(1), rows(8), rows(0)
+    for one, other, at_zero in zip(base, later, first, strict=True):
+        moved = {c for c in one if one[c] != other[c]}
+        assert moved <= writes.SEQ_COLUMNS, moved
+        assert all(other[c] == one[c] + 7 for c in moved)
+        assert {c for c in one if c in writes.SEQ_COLUMNS and one[c] is not None} <= moved
+        shifted = {c: (v - 1 if c in moved else v) for c, v in one.items()}
+        if one is base[0]:  # the assistant message: no predecessor at seq 0
+            shifted |= {"prev_seq": None, "prev_slots_left": None}
+        assert at_zero == shifted
+
+
 def test_postgres_round_trips(store: ConversationStore) -> None:
-    """Counted on the wire (libpq's trace): a commit is 5 round trips (BEGIN with the
-    transaction's settings, the lock, the state, the insert, COMMIT), a read 4 (BEGIN with its
+    """Counted on the wire (libpq's trace): a commit is 4 round trips (BEGIN with the
+    transaction's settings, the lock, the state with the insert, COMMIT), a read 4 (BEGIN with its
     settings, two SELECTs, COMMIT), the ledger's begin 5 and its commit 4; psycopg sends no
     BEGIN of its own."""
     if store.dialect != "postgresql":
@@ -174,7 +200,7 @@ def test_postgres_round_trips(store: ConversationStore) -> None:
     conv = store.create_conversation()
     with round_trips(store.engine) as commit:
         store.commit_turn(conv, make_turn(response_id="trips"), ["ok"])
-    assert commit.total == 5, commit.trace
+    assert commit.total == 4, commit.trace
     assert commit.trace[0].startswith('"BEGIN; SET LOCAL'), commit.trace
     with round_trips(store.engine) as read:
         store.history(conv)
