@@ -35,9 +35,7 @@ from typing import Any, Final, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.engine import Connection
-from sqlalchemy.engine.interfaces import BindTyping
 
 from fsm.states import execution_next, ledger_turn_next
 from fsm.store.models import Conversation, Message, PendingTurnRow, ToolCallRow, ToolExecution
@@ -147,7 +145,7 @@ def insert_turn(
     """PostgreSQL: the ``messages`` rows (the assistant message, then one result per call) and
     the ``tool_calls`` rows of a turn, in one statement, in ``schema`` (``None``: the
     ``search_path``): each table's rows ``unnest``-ed from one array per column (binds
-    ``m_{column}`` and ``c_{column}``; see :func:`turn_params`).
+    ``m0``, ``m1``, ... and ``c0``, ... by column; see :func:`turn_params`).
 
     An array per column, not a placeholder per value: the statement's text and its number of
     parameters stay the same whatever the number of calls and small enough (at most 50
@@ -171,14 +169,13 @@ def insert_turn(
     gate = " WHERE EXISTS (SELECT FROM recorded)" if ledger else ""
 
     def insert(table: sa.Table, columns: tuple[str, ...], prefix: str) -> str:
-        arrays = ", ".join(f"CAST(:{prefix}_{c} AS {_array_type(table, c)})" for c in columns)
         return (
             f"INSERT INTO {name(table)} ({', '.join(quote(c) for c in columns)}) "
-            f"SELECT * FROM unnest({arrays}){gate}"
+            f"SELECT * FROM unnest({_arrays(table, columns, prefix)}){gate}"
         )
 
     sql = insert(MESSAGES, message_columns, "m")
-    binds = [_array_bind(MESSAGES, c, f"m_{c}") for c in message_columns]
+    binds = _array_binds(MESSAGES, message_columns, "m")
     ctes = []
     if ledger:
         finished = ", ".join(
@@ -212,7 +209,7 @@ def insert_turn(
         sql += " RETURNING 1"
     if call_columns:  # a turn with calls
         ctes.append(f"written_calls AS ({insert(TOOL_CALLS, call_columns, 'c')})")
-        binds += [_array_bind(TOOL_CALLS, c, f"c_{c}") for c in call_columns]
+        binds += _array_binds(TOOL_CALLS, call_columns, "c")
     if ctes:
         sql = f"WITH {', '.join(ctes)} {sql}"
     return sa.text(sql).bindparams(*binds)
@@ -226,7 +223,7 @@ def insert_pending(
     in ``schema`` (as :func:`insert_turn`): the ``pending_turns`` row from binds
     ``t_{column}`` with its lease (bind ``lease``, seconds from now by the database's clock),
     the ``tool_executions`` rows ``unnest``-ed from one array per column (binds
-    ``e_{column}``; the turn's id, conversation and number of calls taken from the row just
+    ``e0``, ``e1``, ... by column; the turn's id, conversation and number of calls taken from the row just
     inserted; ``e_started``, not a column: the call is started now). One row per execution in
     position order (one row without an execution for a turn without calls): the turn's columns
     under their names, each execution's prefixed ``e_``."""
@@ -237,7 +234,7 @@ def insert_pending(
 
     e = EXECUTIONS.c
     values = ", ".join(f":t_{c}" for c in turn_columns)
-    arrays = ", ".join(f"CAST(:e_{c} AS {_array_type(EXECUTIONS, c)})" for c in call_columns)
+    arrays = _arrays(EXECUTIONS, call_columns, "e")
     own = ("conversation_id", "pending_id", "pending_n_calls", "started_at")
     if call_columns:
         executions = (
@@ -262,7 +259,7 @@ def insert_pending(
     )
     binds = [sa.bindparam(f"t_{c}", type_=PENDING_TURNS.c[c].type) for c in turn_columns]
     if call_columns:
-        binds += [_array_bind(EXECUTIONS, c, f"e_{c}") for c in call_columns]
+        binds += _array_binds(EXECUTIONS, call_columns, "e")
         binds.append(sa.bindparam("e_started", type_=postgresql.ARRAY(sa.Boolean(), dimensions=1)))
     columns = [sa.column(c.name, c.type) for c in PENDING_TURNS.c]
     columns += [sa.column(f"e_{c.name}", c.type) for c in e]
@@ -286,9 +283,10 @@ def checked_insert_turn(
     call_columns: tuple[str, ...],
 ) -> sa.TextualSelect:
     """PostgreSQL: :func:`state` and the insert of :func:`insert_turn` in one statement, run
-    after the conversation's lock (its own statement: see the module's note): the state row
-    (``pending_id, pending_at_seq, stored_at, last_seq, last_slots_left``) and ``written``, the
-    number of messages inserted. The rows go in only in the common case, which the state
+    after the conversation's lock (its own statement: see the module's note): one row, the
+    state (``pending_id, pending_at_seq, stored_at, last_seq, last_slots_left``) and the number
+    of messages inserted (binds ``cid``, ``key`` or ``response_id`` and ``choice`` as for
+    :func:`state`). The rows go in only in the common case, which the state
     shows: no pending turn, no earlier commit of the same turn, the last message's tool block
     closed, and the next seq the one expected (bind ``expected``, NULL: any); else nothing is
     written and the caller decides from the state (an error, the stored turn, ...).
@@ -297,93 +295,106 @@ def checked_insert_turn(
     statement moves the :data:`SEQ_COLUMNS` to the conversation's next seq, and a turn at seq 0
     gets no predecessor (``prev_seq`` and ``prev_slots_left`` NULL)."""
     quote = _QUOTE.quote
-    translate = {None: schema} if schema is not None else None
-    compiled = state(exists=False, same=same).compile(
-        dialect=_PG_NAMED,
-        schema_translate_map=translate,
-        render_schema_translate=translate is not None,
-    )
-    # the query's binds, each with its type (the codec's encodings); its own constants (its
-    # state, its LIMIT) with their values
-    state_binds = [
-        sa.bindparam(key, type_=bind.type)
-        if key in ("cid", "key", "response_id", "choice")
-        else sa.bindparam(key, value=bind.value, type_=bind.type)
-        for key, bind in ((k, compiled.binds[k]) for k in compiled.params)
-    ]
 
     def name(table: sa.Table) -> str:
         return quote(table.name) if schema is None else f"{quote(schema)}.{quote(table.name)}"
 
-    first = "ok.next = 0 AND u.seq = 1"  # the assistant message of a turn at seq 0
-
-    def value(column: str) -> str:
-        if column == "prev_seq":
-            return f"CASE WHEN {first} THEN NULL ELSE u.prev_seq + ok.next - 1 END"
-        if column == "prev_slots_left":
-            return f"CASE WHEN {first} THEN NULL ELSE u.prev_slots_left END"
-        if column in SEQ_COLUMNS:
-            return f"u.{quote(column)} + ok.next - 1"
-        return f"u.{quote(column)}"
+    # :func:`state`, written short: psycopg caches its conversion of a statement of at most
+    # 4,096 bytes (and 50 parameters), and parses a longer one again at every commit
+    turns, messages = name(PENDING_TURNS), name(MESSAGES)
+    pending = f"FROM {turns} WHERE conversation_id = :cid AND state = 'pending')"
+    last = f"FROM {messages} WHERE conversation_id = :cid ORDER BY seq DESC LIMIT 1)"
+    stored = "NULL"
+    if same is not None:
+        found = (
+            "idempotency_key = :key"
+            if same == BY_KEY
+            else "response_id = :response_id AND choice = :choice AND role = 'assistant'"
+        )
+        stored = f"(SELECT min(seq + 0) FROM {messages} WHERE conversation_id = :cid AND {found})"
+    state_sql = (
+        f"SELECT (SELECT id {pending}, (SELECT at_seq {pending}, {stored}, (SELECT seq {last}, "
+        f"(SELECT slots_left {last}, CAST(:expected AS INTEGER)"
+    )
+    m = MESSAGES.c
+    state_binds = [
+        sa.bindparam("cid", type_=m.conversation_id.type),
+        sa.bindparam("key", type_=m.idempotency_key.type),
+        sa.bindparam("response_id", type_=m.response_id.type),
+        sa.bindparam("choice", type_=m.choice.type),
+        sa.bindparam("expected", type_=sa.Integer()),
+    ]
 
     def insert(table: sa.Table, columns: tuple[str, ...], prefix: str) -> str:
-        arrays = ", ".join(f"CAST(:{prefix}_{c} AS {_array_type(table, c)})" for c in columns)
-        names = ", ".join(quote(c) for c in columns)
+        def value(column: str) -> str:
+            if column == "prev_seq":  # none before a turn at seq 0 (its assistant's is -1)
+                return "NULLIF(u.prev_seq + o.n - 1, -1)"
+            if column == "prev_slots_left":  # likewise
+                return "CASE WHEN u.prev_seq + o.n > 0 THEN u.prev_slots_left END"
+            if column in SEQ_COLUMNS:
+                return f"u.{column} + o.n - 1"
+            return f"u.a{columns.index(column)}"
+
+        aliases = ", ".join(c if c in _NAMED else f"a{i}" for i, c in enumerate(columns))
         return (
-            f"INSERT INTO {name(table)} ({names}) "
+            f"INSERT INTO {name(table)} ({', '.join(quote(c) for c in columns)}) "
             f"SELECT {', '.join(value(c) for c in columns)} "
-            f"FROM ok, unnest({arrays}) AS u({names})"
+            f"FROM o, unnest({_arrays(table, columns, prefix)}) AS u({aliases})"
         )
 
-    expected = "CAST(:expected AS INTEGER)"
+    # st: the state (p: the pending turn's id, a: its at_seq; s: where an earlier commit of
+    # the same turn is; l, sl: the last message's seq and open slots; e: the expected seq);
+    # o: the next seq, when the turn goes in
     ctes = [
-        f"st (pending_id, pending_at, stored_at, last_seq, slots_left) AS ({compiled.string})",
-        "ok AS (SELECT coalesce(last_seq + 1, 0) AS next FROM st WHERE pending_id IS NULL "
-        "AND stored_at IS NULL AND (last_seq IS NULL OR slots_left = 0) "
-        f"AND ({expected} IS NULL OR {expected} = coalesce(last_seq + 1, 0)))",
+        f"st (p, a, s, l, sl, e) AS ({state_sql})",
+        "o AS (SELECT coalesce(l + 1, 0) AS n FROM st WHERE p IS NULL AND s IS NULL "
+        "AND (l IS NULL OR sl = 0) AND (e IS NULL OR e = coalesce(l + 1, 0)))",
     ]
-    binds = [_array_bind(MESSAGES, c, f"m_{c}") for c in message_columns]
-    binds += [sa.bindparam("expected", type_=sa.Integer()), *state_binds]
+    binds = _array_binds(MESSAGES, message_columns, "m")
+    binds += [b for b in state_binds if f":{b.key}" in state_sql]
     if call_columns:
         ctes.append(f"written_calls AS ({insert(TOOL_CALLS, call_columns, 'c')})")
-        binds += [_array_bind(TOOL_CALLS, c, f"c_{c}") for c in call_columns]
-    ctes.append(f"written AS ({insert(MESSAGES, message_columns, 'm')} RETURNING 1)")
-    sql = (
-        f"WITH {', '.join(ctes)} SELECT pending_id, pending_at, stored_at, last_seq, "
-        "slots_left, (SELECT count(*) FROM written) AS written FROM st"
-    )
+        binds += _array_binds(TOOL_CALLS, call_columns, "c")
+    ctes.append(f"w AS ({insert(MESSAGES, message_columns, 'm')} RETURNING 1)")
+    sql = f"WITH {', '.join(ctes)} SELECT p, a, s, l, sl, (SELECT count(*) FROM w) FROM st"
     return sa.text(sql).bindparams(*binds).columns()
 
 
-def _array_type(table: sa.Table, column: str) -> str:
-    """The SQL type of an array of ``column``'s values (``TEXT[]``, ``JSON[]``, ...)."""
-    return f"{table.c[column].type.compile(dialect=_PG)}[]"
+#: the columns :func:`checked_insert_turn` reads by name (the others by position: shorter)
+_NAMED: Final = SEQ_COLUMNS | {"prev_slots_left"}
 
 
-def _array_bind(table: sa.Table, column: str, name: str) -> sa.BindParameter[Any]:
-    """A bind of a list of ``column``'s values, each processed as the column's type."""
-    # one dimension: a JSON value that is a list is an element, not a nested array
-    return sa.bindparam(name, type_=postgresql.ARRAY(table.c[column].type, dimensions=1))
+def _arrays(table: sa.Table, columns: tuple[str, ...], prefix: str) -> str:
+    """The arrays of ``columns``' values, as ``unnest`` takes them: binds named ``prefix``
+    and the column's position (short names keep the statements within psycopg's cache)."""
+    return ", ".join(
+        f"CAST(:{prefix}{i} AS {table.c[c].type.compile(dialect=_PG)}[])"
+        for i, c in enumerate(columns)
+    )
+
+
+def _array_binds(
+    table: sa.Table, columns: tuple[str, ...], prefix: str
+) -> list[sa.BindParameter[Any]]:
+    """The binds of :func:`_arrays`: each a list of a column's values, each value processed
+    as the column's type (one dimension: a JSON value that is a list is an element, not a
+    nested array)."""
+    return [
+        sa.bindparam(f"{prefix}{i}", type_=postgresql.ARRAY(table.c[c].type, dimensions=1))
+        for i, c in enumerate(columns)
+    ]
 
 
 #: quotes identifiers as PostgreSQL needs them, and renders its types
 _PG: Final = postgresql.dialect()  # type: ignore[no-untyped-call]
 
-
-class _NamedPG(PGDialect):
-    """PostgreSQL's SQL with ``:name`` binds and no casts on them: :func:`state` rendered for
-    a text statement."""
-
-    bind_typing = BindTyping.NONE
-
-
-_PG_NAMED: Final = _NamedPG(paramstyle="named")  # type: ignore[no-untyped-call]
 _QUOTE: Final = _PG.identifier_preparer
 
 
 def turn_params(
     prefix: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]
 ) -> dict[str, Any]:
-    """The bind values of ``rows`` for :func:`insert_turn` (``prefix`` ``m`` or ``c``): a list
-    per column, a row's value or NULL where the row lacks the column."""
-    return {f"{prefix}_{c}": [row.get(c) for row in rows] for c in columns}
+    """The bind values of ``rows`` for :func:`insert_turn` (``prefix`` ``m`` or ``c``), ...: a
+    list per column (named ``prefix`` and the column's position), a row's value or NULL where
+    the row lacks the column."""
+    return {f"{prefix}{i}": [row.get(c) for row in rows] for i, c in enumerate(columns)}

@@ -190,6 +190,43 @@ def test_the_checked_insert_moves_exactly_the_columns_that_move_with_the_seq() -
         assert at_zero == shifted
 
 
+def test_the_write_statements_stay_within_psycopg_s_statement_cache(
+    store: ConversationStore,
+) -> None:
+    """psycopg caches its conversion of a statement (``%(name)s`` to ``$1``) only up to 4,096
+    bytes and 50 parameters (``psycopg._queries.MAX_CACHED_STATEMENT_LENGTH`` and
+    ``..._PARAMS``) and parses a longer one again at every execution, which costs more than
+    a round trip: every statement of a commit, of the ledger's begin and of its commit stays
+    within both, as psycopg receives it, with room for the longest schema name PostgreSQL
+    takes (63 characters, quoted, before each table)."""
+    from fsm.store.ledger import Outcome
+
+    if store.dialect != "postgresql":
+        pytest.skip("psycopg's statement cache")
+    calls = (("call_a", "pay", '{"invoice": 1}'), ("call_b", "email", '{"to": "x@y"}'))
+    seen: list[tuple[str, int]] = []
+
+    def before(_c: Any, _cur: Any, statement: str, params: Any, *_a: Any) -> None:
+        seen.append((statement, len(params) if isinstance(params, dict) else 0))
+
+    conv = store.create_conversation()
+    sa.event.listen(store.engine, "before_cursor_execute", before)
+    try:
+        turn = make_turn(calls, content="x", response_id="cache")
+        store.commit_turn(conv, turn, ["a", "b"], idempotency_key="k")
+        store.commit_turn(conv, make_turn(calls, response_id="cache2"), ["a", "b"])
+        pending = store.begin(conv, make_turn(calls, response_id="cache3"), start=0)
+        pending = store.started(pending, 1, recording=Outcome(0, result="a"))
+        store.commit(pending, recording=Outcome(1, result="b"))
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", before)
+    for statement, params in seen:
+        tables = len(re.findall(r"(?:FROM|INTO|JOIN) fsm_", statement))
+        room = tables * (63 + 3)
+        assert len(statement.encode()) + room <= 4096, (len(statement), tables, statement[:80])
+        assert params <= 50, (params, statement[:80])
+
+
 def test_postgres_round_trips(store: ConversationStore) -> None:
     """Counted on the wire (libpq's trace): a commit is 4 round trips (BEGIN with the
     transaction's settings, the lock, the state with the insert, COMMIT), a read 4 (BEGIN with its
