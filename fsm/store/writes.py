@@ -217,53 +217,113 @@ def insert_turn(
 
 @functools.lru_cache(maxsize=64)
 def insert_pending(
-    schema: str | None, turn_columns: tuple[str, ...], call_columns: tuple[str, ...]
+    schema: str | None,
+    turn_columns: tuple[str, ...],
+    call_columns: tuple[str, ...],
+    *,
+    same: str | None = None,
 ) -> sa.TextualSelect:
     """PostgreSQL: the tool ledger's pending turn and its calls' executions, in one statement
     in ``schema`` (as :func:`insert_turn`): the ``pending_turns`` row from binds
     ``t_{column}`` with its lease (bind ``lease``, seconds from now by the database's clock),
-    the ``tool_executions`` rows ``unnest``-ed from one array per column (binds
-    ``e0``, ``e1``, ... by column; the turn's id, conversation and number of calls taken from the row just
-    inserted; ``e_started``, not a column: the call is started now). One row per execution in
-    position order (one row without an execution for a turn without calls): the turn's columns
-    under their names, each execution's prefixed ``e_``."""
+    the ``tool_executions`` rows ``unnest``-ed from one array per column (binds ``e0``,
+    ``e1``, ... by column; the turn's id, conversation and number of calls taken from the row
+    just inserted; ``e_started``, not a column: the call is started now). One row per
+    execution in position order (one row without an execution for a turn without calls): the
+    turn's columns under their names, each execution's prefixed ``e_``.
+
+    ``same`` (``"key"``, ``"response"`` or ``"none"``): begin's reading of the conversation
+    first, in the same statement, run after the conversation's lock: its pending turn (``p``),
+    the latest turn committed through the ledger under the same idempotency key (bind
+    ``key``) or response id and choice (binds ``response_id``, ``choice``; ``"none"``: NULL)
+    (``d``), its last message's seq and open slots (``l``, ``sl``); the turn goes in (at the
+    next seq, not a bind) only when there is neither, the last tool block is closed and the
+    next seq is the one expected (bind ``expected``, NULL: any). Those four columns come first
+    in every row; the turn's are NULL when it did not go in."""
     quote = _QUOTE.quote
 
     def name(table: sa.Table) -> str:
         return quote(table.name) if schema is None else f"{quote(schema)}.{quote(table.name)}"
 
-    e = EXECUTIONS.c
-    values = ", ".join(f":t_{c}" for c in turn_columns)
-    arrays = _arrays(EXECUTIONS, call_columns, "e")
+    e, t = EXECUTIONS.c, PENDING_TURNS.c
+    values = [f":t_{c}" for c in turn_columns]
+    inserted = list(turn_columns)
+    ctes, selected, state_binds = [], [], []
+    if same is None:
+        source = f"VALUES ({', '.join(values)}, {_LEASE})"
+    else:
+        turns, messages = name(PENDING_TURNS), name(MESSAGES)
+        done = "NULL"
+        if same != "none":
+            found = (
+                "idempotency_key = :key"
+                if same == "key"
+                else "response_id = :response_id AND choice = :choice"
+            )
+            done = (
+                f"(SELECT id FROM {turns} WHERE conversation_id = :c AND state = 'committed' "
+                f"AND {found} ORDER BY id DESC LIMIT 1)"
+            )
+        last = f"FROM {messages} WHERE conversation_id = :c ORDER BY seq DESC LIMIT 1)"
+        ctes += [
+            f"st (p, d, l, sl, e) AS (SELECT (SELECT id FROM {turns} WHERE conversation_id = :c "
+            f"AND state = 'pending'), {done}, (SELECT seq {last}, (SELECT slots_left {last}, "
+            "CAST(:expected AS INTEGER))",
+            "o AS (SELECT coalesce(l + 1, 0) AS n FROM st WHERE p IS NULL AND d IS NULL "
+            "AND (l IS NULL OR sl = 0) AND (e IS NULL OR e = coalesce(l + 1, 0)))",
+        ]
+        inserted.append("at_seq")
+        source = f"SELECT {', '.join(values)}, o.n, {_LEASE} FROM o"
+        selected = ["st.p", "st.d", "st.l", "st.sl"]
+        state_binds = [
+            sa.bindparam("c", type_=t.conversation_id.type),
+            sa.bindparam("expected", type_=sa.Integer()),
+        ]
+        if same == "key":
+            state_binds.append(sa.bindparam("key", type_=t.idempotency_key.type))
+        elif same == "response":
+            state_binds += [
+                sa.bindparam("response_id", type_=t.response_id.type),
+                sa.bindparam("choice", type_=t.choice.type),
+            ]
     own = ("conversation_id", "pending_id", "pending_n_calls", "started_at")
     if call_columns:
+        aliases = ", ".join(f"a{i}" for i in range(len(call_columns)))
         executions = (
             f"INSERT INTO {name(EXECUTIONS)} "
             f"({', '.join(quote(c) for c in (*own, *call_columns))}) "
             "SELECT turn.conversation_id, turn.id, turn.n_calls, "
-            "CASE WHEN u.e_started THEN CURRENT_TIMESTAMP END, "
-            f"{', '.join(f'u.{quote(c)}' for c in call_columns)} FROM turn, unnest({arrays}, "
-            f"CAST(:e_started AS BOOLEAN[])) AS u({', '.join(quote(c) for c in call_columns)}, "
-            "e_started) RETURNING *"
+            f"CASE WHEN u.s THEN CURRENT_TIMESTAMP END, {aliases} FROM turn, "
+            f"unnest({_arrays(EXECUTIONS, call_columns, 'e')}, CAST(:e_started AS BOOLEAN[])) "
+            f"AS u({aliases}, s) RETURNING *"
         )
     else:  # a turn without calls: no execution
         executions = f"SELECT * FROM {name(EXECUTIONS)} WHERE false"
+    ctes += [
+        f"turn AS (INSERT INTO {name(PENDING_TURNS)} "
+        f"({', '.join(quote(c) for c in (*inserted, 'lease_expires_at'))}) {source} "
+        "RETURNING *)",
+        f"executions AS ({executions})",
+    ]
+    selected += [f"turn.{quote(c.name)}" for c in PENDING_TURNS.c]
+    selected += [f"executions.{quote(c.name)} AS e_{c.name}" for c in e]
+    joined = "st LEFT JOIN turn ON true" if same is not None else "turn"
     sql = (
-        f"WITH turn AS (INSERT INTO {name(PENDING_TURNS)} "
-        f"({', '.join(quote(c) for c in (*turn_columns, 'lease_expires_at'))}) VALUES ({values}, "
-        "clock_timestamp() + make_interval(secs => CAST(:lease AS DOUBLE PRECISION))) "
-        f"RETURNING *), executions AS ({executions}) "
-        f"SELECT {', '.join(f'turn.{quote(c.name)}' for c in PENDING_TURNS.c)}, "
-        f"{', '.join(f'executions.{quote(c.name)} AS e_{c.name}' for c in e)} "
-        "FROM turn LEFT JOIN executions ON true ORDER BY executions.position"
+        f"WITH {', '.join(ctes)} SELECT {', '.join(selected)} "
+        f"FROM {joined} LEFT JOIN executions ON true ORDER BY executions.position"
     )
-    binds = [sa.bindparam(f"t_{c}", type_=PENDING_TURNS.c[c].type) for c in turn_columns]
+    binds = [sa.bindparam(f"t_{c}", type_=t[c].type) for c in turn_columns] + state_binds
     if call_columns:
         binds += _array_binds(EXECUTIONS, call_columns, "e")
         binds.append(sa.bindparam("e_started", type_=postgresql.ARRAY(sa.Boolean(), dimensions=1)))
-    columns = [sa.column(c.name, c.type) for c in PENDING_TURNS.c]
+    columns = [sa.column(c, sa.Integer()) for c in ("p", "d", "l", "sl")] if same else []
+    columns += [sa.column(c.name, c.type) for c in PENDING_TURNS.c]
     columns += [sa.column(f"e_{c.name}", c.type) for c in e]
     return sa.text(sql).bindparams(*binds).columns(*columns)
+
+
+#: the end of a pending turn's lease: now + the bind ``lease`` seconds, by the database's clock
+_LEASE: Final = "clock_timestamp() + make_interval(secs => CAST(:lease AS DOUBLE PRECISION))"
 
 
 #: the states the ledger's commit moves its last call from and its pending turn to

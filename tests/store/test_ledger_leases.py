@@ -403,7 +403,8 @@ def test_a_step_that_records_and_starts_in_one_statement_meets_what_the_store_ho
 
 
 def test_begin_and_commit_are_one_statement_each_after_the_lock(store: ConversationStore) -> None:
-    """On PostgreSQL begin inserts the pending turn and its executions with one statement, and
+    """On PostgreSQL begin reads the conversation and inserts the pending turn and its
+    executions with one statement (after the lock), and
     commit(recording=) records the last outcome, resolves the pending turn and writes the turn
     to history with one statement (after the conversation's lock): what they return and
     what the store then holds is what the step-by-step path gives (SQLite: one statement per
@@ -421,9 +422,10 @@ def test_begin_and_commit_are_one_statement_each_after_the_lock(store: Conversat
     statements.clear()
     pending = store.begin(cid, make_turn(CALLS), start=1)
     writes = [s for s in statements if not s.startswith("BEGIN")]
-    assert len(writes) == 3, writes  # PostgreSQL: lock, state, insert; SQLite: state, 2 inserts
+    # PostgreSQL: the lock, then the reading and the insert; SQLite: the reading, 2 inserts
+    assert len(writes) == (2 if postgres else 3), writes
     if postgres:
-        assert writes[2].startswith("WITH turn AS (INSERT INTO fsm_pending_turns"), writes
+        assert writes[1].startswith("WITH st (p, d, l, sl, e) AS"), writes
     assert [(e.state, e.starts, e.started_by) for e in pending.executions] == [
         ("not_started", 0, None),
         ("started", 1, pending.owner),

@@ -230,7 +230,7 @@ def test_the_write_statements_stay_within_psycopg_s_statement_cache(
 def test_postgres_round_trips(store: ConversationStore) -> None:
     """Counted on the wire (libpq's trace): a commit is 4 round trips (BEGIN with the
     transaction's settings, the lock, the state with the insert, COMMIT), a read 4 (BEGIN with its
-    settings, two SELECTs, COMMIT), the ledger's begin 5 and its commit 4; psycopg sends no
+    settings, two SELECTs, COMMIT), the ledger's begin 4 and its commit 4; psycopg sends no
     BEGIN of its own."""
     if store.dialect != "postgresql":
         pytest.skip("PostgreSQL round trips")
@@ -243,14 +243,14 @@ def test_postgres_round_trips(store: ConversationStore) -> None:
         store.history(conv)
     assert read.total == 4, read.trace
     assert read.trace[0].startswith('"BEGIN ISOLATION LEVEL REPEATABLE READ; SET LOCAL'), read.trace
-    # the tool ledger: begin is the BEGIN, the lock, the state, one insert, COMMIT; the commit
+    # the tool ledger: begin is the BEGIN, the lock, the reading with the insert, COMMIT; the commit
     # that records the last outcome the BEGIN, the owner's check with the lock, one statement
     # for the rest, COMMIT
     from fsm.store.ledger import Outcome
 
     with round_trips(store.engine) as begin:
         pending = store.begin(conv, make_turn(response_id="ledger"), start=0)
-    assert begin.total == 5, begin.trace
+    assert begin.total == 4, begin.trace
     with round_trips(store.engine) as commit:
         done = store.commit(pending, recording=Outcome(0, result="sunny"))
     assert commit.total == 4, commit.trace

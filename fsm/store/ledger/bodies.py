@@ -78,8 +78,7 @@ def begin_body(
     taken over, one whose lease holds raises :class:`~fsm.store.errors.TurnInProgressError`),
     and start call ``start`` in the same transaction (not on a turn taken over)."""
     owner = owner or secrets.token_hex(16)
-    if core.postgres:  # the conversation's row lock first: its writers queue here
-        require_conversation(conn, conversation_id, lock=True)
+    turn_row, call_rows = _begin_rows(conversation_id, turn, calls, idempotency_key, owner, start)
     # one query says whether this is the common case (a new turn: no pending turn, no earlier
     # commit of it); the others read what they need after it
     params: dict[str, Any] = {"c": conversation_id}
@@ -89,8 +88,16 @@ def begin_body(
         same, params["response_id"], params["choice"] = "response", turn.response_id, turn.index
     else:
         same = "none"
-    row = tuple(conn.execute(step_statement("begin_" + same, core.postgres), params).one())
-    if not core.postgres:
+    if core.postgres:  # the conversation's row lock first: its writers queue here
+        require_conversation(conn, conversation_id, lock=True)
+        # the reading and, in the common case, the insert: one statement
+        begun, row = _insert_pending(
+            conn, turn_row, call_rows, start, lease, same, {**params, "expected": expected_seq}
+        )
+        if begun is not None:
+            return begun
+    else:
+        row = tuple(conn.execute(step_statement("begin_" + same), params).one())
         if row[0] is None:
             raise ConversationNotFoundError(conversation_id)
         row = row[1:]
@@ -127,12 +134,46 @@ def begin_body(
     with core.reading(conversation_id):
         seq = WriteState(None, None, last_seq, slots_left).next_seq()
     check_expected(conversation_id, expected_seq, seq)
-    n = len(calls)
+    turn_row["at_seq"] = seq
+    if core.postgres:
+        begun, _ = _insert_pending(conn, turn_row, call_rows, start, lease)
+        assert begun is not None
+        return begun
+    inserted = conn.execute(
+        step_statement("insert_turn"), {**lease_params(core, lease), **turn_row}
+    ).one()
+    keys = {"conversation_id": conversation_id, "pending_id": inserted._mapping["id"]}
+    executions: Sequence[Any] = []
+    if call_rows:
+        executions = conn.execute(
+            step_statement("insert_executions"),
+            [
+                {
+                    **keys,
+                    **call,
+                    "pending_n_calls": len(calls),
+                    "started": call["position"] == start,
+                }
+                for call in call_rows
+            ],
+        ).all()
+    return built_turn(conversation_id, inserted._mapping, executions)
+
+
+def _begin_rows(
+    conversation_id: str,
+    turn: Turn,
+    calls: Sequence[ToolCall],
+    idempotency_key: str | None,
+    owner: str,
+    start: int | None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The ``pending_turns`` row of ``turn`` (all but its ``at_seq``) and the
+    ``tool_executions`` rows of its calls (all but the turn's keys), call ``start`` started."""
     turn_row = {
         "conversation_id": conversation_id,
         "state": "pending",
         "owner": owner,
-        "at_seq": seq,
         "content": turn.content,
         "reasoning": turn.reasoning,
         "refusal": turn.refusal,
@@ -142,7 +183,7 @@ def begin_body(
         "finish_reason": turn.finish_reason,
         "usage": plans.json_safe(turn.usage),
         "idempotency_key": idempotency_key,
-        "n_calls": n,
+        "n_calls": len(calls),
         **dict(zip(("format", "provider_items"), stored_items(turn), strict=True)),
     }
     # the call ``start`` is inserted started (by this owner, now): one statement less than
@@ -158,22 +199,7 @@ def begin_body(
         }
         for p, call in enumerate(calls)
     ]
-    if core.postgres:
-        return _insert_pending(conn, turn_row, call_rows, start, lease)
-    inserted = conn.execute(
-        step_statement("insert_turn"), {**lease_params(core, lease), **turn_row}
-    ).one()
-    keys = {"conversation_id": conversation_id, "pending_id": inserted._mapping["id"]}
-    executions: Sequence[Any] = []
-    if n:
-        executions = conn.execute(
-            step_statement("insert_executions"),
-            [
-                {**keys, **call, "pending_n_calls": n, "started": call["position"] == start}
-                for call in call_rows
-            ],
-        ).all()
-    return built_turn(conversation_id, inserted._mapping, executions)
+    return turn_row, call_rows
 
 
 def _insert_pending(
@@ -182,25 +208,35 @@ def _insert_pending(
     call_rows: list[dict[str, Any]],
     start: int | None,
     lease: float,
-) -> PendingTurn:
+    same: str | None = None,
+    reading: dict[str, Any] | None = None,
+) -> tuple[PendingTurn | None, tuple[Any, ...]]:
     """PostgreSQL: the pending turn ``row`` and its executions ``call_rows`` inserted by one
-    statement (:func:`fsm.store.writes.insert_pending`), the call ``start`` started."""
+    statement (:func:`fsm.store.writes.insert_pending`), the call ``start`` started: the
+    :class:`PendingTurn`. With ``same`` (and the ``reading``'s binds) the statement reads the
+    conversation first and inserts only in the common case: also what it read (pending id,
+    done id, last seq, open slots), and ``None`` for the turn when it did not go in."""
     columns = tuple(call_rows[0]) if call_rows else ()
     rows = conn.execute(
-        writes.insert_pending(writes.schema(conn), tuple(row), columns),
+        writes.insert_pending(writes.schema(conn), tuple(row), columns, same=same),
         {
             **{f"t_{column}": value for column, value in row.items()},
             **writes.turn_params("e", columns, call_rows),
             "e_started": [call["position"] == start for call in call_rows],
             "lease": float(lease),
+            **(reading or {}),
         },
     ).all()
+    first = rows[0]._mapping
+    read = tuple(first[c] for c in ("p", "d", "l", "sl")) if same is not None else ()
+    if first["id"] is None:
+        return None, read
     executions = tuple(
         execution_of({c.name: found._mapping[f"e_{c.name}"] for c in writes.EXECUTIONS.c})
         for found in rows
         if found._mapping["e_position"] is not None
     )
-    return built_turn(row["conversation_id"], rows[0]._mapping, (), handled=executions)
+    return built_turn(row["conversation_id"], first, (), handled=executions), read
 
 
 def pending_body(conn: Connection, conversation_id: str) -> PendingTurn | None:
