@@ -425,10 +425,7 @@ class StoreCore:
         if conn.execute(writes.lock(for_update=True), cid).first() is None:
             raise ConversationNotFoundError(conversation_id)
         message, call_rows, result_rows = turn_rows(conversation_id, plan, 1, idempotency_key)
-        call_columns = tuple(call_rows[0]) if call_rows else ()
-        columns = tuple(message)
-        if call_rows:
-            columns += tuple(c for c in result_rows[0] if c not in message)
+        columns, call_columns = _columns(message, call_rows, result_rows)
         row = conn.execute(
             writes.checked_insert_turn(writes.schema(conn), same, columns, call_columns),
             {
@@ -439,16 +436,10 @@ class StoreCore:
                 **writes.turn_params("c", call_columns, call_rows),
             },
         ).one()
-        pending_id, pending_at, stored_at, last_seq, slots_left, written = row
-        if written:
-            seq = 0 if last_seq is None else last_seq + 1
-            return self._committed(conversation_id, plan, seq)
-        return WriteState(
-            None if pending_id is None else (pending_id, pending_at),
-            stored_at,
-            last_seq,
-            slots_left,
-        )
+        if row[-1]:  # written
+            last_seq = row[3]
+            return self._committed(conversation_id, plan, 0 if last_seq is None else last_seq + 1)
+        return WriteState.read(row[:-1])
 
     def commit_ledger_turn(
         self,
@@ -533,13 +524,7 @@ class StoreCore:
             if row[0] is None:
                 raise ConversationNotFoundError(conversation_id)
             row = row[1:]
-        pending_id, pending_at, stored_at, last_seq, slots_left = row
-        return WriteState(
-            None if pending_id is None else (pending_id, pending_at),
-            stored_at,
-            last_seq,
-            slots_left,
-        )
+        return WriteState.read(row)
 
     def insert_turn(
         self,
@@ -557,10 +542,7 @@ class StoreCore:
         nothing unless its last outcome is recorded. Whether the rows were written."""
         n = len(call_rows)
         if self.postgres:
-            call_columns = tuple(call_rows[0]) if n else ()
-            columns = tuple(message)
-            if n:
-                columns += tuple(c for c in result_rows[0] if c not in message)
+            columns, call_columns = _columns(message, call_rows, result_rows)
             result = conn.execute(
                 writes.insert_turn(
                     writes.schema(conn), columns, call_columns, ledger=ledger is not None
@@ -714,6 +696,17 @@ def turn_rows(
         for p, (call, (text, parts)) in enumerate(zip(calls, contents, strict=True))
     ]
     return message, call_rows, result_rows
+
+
+def _columns(
+    message: dict[str, Any], call_rows: list[dict[str, Any]], result_rows: list[dict[str, Any]]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The ``messages`` columns of a turn's rows (the assistant message's, then the results'
+    own) and its ``tool_calls`` columns, for PostgreSQL's array inserts."""
+    columns = tuple(message)
+    if not call_rows:
+        return columns, ()
+    return columns + tuple(c for c in result_rows[0] if c not in message), tuple(call_rows[0])
 
 
 def assistant_row(

@@ -134,6 +134,14 @@ class WriteState:
     last_seq: object
     slots_left: object
 
+    @classmethod
+    def read(cls, row: Sequence[Any]) -> WriteState:
+        """From a row of :func:`fsm.store.writes.state` (``pending_id, pending_at_seq,
+        stored_at, last_seq, last_slots_left``)."""
+        pending_id, pending_at, stored_at, last_seq, slots_left = row
+        pending = None if pending_id is None else (pending_id, pending_at)
+        return cls(pending, stored_at, last_seq, slots_left)
+
     def next_seq(self) -> int:
         """The seq the next message gets (``Corrupt`` if the last message is broken)."""
         return 0 if self.last_seq is None else _after(self.last_seq, self.slots_left)
