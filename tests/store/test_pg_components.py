@@ -38,6 +38,7 @@ from click.testing import CliRunner
 from fsm.cli.main import cli
 from fsm.store import ConversationStore, StoreError, audit
 from fsm.store.errors import ConversationNotFoundError, ReadOnlyNodeError, ServerFullError
+from fsm.store.ledger import Outcome
 from fsm.store.migrate import upgrade
 from tests.helpers.faults import PrivatePostgres, pg_tool, postgres_unavailable
 from tests.helpers.store import make_turn
@@ -188,6 +189,22 @@ def _commit_with_retry(
         return True
 
 
+def _ledger_turn(store: ConversationStore, conv: str, text: str, tally: Tally) -> bool:
+    """One turn through the tool ledger, as the agent loop runs it (``begin`` with the call
+    started, the outcome recorded with the commit); an error is counted (the load expects
+    none: no retry here)."""
+    turn = make_turn(((f"call_{text}", "get_weather", '{"city": "Paris"}'),), content=text)
+    try:
+        pending = store.begin(conv, turn, idempotency_key=text, start=0)
+        store.commit(pending, recording=Outcome(0, result="sunny"))
+    except Exception as exc:
+        tally.error(exc)
+        return False
+    with tally.lock:
+        tally.acked[conv].append(text)
+    return True
+
+
 def run_load(
     store: ConversationStore,
     *,
@@ -197,10 +214,11 @@ def run_load(
     prefix: str,
     reader_store: ConversationStore | None = None,
     during: Callable[[], None] | None = None,
+    ledger: bool = False,
 ) -> tuple[Tally, float]:
-    """``writers`` threads each committing turns to a conversation of its own, ``readers``
-    threads reading history and listings, for ``seconds`` (``during`` runs in the middle);
-    the tally and the wall time."""
+    """``writers`` threads each committing turns to a conversation of its own (``ledger``:
+    through the tool ledger), ``readers`` threads reading history and listings, for
+    ``seconds`` (``during`` runs in the middle); the tally and the wall time."""
     tally = Tally()
     convs = [store.create_conversation(f"{prefix}-w{i}") for i in range(writers)]
     stop = threading.Event()
@@ -208,7 +226,12 @@ def run_load(
     def write(conv: str) -> None:
         n = 0
         while not stop.is_set():
-            _commit_with_retry(store, conv, f"{conv}-t{n}", tally, time.monotonic() + 30)
+            text = f"{conv}-t{n}"
+            if ledger:
+                if not _ledger_turn(store, conv, text, tally):
+                    return  # the conversation may hold the pending turn: counted, stop here
+            else:
+                _commit_with_retry(store, conv, text, tally, time.monotonic() + 30)
             n += 1
 
     def read() -> None:
@@ -378,6 +401,41 @@ def test_pgbouncer_transaction_pooling_with_fsm_defaults(components: Components)
     assert not pooled.untyped and not direct.untyped, pooled.untyped + direct.untyped
     assert not pooled.errors, pooled.errors
     assert (lost, doubled, violations) == (0, 0, [])
+
+    # the tool ledger through the pooler (before the defaults, 11 of its turns were left
+    # pending): every turn committed once, none left pending
+    with ConversationStore(direct_url) as store:
+        direct, direct_s = run_load(
+            store, writers=WRITERS, readers=READERS, seconds=SECONDS, prefix="ldirect", ledger=True
+        )
+    with ConversationStore(components.bouncer.url) as store:
+        pooled, pooled_s = run_load(
+            store, writers=WRITERS, readers=READERS, seconds=SECONDS, prefix="lbouncer", ledger=True
+        )
+    lost, doubled, _ = lost_and_doubled(direct_url, pooled)
+    engine = sa.create_engine(direct_url, poolclass=sa.pool.NullPool)
+    try:
+        left = audit.pending_turns(engine, states=["pending"])
+        violations = list(audit.check(engine))
+    finally:
+        engine.dispose()
+    report(
+        "PgBouncer 1.18, pool_mode=transaction, default_pool_size=4",
+        f"the tool ledger: {WRITERS} writers (begin + commit) + {READERS} readers, {SECONDS:g} s",
+        f"{WRITERS + READERS} threads on one store and 4 server sessions",
+        pooled,
+        reads=pooled.reads,
+        lost=lost,
+        doubled=doubled,
+        left_pending=len(left),
+        turns_per_s=round(sum(map(len, pooled.acked.values())) / pooled_s, 1),
+        direct_turns_per_s=round(sum(map(len, direct.acked.values())) / direct_s, 1),
+        audit_violations=len(violations),
+    )
+    assert not pooled.untyped and not direct.untyped, pooled.untyped + direct.untyped
+    assert not pooled.errors and not direct.errors, (pooled.errors, direct.errors)
+    assert (lost, doubled, len(left), violations) == (0, 0, 0, [])
+    assert pooled.acked and all(pooled.acked.values())
     assert pooled.reads > 0 and pooled.acked
 
 
