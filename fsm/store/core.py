@@ -421,25 +421,23 @@ class StoreCore:
         rows in one statement (:func:`fsm.store.writes.checked_insert_turn`), which inserts
         them in the common case: the :class:`CommittedTurn`; else (nothing written) the
         :class:`WriteState` for the caller to decide on."""
-        cid = {"cid": conversation_id}
-        if conn.execute(writes.lock(for_update=True), cid).first() is None:
-            raise ConversationNotFoundError(conversation_id)
+        _require(conn, conversation_id, lock=True)
         message, call_rows, result_rows = turn_rows(conversation_id, plan, 1, idempotency_key)
         columns, call_columns = _columns(message, call_rows, result_rows)
         row = conn.execute(
             writes.checked_insert_turn(writes.schema(conn), same, columns, call_columns),
             {
-                **cid,
+                "cid": conversation_id,
                 **params,
                 "expected": expected_seq,
                 **writes.turn_params("m", columns, [message, *result_rows]),
                 **writes.turn_params("c", call_columns, call_rows),
             },
         ).one()
-        if row[-1]:  # written
-            last_seq = row[3]
-            return self._committed(conversation_id, plan, 0 if last_seq is None else last_seq + 1)
-        return WriteState.read(row[:-1])
+        found = WriteState.read(row[:-1])
+        if row[-1]:  # written, at the next seq
+            return self._committed(conversation_id, plan, found.next_seq())
+        return found
 
     def commit_ledger_turn(
         self,
@@ -512,12 +510,12 @@ class StoreCore:
         PostgreSQL the conversation's row lock is taken first, by its own statement, so the
         query after it reads what the writer it waited for committed. Raises
         :class:`~fsm.store.errors.ConversationNotFoundError`."""
-        cid = {"cid": conversation_id}
-        if self.postgres and conn.execute(writes.lock(for_update=True), cid).first() is None:
-            raise ConversationNotFoundError(conversation_id)
+        if self.postgres:
+            _require(conn, conversation_id, lock=True)
         row = tuple(
             conn.execute(
-                writes.state(exists=not self.postgres, same=same), {**cid, **(params or {})}
+                writes.state(writes.schema(conn), exists=not self.postgres, same=same),
+                {"cid": conversation_id, **(params or {})},
             ).one()
         )
         if not self.postgres:

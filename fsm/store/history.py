@@ -119,8 +119,8 @@ def require_conversation(conn: Connection, conversation_id: str, *, lock: bool =
 
 
 def next_seq(conn: Connection, conversation_id: str) -> int:
-    row = conn.execute(writes.state(exists=False, same=None), {"cid": conversation_id}).one()
-    return WriteState(None, None, row[3], row[4]).next_seq()
+    query = writes.state(writes.schema(conn), exists=False, same=None)
+    return WriteState.read(conn.execute(query, {"cid": conversation_id}).one()).next_seq()
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,46 +86,106 @@ def lock(*, for_update: bool) -> sa.Select[Any]:
     return query.with_for_update() if for_update else query
 
 
-@functools.cache
-def state(*, exists: bool, same: str | None) -> sa.Select[Any]:
-    """One row about the conversation (bind ``cid``): ``[exists,] pending_id, pending_at_seq,
-    stored_at, last_seq, last_slots_left``.
+@functools.lru_cache(maxsize=64)
+def state(schema: str | None, *, exists: bool, same: str | None) -> sa.TextualSelect:
+    """One row about the conversation (bind ``cid``) in ``schema`` (``None``: the
+    ``search_path``): ``[exists,] pending_id, pending_at_seq, stored_at, last_seq,
+    last_slots_left``.
 
     ``exists`` (1 or NULL) is there when asked for; ``stored_at`` is the seq of an earlier commit
     of the same turn: by idempotency key (``same=BY_KEY``, bind ``key``), by response id and
     choice (``BY_RESPONSE``, binds ``response_id`` and ``choice``), or NULL (``None``)."""
-    m, p = Message, PendingTurnRow
-    cid = _cid()
-    columns: list[Any] = []
-    if exists:
-        columns.append(sa.select(sa.literal(1)).where(Conversation.id == cid).scalar_subquery())
-    pending = sa.select(p.id, p.at_seq).where(p.conversation_id == cid, p.state == "pending")
-    columns += [
-        pending.with_only_columns(p.id).scalar_subquery(),
-        pending.with_only_columns(p.at_seq).scalar_subquery(),
-    ]
-    if same is None:
-        columns.append(sa.null())
-    else:
-        if same == BY_KEY:
-            found: sa.ColumnElement[bool] = m.idempotency_key == sa.bindparam("key")
-        else:
-            found = sa.and_(
-                m.response_id == sa.bindparam("response_id"),
-                m.choice == sa.bindparam("choice"),
-                m.role == "assistant",
-            )
-        columns.append(
-            sa.select(sa.func.min(m.seq + 0))
-            .where(m.conversation_id == cid, found)
-            .scalar_subquery()
+    return (
+        sa.text(_state_sql(schema, exists=exists, same=same))
+        .bindparams(*_binds(MESSAGES, "cid", same))
+        .columns()
+    )
+
+
+def _state_sql(schema: str | None, *, exists: bool, same: str | None, extra: str = "") -> str:
+    """:func:`state`'s SELECT (``extra``: more columns after its own), written short: it is
+    also part of :func:`checked_insert_turn`, which must stay within psycopg's statement
+    cache (4,096 bytes, 50 parameters; a longer statement is parsed again at every run)."""
+    conversations = _name(schema, cast(sa.Table, Conversation.__table__))
+    turns, messages = _name(schema, PENDING_TURNS), _name(schema, MESSAGES)
+    pending = f"FROM {turns} WHERE conversation_id = :cid AND state = 'pending')"
+    last = f"FROM {messages} WHERE conversation_id = :cid ORDER BY seq DESC LIMIT 1)"
+    stored = "NULL"
+    if same is not None:
+        found = (
+            "idempotency_key = :key"
+            if same == BY_KEY
+            else "response_id = :response_id AND choice = :choice AND role = 'assistant'"
         )
-    last = sa.select(m.seq).where(m.conversation_id == cid).order_by(m.seq.desc()).limit(1)
-    columns += [
-        last.scalar_subquery(),
-        last.with_only_columns(m.slots_left).scalar_subquery(),
+        stored = f"(SELECT min(seq + 0) FROM {messages} WHERE conversation_id = :cid AND {found})"
+    columns = [f"(SELECT id {pending}", f"(SELECT at_seq {pending}", stored]
+    columns += [f"(SELECT seq {last}", f"(SELECT slots_left {last}"]
+    if exists:
+        columns.insert(0, f"(SELECT 1 FROM {conversations} WHERE id = :cid)")
+    return f"SELECT {', '.join(columns)}{extra}"
+
+
+def begin_state(schema: str | None, *, exists: bool, same: str) -> sa.TextualSelect:
+    """What the tool ledger's begin reads before it inserts, in one query (bind ``c``):
+    ``[exists,] pending_id, done_id, last_seq, last_slots_left``: the conversation's pending
+    turn, the latest ledger turn committed under the same idempotency key (``same="key"``, bind
+    ``key``) or response id and choice (``"response"``, binds ``response_id`` and ``choice``;
+    ``"none"``: NULL), and its last message (the seq the turn takes)."""
+    return (
+        sa.text(_begin_state_sql(schema, exists=exists, same=same))
+        .bindparams(*_binds(PENDING_TURNS, "c", same))
+        .columns()
+    )
+
+
+def _begin_state_sql(schema: str | None, *, exists: bool, same: str, extra: str = "") -> str:
+    """:func:`begin_state`'s SELECT (``extra``: more columns), written short as
+    :func:`_state_sql` (it is also part of :func:`insert_pending`)."""
+    conversations = _name(schema, cast(sa.Table, Conversation.__table__))
+    turns, messages = _name(schema, PENDING_TURNS), _name(schema, MESSAGES)
+    done = "NULL"
+    if same != "none":
+        found = (
+            "idempotency_key = :key"
+            if same == BY_KEY
+            else "response_id = :response_id AND choice = :choice"
+        )
+        done = (
+            f"(SELECT id FROM {turns} WHERE conversation_id = :c AND state = 'committed' "
+            f"AND {found} ORDER BY id DESC LIMIT 1)"
+        )
+    last = f"FROM {messages} WHERE conversation_id = :c ORDER BY seq DESC LIMIT 1)"
+    columns = [
+        f"(SELECT id FROM {turns} WHERE conversation_id = :c AND state = 'pending')",
+        done,
+        f"(SELECT seq {last}",
+        f"(SELECT slots_left {last}",
     ]
-    return sa.select(*columns)
+    if exists:
+        columns.insert(0, f"(SELECT 1 FROM {conversations} WHERE id = :c)")
+    return f"SELECT {', '.join(columns)}{extra}"
+
+
+def _name(schema: str | None, table: sa.Table) -> str:
+    """``table``'s name in ``schema``, quoted as PostgreSQL and SQLite need it."""
+    quote = _QUOTE.quote
+    return quote(table.name) if schema is None else f"{quote(schema)}.{quote(table.name)}"
+
+
+def _binds(table: sa.Table, conversation: str, same: str | None) -> list[Any]:
+    """The binds of a reading of ``same`` (``BY_KEY``, ``BY_RESPONSE`` or neither), each with
+    its column's type in ``table`` (the codec's encodings): the conversation (named
+    ``conversation``), and the key or the response id and choice."""
+    c = table.c
+    binds = [sa.bindparam(conversation, type_=c.conversation_id.type)]
+    if same == BY_KEY:
+        binds.append(sa.bindparam("key", type_=c.idempotency_key.type))
+    elif same == BY_RESPONSE:
+        binds += [
+            sa.bindparam("response_id", type_=c.response_id.type),
+            sa.bindparam("choice", type_=c.choice.type),
+        ]
+    return binds
 
 
 @functools.cache
@@ -162,9 +222,7 @@ def insert_turn(
     committed at ``l_seq``; the rows go in only if the outcome was recorded. It returns a row
     per message written: none when the call was not ``started`` (nothing written)."""
     quote = _QUOTE.quote
-
-    def name(table: sa.Table) -> str:
-        return quote(table.name) if schema is None else f"{quote(schema)}.{quote(table.name)}"
+    name = functools.partial(_name, schema)
 
     gate = " WHERE EXISTS (SELECT FROM recorded)" if ledger else ""
 
@@ -241,9 +299,7 @@ def insert_pending(
     next seq is the one expected (bind ``expected``, NULL: any). Those four columns come first
     in every row; the turn's are NULL when it did not go in."""
     quote = _QUOTE.quote
-
-    def name(table: sa.Table) -> str:
-        return quote(table.name) if schema is None else f"{quote(schema)}.{quote(table.name)}"
+    name = functools.partial(_name, schema)
 
     e, t = EXECUTIONS.c, PENDING_TURNS.c
     values = [f":t_{c}" for c in turn_columns]
@@ -252,23 +308,11 @@ def insert_pending(
     if same is None:
         source = f"VALUES ({', '.join(values)}, {_LEASE})"
     else:
-        turns, messages = name(PENDING_TURNS), name(MESSAGES)
-        done = "NULL"
-        if same != "none":
-            found = (
-                "idempotency_key = :key"
-                if same == "key"
-                else "response_id = :response_id AND choice = :choice"
-            )
-            done = (
-                f"(SELECT id FROM {turns} WHERE conversation_id = :c AND state = 'committed' "
-                f"AND {found} ORDER BY id DESC LIMIT 1)"
-            )
-        last = f"FROM {messages} WHERE conversation_id = :c ORDER BY seq DESC LIMIT 1)"
+        reading = _begin_state_sql(
+            schema, exists=False, same=same, extra=", CAST(:expected AS INTEGER)"
+        )
         ctes += [
-            f"st (p, d, l, sl, e) AS (SELECT (SELECT id FROM {turns} WHERE conversation_id = :c "
-            f"AND state = 'pending'), {done}, (SELECT seq {last}, (SELECT slots_left {last}, "
-            "CAST(:expected AS INTEGER))",
+            f"st (p, d, l, sl, e) AS ({reading})",
             "o AS (SELECT coalesce(l + 1, 0) AS n FROM st WHERE p IS NULL AND d IS NULL "
             "AND (l IS NULL OR sl = 0) AND (e IS NULL OR e = coalesce(l + 1, 0)))",
         ]
@@ -276,16 +320,9 @@ def insert_pending(
         source = f"SELECT {', '.join(values)}, o.n, {_LEASE} FROM o"
         selected = ["st.p", "st.d", "st.l", "st.sl"]
         state_binds = [
-            sa.bindparam("c", type_=t.conversation_id.type),
+            *_binds(PENDING_TURNS, "c", same),
             sa.bindparam("expected", type_=sa.Integer()),
         ]
-        if same == "key":
-            state_binds.append(sa.bindparam("key", type_=t.idempotency_key.type))
-        elif same == "response":
-            state_binds += [
-                sa.bindparam("response_id", type_=t.response_id.type),
-                sa.bindparam("choice", type_=t.choice.type),
-            ]
     own = ("conversation_id", "pending_id", "pending_n_calls", "started_at")
     if call_columns:
         aliases = ", ".join(f"a{i}" for i in range(len(call_columns)))
@@ -355,35 +392,10 @@ def checked_insert_turn(
     statement moves the :data:`SEQ_COLUMNS` to the conversation's next seq, and a turn at seq 0
     gets no predecessor (``prev_seq`` and ``prev_slots_left`` NULL)."""
     quote = _QUOTE.quote
+    name = functools.partial(_name, schema)
 
-    def name(table: sa.Table) -> str:
-        return quote(table.name) if schema is None else f"{quote(schema)}.{quote(table.name)}"
-
-    # :func:`state`, written short: psycopg caches its conversion of a statement of at most
-    # 4,096 bytes (and 50 parameters), and parses a longer one again at every commit
-    turns, messages = name(PENDING_TURNS), name(MESSAGES)
-    pending = f"FROM {turns} WHERE conversation_id = :cid AND state = 'pending')"
-    last = f"FROM {messages} WHERE conversation_id = :cid ORDER BY seq DESC LIMIT 1)"
-    stored = "NULL"
-    if same is not None:
-        found = (
-            "idempotency_key = :key"
-            if same == BY_KEY
-            else "response_id = :response_id AND choice = :choice AND role = 'assistant'"
-        )
-        stored = f"(SELECT min(seq + 0) FROM {messages} WHERE conversation_id = :cid AND {found})"
-    state_sql = (
-        f"SELECT (SELECT id {pending}, (SELECT at_seq {pending}, {stored}, (SELECT seq {last}, "
-        f"(SELECT slots_left {last}, CAST(:expected AS INTEGER)"
-    )
-    m = MESSAGES.c
-    state_binds = [
-        sa.bindparam("cid", type_=m.conversation_id.type),
-        sa.bindparam("key", type_=m.idempotency_key.type),
-        sa.bindparam("response_id", type_=m.response_id.type),
-        sa.bindparam("choice", type_=m.choice.type),
-        sa.bindparam("expected", type_=sa.Integer()),
-    ]
+    state_sql = _state_sql(schema, exists=False, same=same, extra=", CAST(:expected AS INTEGER)")
+    state_binds = [*_binds(MESSAGES, "cid", same), sa.bindparam("expected", type_=sa.Integer())]
 
     def insert(table: sa.Table, columns: tuple[str, ...], prefix: str) -> str:
         def value(column: str) -> str:
@@ -411,7 +423,7 @@ def checked_insert_turn(
         "AND (l IS NULL OR sl = 0) AND (e IS NULL OR e = coalesce(l + 1, 0)))",
     ]
     binds = _array_binds(MESSAGES, message_columns, "m")
-    binds += [b for b in state_binds if f":{b.key}" in state_sql]
+    binds += state_binds
     if call_columns:
         ctes.append(f"written_calls AS ({insert(TOOL_CALLS, call_columns, 'c')})")
         binds += _array_binds(TOOL_CALLS, call_columns, "c")

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from fsm.states import execution_next, ledger_turn_next
+from fsm.store import writes
 from fsm.store.errors import (
     TurnInProgressError,
 )
@@ -16,7 +17,7 @@ from fsm.store.history import (
     StoreCoreLike,
 )
 from fsm.store.ledger.types import Execution, LedgerCall, PendingTurn
-from fsm.store.models import Conversation, Message, PendingTurnRow, ToolExecution
+from fsm.store.models import Conversation, PendingTurnRow, ToolExecution
 
 if TYPE_CHECKING:
     pass
@@ -172,7 +173,7 @@ def _build(name: str, postgres: bool) -> Any:
             )
         )
     if name in ("begin_key", "begin_response", "begin_none"):
-        return _begin_state(name.removeprefix("begin_"), exists=not postgres)
+        return writes.begin_state(None, exists=not postgres, same=name.removeprefix("begin_"))
     if name == "executions":
         return (
             sa.select(_EXEC_T)
@@ -269,42 +270,6 @@ def _lease_bind(postgres: bool) -> Any:
             0, 0, 0, 0, 0, 0, sa.bindparam("lease", type_=sa.Float())
         )
     return sa.func.strftime("%Y-%m-%d %H:%M:%f", "now", sa.bindparam("modifier"))
-
-
-def _begin_state(same: str, *, exists: bool) -> sa.Select[Any]:
-    """What a begin reads before it inserts, in one query (bind ``c``): ``[exists,]
-    pending_id, done_id, last_seq, last_slots_left``: the conversation's pending turn, the
-    latest ledger turn committed under the same idempotency key (``same="key"``, bind ``key``)
-    or response id and choice (``"response"``, binds ``response_id`` and ``choice``; ``"none"``:
-    NULL), and its last message (the seq the turn takes)."""
-    t, c = _TURNS_T.c, sa.bindparam("c", type_=_TURNS_T.c.conversation_id.type)
-    columns: list[Any] = []
-    if exists:
-        columns.append(sa.select(sa.literal(1)).where(Conversation.id == c).scalar_subquery())
-    columns.append(
-        sa.select(t.id).where(t.conversation_id == c, t.state == "pending").scalar_subquery()
-    )
-    if same == "none":
-        columns.append(sa.null())
-    else:
-        found = (
-            t.idempotency_key == sa.bindparam("key")
-            if same == "key"
-            else sa.and_(
-                t.response_id == sa.bindparam("response_id"), t.choice == sa.bindparam("choice")
-            )
-        )
-        columns.append(
-            sa.select(t.id)
-            .where(t.conversation_id == c, t.state == "committed", found)
-            .order_by(t.id.desc())
-            .limit(1)
-            .scalar_subquery()
-        )
-    m = Message
-    last = sa.select(m.seq).where(m.conversation_id == c).order_by(m.seq.desc()).limit(1)
-    columns += [last.scalar_subquery(), last.with_only_columns(m.slots_left).scalar_subquery()]
-    return sa.select(*columns)
 
 
 def lease_params(core: StoreCoreLike, lease: float) -> dict[str, Any]:
