@@ -10,7 +10,10 @@ executing it costs once it is compiled; so every statement a write sends is buil
   conversation exists (when no lock query said so), its pending turn (the tool ledger), where an
   earlier commit of the same turn sits (idempotency), and its last message's seq and open slots.
   Run after the lock, as its own statement: under READ COMMITTED each statement reads a fresh
-  snapshot, so it sees what the writer the lock waited for committed;
+  snapshot, so it sees what the writer the lock waited for committed. :func:`begin_state` is
+  the tool ledger's. Both are text, the same on both engines, and written short: they are also
+  parts of the merged PostgreSQL statements below, which must stay within psycopg's statement
+  cache;
 * :func:`insert_row`: ``INSERT`` into one table (SQLite: one per table; several rows go through
   ``executemany``);
 * :func:`insert_turn`: PostgreSQL, a whole turn in one statement: the calls in a data-modifying
