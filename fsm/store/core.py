@@ -26,6 +26,7 @@ from fsm.store import plans, writes
 from fsm.store.codec import as_utc
 from fsm.store.deadline import Deadline
 from fsm.store.engine import display_url
+from fsm.store.engine_config import FIRST
 from fsm.store.errors import (
     CommitOutcomeUnknownError,
     ConversationNotFoundError,
@@ -160,6 +161,10 @@ class StoreCore:
         """
         if deadline is None or isinstance(exc, CommitOutcomeUnknownError):
             return None
+        if deadline.committing and _refused(exc):
+            # the server answered the statement that commits with an error of its own: it
+            # rolled the transaction back (a transaction begun at once: a read-only node, ...)
+            deadline.committing = False
         lost = (
             deadline.fired
             or isinstance(exc, StoreUnavailableError)
@@ -174,7 +179,8 @@ class StoreCore:
         )
         if deadline.committing:
             return CommitOutcomeUnknownError(
-                f"the connection to {self.url} was lost while COMMIT was in flight ({cause}): "
+                f"the connection to {self.url} was lost while COMMIT was in flight (or the "
+                f"one query of a commit, which commits as it ends) ({cause}): "
                 "the write may or may not be stored; retry the same call with the same "
                 "idempotency key (response id or idempotency_key), which stores it exactly once"
             )
@@ -357,16 +363,7 @@ class StoreCore:
             # (a raw write in between still meets the schema's keys)
             self._insert_committed(conn, conversation_id, plan, expected_seq, idempotency_key)
             return self._committed(conversation_id, plan, expected_seq)
-        params: dict[str, Any]
-        if idempotency_key is not None:
-            same, params = writes.BY_KEY, {"key": idempotency_key}
-        elif turn.response_id:
-            same, params = (
-                writes.BY_RESPONSE,
-                {"response_id": turn.response_id, "choice": turn.index},
-            )
-        else:
-            same, params = None, {}
+        same, params = _same(plan, idempotency_key)
         if self.postgres:
             checked = self._checked_insert(
                 conn, conversation_id, plan, same, params, expected_seq, idempotency_key
@@ -438,6 +435,38 @@ class StoreCore:
         if row[-1]:  # written, at the next seq
             return self._committed(conversation_id, plan, found.next_seq())
         return found
+
+    def commit_turn_at_once(
+        self,
+        conn: Connection,
+        conversation_id: str,
+        plan: TurnPlan,
+        expected_seq: int | None,
+        idempotency_key: str | None,
+    ) -> CommittedTurn | None:
+        """PostgreSQL, on a connection whose transaction is one statement
+        (:data:`fsm.store.engine_config.AT_ONCE`): the conversation's lock and the statement of
+        :meth:`commit_turn`'s common case in one round trip, committed by the server as it
+        ends: the :class:`CommittedTurn`, or ``None`` when it wrote nothing (not the common
+        case: the caller runs :meth:`commit_turn`, which decides)."""
+        same, params = _same(plan, idempotency_key)
+        message, call_rows, result_rows = turn_rows(conversation_id, plan, 1, idempotency_key)
+        columns, call_columns = _columns(message, call_rows, result_rows)
+        schema = writes.schema(conn)
+        row = conn.execute(
+            writes.checked_insert_turn(schema, same, columns, call_columns, exists=True),
+            {
+                "cid": conversation_id,
+                **params,
+                "expected": expected_seq,
+                **writes.turn_params("m", columns, [message, *result_rows]),
+                **writes.turn_params("c", call_columns, call_rows),
+            },
+            execution_options={FIRST: writes.lock_first(schema)},
+        ).one()
+        if not row[-1]:
+            return None
+        return self._committed(conversation_id, plan, WriteState.read(row[:-1]).next_seq())
 
     def commit_ledger_turn(
         self,
@@ -654,6 +683,31 @@ def _read_attempts(conn: Connection, conversation_id: str) -> list[dict[str, Any
             }
         )
     return [{**row, "tool_calls": by_attempt.get(row["id"], [])} for row in rows]
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) is an error the server answered with for a statement
+    (SQLSTATE outside the classes of a lost or ended session: 08, 57P0x), not a connection
+    lost without an answer."""
+    seen: list[BaseException] = []
+    error: BaseException | None = exc
+    while error is not None and error not in seen:
+        seen.append(error)
+        state = getattr(error, "sqlstate", None)
+        if isinstance(state, str) and state:
+            return not state.startswith(("08", "57P"))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _same(plan: TurnPlan, idempotency_key: str | None) -> tuple[str | None, dict[str, Any]]:
+    """How a commit of ``plan`` finds an earlier commit of the same turn (see
+    :func:`fsm.store.writes.state`), with the binds of that reading."""
+    if idempotency_key is not None:
+        return writes.BY_KEY, {"key": idempotency_key}
+    if plan.turn.response_id:
+        return writes.BY_RESPONSE, {"response_id": plan.turn.response_id, "choice": plan.turn.index}
+    return None, {}
 
 
 def turn_rows(

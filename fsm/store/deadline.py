@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from fsm.store.errors import StoreError
 
-__all__ = ["DEFAULT_TIMEOUT", "Deadline", "InvalidTimeoutError", "check_timeout"]
+__all__ = ["DEFAULT_TIMEOUT", "Deadline", "InvalidTimeoutError", "check_timeout", "socket_fd"]
 
 #: the default per-operation deadline of a store, in seconds (``timeout=`` of
 #: :class:`~fsm.store.ConversationStore` and :class:`~fsm.store.aio.AsyncConversationStore`)
@@ -127,7 +127,7 @@ class Deadline:
         self.fired = False
         self.committing = False
         self._ident: int | None = None
-        fd = _socket_fd(driver_connection)
+        fd = socket_fd(driver_connection)
         if seconds is not None and fd is not None:
             self._ident = _WATCHDOG.arm(seconds, lambda: self._fire(fd))
 
@@ -144,7 +144,7 @@ class Deadline:
             self._ident = None
 
 
-def _socket_fd(driver_connection: Any) -> int | None:
+def socket_fd(driver_connection: Any) -> int | None:
     """The socket of a psycopg connection (sync or async), or ``None``."""
     pgconn = getattr(driver_connection, "pgconn", None)
     if pgconn is None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
+import re
+import select
 import sqlite3
 import time
 import weakref
@@ -18,7 +21,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine
 
 from fsm.store import faults
-from fsm.store.deadline import DEFAULT_TIMEOUT
+from fsm.store.deadline import DEFAULT_TIMEOUT, socket_fd
 from fsm.store.errors import (
     DriverMissingError,
     StoreBusyError,
@@ -47,6 +50,21 @@ POOL_SIZE = 16
 
 #: execution option that makes fsm begin a SQLite transaction with ``BEGIN IMMEDIATE``.
 WRITE = "fsm_write"
+
+#: execution option of a connection, set before its transaction begins (PostgreSQL, an engine
+#: in :data:`at_once_engines`): the transaction is one statement, sent in one round trip
+#: together with the transaction's settings, and the server commits it as the statement ends
+#: (no ``BEGIN``, no ``COMMIT``: a query of several statements is one implicit transaction).
+#: See :func:`_at_once_statement`. When the connection cannot (a ``BEGIN`` with an isolation
+#: level, a socket the server already closed) the transaction begins as any other
+#: (:func:`began_at_once` tells which).
+AT_ONCE: Final = "fsm_at_once"
+#: execution option of the statement of an :data:`AT_ONCE` transaction: SQL run before it in
+#: the same round trip, with the statement's own binds (``%(name)s``), as the
+#: conversation's lock before the statement that reads and writes under it (each statement of
+#: a query reads a fresh snapshot under READ COMMITTED, so the second sees what the writer the
+#: lock waited for committed)
+FIRST: Final = "fsm_first"
 
 ASYNC_SQLITE: Final = "sqlite+aiosqlite"
 SYNC_POSTGRES: Final = "postgresql+psycopg"
@@ -84,6 +102,10 @@ CONFIGURED: Final = "fsm_configured"
 
 #: The engines :func:`configure_engine` set up (so a second call is a no-op).
 configured_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+#: fsm's own PostgreSQL engines on psycopg (sync): the ones whose connections take the
+#: :data:`AT_ONCE` and :data:`FIRST` options.
+at_once_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 class EngineNotConfiguredError(StoreError, ValueError):
@@ -413,6 +435,10 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
             "lock_timeout": max(1, deadline_ms * 9 // 10),
             "idle_in_transaction_session_timeout": deadline_ms,
         }
+    if own_begin and not engine.dialect.is_async:
+        at_once_engines.add(engine)
+        event.listen(engine, "before_cursor_execute", _at_once_statement, retval=True)
+        event.listen(engine, "after_cursor_execute", _at_once_result)
     if transaction is not None or wanted or every is not None or own_begin:
 
         @event.listens_for(engine, "begin")
@@ -425,9 +451,17 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
                 statements.append(transaction)
             if every is not None:
                 statements.append(every)
-            local = connection.connection.info.get(_LOCAL_DEADLINE)
+            info = connection.connection.info
+            local = info.get(_LOCAL_DEADLINE)
             if local:
                 statements.append(local)
+            info.pop(_AT_ONCE_SETTINGS, None)
+            info.pop(_LAST_RESULT, None)
+            if begin == "BEGIN" and connection.get_execution_options().get(AT_ONCE):
+                settings = _set_config(tuple(statements[1:]))
+                if settings is not None and _open(connection):
+                    info[_AT_ONCE_SETTINGS] = settings  # sent with the statement
+                    return
             if statements:
                 # one round trip: without parameters psycopg sends them as one query
                 connection.exec_driver_sql("; ".join(statements))
@@ -489,6 +523,89 @@ def _begin_statement(connection: Connection) -> str | None:
     return " ".join(parts)
 
 
+def began_at_once(connection: Connection) -> bool:
+    """Whether the transaction ``connection`` just began is :data:`AT_ONCE`: its one
+    statement still to send, with the settings (else it began as any other)."""
+    settings = connection.connection.info.get(_AT_ONCE_SETTINGS)
+    return settings is not None and settings is not _SENT
+
+
+def _set_config(statements: tuple[str, ...]) -> str | None:
+    """The ``SET LOCAL name = value`` ``statements`` (each may hold several, joined by ``; ``)
+    as one ``SELECT set_config(name, value, true), ...`` (a query whose first statement
+    returns a row, which SQLAlchemy's result needs); ``None`` if one is something else."""
+    return _set_config_of(tuple(part for s in statements for part in s.split("; ") if part))
+
+
+@functools.lru_cache(maxsize=64)
+def _set_config_of(parts: tuple[str, ...]) -> str | None:
+    calls = []
+    for part in parts:
+        found = re.fullmatch(r"SET LOCAL (\w+) = (\w+)", part)
+        if found is None:
+            return None
+        calls.append(f"set_config('{found[1]}', '{found[2]}', true)")
+    return f"SELECT {', '.join(calls)}" if calls else "SELECT 1"
+
+
+def _open(connection: Connection) -> bool:
+    """Whether the server has sent nothing on ``connection``'s socket since its last answer
+    (an idle session it closed, by a restart or a failover, has: an end of file or a
+    termination notice). A statement sent on such a socket fails without having run, but the
+    driver cannot tell that from a connection lost while the server ran it; so the transaction
+    begins with its own round trip, which fails first: nothing was written."""
+    fd = socket_fd(connection.connection.driver_connection)
+    if fd is None:
+        return False
+    try:
+        readable, _, _ = select.select([fd], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
+
+
+def _at_once_statement(
+    conn: Connection,
+    cursor: Any,
+    statement: str,
+    parameters: Any,
+    context: Any,
+    executemany: bool,
+) -> tuple[str, Any]:
+    """``before_cursor_execute`` (retval) of the engines in :data:`at_once_engines`: the
+    statement of an :data:`AT_ONCE` transaction is sent after the transaction's settings
+    (``set_config(..., true)``) and its :data:`FIRST`, in one query: one round trip; the
+    values are bound in the query's text by psycopg (``ClientCursor``: a query of several
+    statements takes no parameters). A second statement in such a transaction, or a
+    :data:`FIRST` in another, is an error of fsm's."""
+    info = conn.connection.info
+    settings = info.get(_AT_ONCE_SETTINGS)
+    first = context.execution_options.get(FIRST)
+    if settings is None and first is None:
+        return statement, parameters
+    if settings is None or settings is _SENT:
+        raise RuntimeError("fsm: a transaction begun at once holds one statement, sent at once")
+    import psycopg  # only engines on psycopg are here
+
+    driver = conn.connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    bind = psycopg.ClientCursor(driver).mogrify
+    parts = [settings, bind(statement, parameters)]
+    if first is not None:
+        parts.insert(1, bind(first, parameters))
+    info[_AT_ONCE_SETTINGS] = _SENT
+    info[_LAST_RESULT] = True
+    return "; ".join(parts), None
+
+
+def _at_once_result(conn: Connection, cursor: Any, *_args: Any) -> None:
+    """``after_cursor_execute`` of :func:`_at_once_statement`: the result SQLAlchemy reads is
+    the last statement's (psycopg has them all, positioned on the first)."""
+    if conn.connection.info.pop(_LAST_RESULT, False):
+        while cursor.nextset():
+            pass
+
+
 def search_path_per_transaction(engine: Engine, schema: str) -> None:
     """Make ``schema`` the ``search_path`` of every transaction of ``engine`` (PostgreSQL), for
     raw SQL that names fsm's tables and functions without a schema."""
@@ -500,3 +617,9 @@ def search_path_per_transaction(engine: Engine, schema: str) -> None:
 
 #: key of a pooled PostgreSQL connection's ``info``: its per-transaction ``SET LOCAL``s
 _LOCAL_DEADLINE: Final = "fsm_local_deadline"
+#: key of a PostgreSQL connection's ``info`` in an :data:`AT_ONCE` transaction: the settings
+#: its statement is sent after (:func:`_set_config`), then :data:`_SENT`
+_AT_ONCE_SETTINGS: Final = "fsm_at_once_settings"
+_SENT: Final = "sent"
+#: key of a PostgreSQL connection's ``info``: the statement just sent was several
+_LAST_RESULT: Final = "fsm_last_result"

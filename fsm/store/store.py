@@ -50,6 +50,7 @@ from fsm.store.engine import (
     sqlite_file,
     store_schema,
 )
+from fsm.store.engine_config import AT_ONCE, at_once_engines, began_at_once
 from fsm.store.errors import (
     ConversationExistsError,
     ConversationNotFoundError,
@@ -431,10 +432,22 @@ class ConversationStore(LedgerMethods):
         first, :class:`~fsm.store.errors.ConflictError` (retryable) is raised.
         """
         plan = self._core.plan_commit(conversation_id, turn, results, idempotency_key)
-        with self._core.translate(), self._write() as conn:
-            return self._core.commit_turn(
-                conn, conversation_id, plan, expected_seq, idempotency_key
-            )
+        with self._core.translate():
+            if self._at_once:
+                with self._write(at_once=True) as conn:
+                    if not began_at_once(conn):  # a transaction as any other
+                        return self._core.commit_turn(
+                            conn, conversation_id, plan, expected_seq, idempotency_key
+                        )
+                    committed = self._core.commit_turn_at_once(
+                        conn, conversation_id, plan, expected_seq, idempotency_key
+                    )
+                if committed is not None:
+                    return committed
+            with self._write() as conn:
+                return self._core.commit_turn(
+                    conn, conversation_id, plan, expected_seq, idempotency_key
+                )
 
     @store_write("import_history")
     def import_history(
@@ -632,8 +645,14 @@ class ConversationStore(LedgerMethods):
         once: finding the file's real path is a system call per write otherwise)."""
         return None if self._core.postgres else _sqlite_writer_lock(self._url)
 
+    @functools.cached_property
+    def _at_once(self) -> bool:
+        """PostgreSQL, fsm's own engine on psycopg: a commit's common case is one statement
+        sent in one round trip (:data:`~fsm.store.engine_config.AT_ONCE`)."""
+        return self._engine in at_once_engines
+
     @contextmanager
-    def _write(self) -> Iterator[Connection]:
+    def _write(self, *, at_once: bool = False) -> Iterator[Connection]:
         """A write transaction (``BEGIN IMMEDIATE`` on SQLite), under the deadline.
 
         SQLite: the threads of this process take the database file's write lock in turn
@@ -648,25 +667,36 @@ class ConversationStore(LedgerMethods):
                 f"process for {self._busy_timeout:g} s (busy_timeout); retry later"
             )
         try:
-            with self._writer.connect() as conn, self._transaction(conn, write=True) as conn:
+            with (
+                self._writer.connect() as conn,
+                self._transaction(conn, write=True, at_once=at_once) as conn,
+            ):
                 yield conn
         finally:
             if lock is not None:
                 lock.release()
 
     @contextmanager
-    def _transaction(self, conn: Connection, *, write: bool) -> Iterator[Connection]:
+    def _transaction(
+        self, conn: Connection, *, write: bool, at_once: bool = False
+    ) -> Iterator[Connection]:
         """Begin, run the body, commit, all under the deadline; a failure that lost the
         connection raises :class:`~fsm.store.errors.StoreUnavailableError` before COMMIT and
         :class:`~fsm.store.errors.CommitOutcomeUnknownError` while the COMMIT of a ``write``
-        was in flight (see :meth:`StoreCore.failed`)."""
+        was in flight (see :meth:`StoreCore.failed`). ``at_once``: the body is one statement
+        that commits as it ends (:data:`~fsm.store.engine_config.AT_ONCE`), in flight as a
+        COMMIT is."""
         deadline = (
             Deadline(self._timeout, conn.connection.driver_connection)
             if self._core.postgres
             else None
         )
+        if at_once:
+            conn = conn.execution_options(**{AT_ONCE: True})
         try:
             with conn.begin():  # rolls back on any error, of COMMIT too
+                if deadline is not None and at_once and began_at_once(conn):
+                    deadline.committing = True
                 yield conn
                 if deadline is not None:
                     deadline.committing = write

@@ -54,6 +54,7 @@ __all__ = [
     "insert_row",
     "insert_turn",
     "lock",
+    "lock_first",
     "schema",
     "state",
     "turn_params",
@@ -375,12 +376,22 @@ _COMMITTED: Final = ledger_turn_next("pending", "commit")
 SEQ_COLUMNS: Final = frozenset({"seq", "prev_seq", "block_end_seq", "assistant_seq"})
 
 
+@functools.lru_cache(maxsize=64)
+def lock_first(schema: str | None) -> str:
+    """PostgreSQL: :func:`lock` as the SQL sent first in the same query as a statement with a
+    bind ``cid`` (``%(cid)s``: see :data:`fsm.store.engine_config.FIRST`)."""
+    conversations = _name(schema, cast(sa.Table, Conversation.__table__))
+    return f"SELECT 1 FROM {conversations} WHERE id = %(cid)s FOR UPDATE"
+
+
 @functools.lru_cache(maxsize=256)
 def checked_insert_turn(
     schema: str | None,
     same: str | None,
     message_columns: tuple[str, ...],
     call_columns: tuple[str, ...],
+    *,
+    exists: bool = False,
 ) -> sa.TextualSelect:
     """PostgreSQL: :func:`state` and the insert of :func:`insert_turn` in one statement, run
     after the conversation's lock (its own statement: see the module's note): one row, the
@@ -393,11 +404,14 @@ def checked_insert_turn(
 
     The rows are bound as built for seq 1 (arrays as :func:`insert_turn` binds them); the
     statement moves the :data:`SEQ_COLUMNS` to the conversation's next seq, and a turn at seq 0
-    gets no predecessor (``prev_seq`` and ``prev_slots_left`` NULL)."""
+    gets no predecessor (``prev_seq`` and ``prev_slots_left`` NULL).
+
+    ``exists``: the rows go in only if the conversation exists (a statement whose lock was
+    not read by the caller: sent with :func:`lock_first` in one round trip)."""
     quote = _QUOTE.quote
     name = functools.partial(_name, schema)
 
-    state_sql = _state_sql(schema, exists=False, same=same, extra=", CAST(:expected AS INTEGER)")
+    state_sql = _state_sql(schema, exists=exists, same=same, extra=", CAST(:expected AS INTEGER)")
     state_binds = [*_binds(MESSAGES, "cid", same), sa.bindparam("expected", type_=sa.Integer())]
 
     def insert(table: sa.Table, columns: tuple[str, ...], prefix: str) -> str:
@@ -421,9 +435,9 @@ def checked_insert_turn(
     # the same turn is; l, sl: the last message's seq and open slots; e: the expected seq);
     # o: the next seq, when the turn goes in
     ctes = [
-        f"st (p, a, s, l, sl, e) AS ({state_sql})",
-        "o AS (SELECT coalesce(l + 1, 0) AS n FROM st WHERE p IS NULL AND s IS NULL "
-        "AND (l IS NULL OR sl = 0) AND (e IS NULL OR e = coalesce(l + 1, 0)))",
+        f"st ({'x, ' if exists else ''}p, a, s, l, sl, e) AS ({state_sql})",
+        f"o AS (SELECT coalesce(l + 1, 0) AS n FROM st WHERE {'x = 1 AND ' if exists else ''}"
+        "p IS NULL AND s IS NULL AND (l IS NULL OR sl = 0) AND (e IS NULL OR e = coalesce(l + 1, 0)))",
     ]
     binds = _array_binds(MESSAGES, message_columns, "m")
     binds += state_binds

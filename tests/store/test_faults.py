@@ -34,7 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from bench import soak
-from fsm.store import ConversationStore, audit
+from fsm.store import ConversationStore, audit, create_engine
 from fsm.store.errors import CommitOutcomeUnknownError, StoreUnavailableError
 from tests.helpers.store import make_turn
 
@@ -166,14 +166,28 @@ def assert_recovered(store: ConversationStore, conv: str, before: dict[str, Any]
     assert list(audit.check(store.engine)) == []
 
 
+def stepwise(url: sa.URL | str) -> ConversationStore:
+    """A store whose commits are statement by statement on PostgreSQL (BEGIN, the lock, the
+    turn, COMMIT), as on an engine whose ``BEGIN`` names its isolation level: the commit's
+    common case is otherwise one query that the server commits as it ends, with no point
+    inside the transaction where the client waits (see the tests after these)."""
+    url = sa.make_url(url)
+    if url.get_backend_name() != "postgresql":
+        return ConversationStore(url)
+    return ConversationStore(engine=create_engine(url, isolation_level="READ COMMITTED"))
+
+
 # -- PostgreSQL: the backend is terminated while the transaction is open -----------------------
 @pytest.mark.parametrize(
     "engine_name", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
 )
 @pytest.mark.parametrize("point", PAUSE_POINTS)
-def test_postgres_connection_terminated_mid_transaction(
-    store: ConversationStore, point: str
-) -> None:
+def test_postgres_connection_terminated_mid_transaction(db_url: sa.URL, point: str) -> None:
+    with stepwise(db_url) as store:
+        _terminated_mid_transaction(store, point)
+
+
+def _terminated_mid_transaction(store: ConversationStore, point: str) -> None:
     conv = seed(store)
     before = dump(store.engine)
     paused, release = threading.Event(), threading.Event()
@@ -242,7 +256,7 @@ def test_postgres_connection_terminated_mid_transaction(
 # -- both engines: the writing process is killed with SIGKILL ----------------------------------
 def _doomed_child(url: str, conv: str, point: str, ready: Any, backend: Any) -> None:
     """Commit the turn, pause inside the transaction, tell the parent, and wait to be killed."""
-    store = ConversationStore(url)
+    store = stepwise(url)
 
     def on_pause(dbapi_connection: Any) -> None:
         if store.engine.dialect.name == "postgresql":
@@ -375,3 +389,99 @@ def test_writer_killed_under_load(store: ConversationStore, db_url: sa.URL) -> N
     assert list(audit.check(store.engine)) == []
     # the dead writer's conversation takes new writes at once
     assert store.commit_turn(privates[3], make_turn(response_id="after"), ["ok"]).created
+
+
+# -- PostgreSQL: the commit that is one query ---------------------------------------------------
+def _terminate(url: sa.URL, pid: int) -> None:
+    killer = sa.create_engine(url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        with killer.connect() as conn:
+            assert conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
+            deadline = time.monotonic() + TIMEOUT
+            while conn.execute(
+                sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"), {"p": pid}
+            ).scalar_one():
+                assert time.monotonic() < deadline, "the backend did not go away"
+                time.sleep(0.02)
+    finally:
+        killer.dispose()
+
+
+@pytest.mark.parametrize(
+    "engine_name", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+def test_a_pooled_connection_the_server_closed_fails_before_anything_is_sent(
+    store: ConversationStore, db_url: sa.URL
+) -> None:
+    """The commit's common case is one query that the server commits as it ends: a connection
+    lost during it leaves the outcome unknown. A pooled connection whose backend the server
+    ended while it was idle (a restart, a failover, an administrator) is seen before anything
+    is sent (the socket has the server's notice): the transaction then begins with its own
+    round trip, which fails first, so the error is the known one (nothing was written), and the
+    next commit goes through."""
+    conv = seed(store)
+    before = dump(store.engine)
+    with store.engine.connect() as conn:  # the pool's one idle connection
+        pid = conn.connection.dbapi_connection.info.backend_pid
+    _terminate(db_url, pid)
+    with pytest.raises(StoreUnavailableError) as lost:
+        store.commit_turn(conv, the_turn(), RESULTS)
+    assert not isinstance(lost.value, CommitOutcomeUnknownError), repr(lost.value)
+    assert "nothing was written" in str(lost.value)
+    assert_recovered(store, conv, before)
+
+
+@pytest.mark.parametrize(
+    "engine_name", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+def test_a_commit_terminated_while_its_query_waits_on_the_server(
+    store: ConversationStore, db_url: sa.URL
+) -> None:
+    """The one query waits on the server for the conversation's lock (another session holds
+    it); its backend is ended there: the client cannot know whether the server committed
+    (CommitOutcomeUnknownError, retryable), nothing was written, and the retry lands once."""
+    conv = seed(store)
+    before = dump(store.engine)
+    holder = sa.create_engine(db_url, poolclass=sa.pool.NullPool)
+    outcome: dict[str, Any] = {}
+
+    def writer() -> None:
+        try:
+            outcome["value"] = store.commit_turn(conv, the_turn(), RESULTS)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    try:
+        with holder.connect() as conn:
+            conn.execute(
+                sa.text("SELECT id FROM fsm_conversations WHERE id = :c FOR UPDATE"), {"c": conv}
+            )
+            thread = threading.Thread(target=writer)
+            thread.start()
+            watcher = sa.create_engine(
+                db_url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT"
+            )
+            try:
+                with watcher.connect() as watch:
+                    deadline = time.monotonic() + TIMEOUT
+                    pid = None
+                    while pid is None:
+                        assert time.monotonic() < deadline, "the commit never waited"
+                        pid = watch.execute(
+                            sa.text(
+                                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = "
+                                "'Lock' AND query LIKE 'SELECT set_config(%'"
+                            )
+                        ).scalar()
+                        time.sleep(0.02)
+            finally:
+                watcher.dispose()
+            _terminate(db_url, pid)
+            thread.join(TIMEOUT)
+            conn.rollback()
+    finally:
+        holder.dispose()
+    error = outcome.get("error")
+    assert isinstance(error, CommitOutcomeUnknownError), repr(outcome)
+    assert error.retryable
+    assert_recovered(store, conv, before)

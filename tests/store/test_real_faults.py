@@ -47,7 +47,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from fsm.store import ConversationStore, audit
+from fsm.store import ConversationStore, audit, create_engine
 from fsm.store.errors import (
     CommitOutcomeUnknownError,
     DatabaseCorruptError,
@@ -193,6 +193,18 @@ def pg(cluster: PrivatePostgres) -> Iterator[PrivatePostgres]:
         cluster.start()
 
 
+def stepwise(url: str, **kwargs: float) -> ConversationStore:
+    """A store whose commits go statement by statement (BEGIN with the settings, the lock, the
+    turn, COMMIT), as on an engine whose ``BEGIN`` names its isolation level: the faults below
+    are injected between them. A default store's commit is one query the server commits as it
+    ends (``test_commit_stored_but_its_answer_lost``, ``test_faults.py``)."""
+    timeout = kwargs.pop("timeout")
+    return ConversationStore(
+        engine=create_engine(url, isolation_level="READ COMMITTED", timeout=timeout),
+        timeout=timeout,
+    )
+
+
 def statements_of_a_commit(store: ConversationStore, conv: str) -> list[str]:
     """The statements one ``commit_turn`` of the test's turn sends, in order (``COMMIT`` last)."""
     seen: list[str] = []
@@ -244,7 +256,7 @@ def test_postgres_killed_at_every_statement_of_a_commit(
     pg: PrivatePostgres, outcome: Callable[[str, str], Outcome]
 ) -> None:
     result = outcome("server SIGKILL at each statement of a commit, restart", "postgresql")
-    with ConversationStore(pg.url, timeout=10) as store:
+    with stepwise(pg.url, timeout=10) as store:
         conv = store.create_conversation()
         store.append(conv, [{"role": "user", "content": "add and multiply"}])
         statements = statements_of_a_commit(store, conv)
@@ -327,7 +339,7 @@ def test_black_hole_raises_within_the_deadline_and_frees_the_lock(
 ) -> None:
     result = outcome(f"network black hole {where}", "postgresql")
     with (
-        ConversationStore(proxy.url(pg.url), timeout=DEADLINE) as victim,
+        stepwise(proxy.url(pg.url), timeout=DEADLINE) as victim,
         ConversationStore(pg.url, timeout=10) as other,
     ):
         conv = victim.create_conversation()
@@ -391,7 +403,7 @@ def test_async_store_black_hole_and_crash(
             AsyncConversationStore(pg.url, timeout=10) as direct,
         ):
             conv = await victim.create_conversation()
-            with ConversationStore(pg.url) as sync_store:
+            with stepwise(pg.url, timeout=10) as sync_store:  # the async store's statements
                 statements = statements_of_a_commit(sync_store, conv)
             n = len(statements) if where == "at COMMIT" else 3
             ticks = 0
@@ -461,20 +473,27 @@ def test_async_store_black_hole_and_crash(
     assert result.untyped == 0
 
 
+@pytest.mark.parametrize("shape", ["one query", "statement by statement"])
 def test_commit_stored_but_its_answer_lost(
-    pg: PrivatePostgres, proxy: Proxy, outcome: Callable[[str, str], Outcome]
+    pg: PrivatePostgres, proxy: Proxy, shape: str, outcome: Callable[[str, str], Outcome]
 ) -> None:
-    """The other side of an unknown outcome: COMMIT reaches the server and is committed, its
-    answer is lost (replies black-holed). The client cannot tell this from a COMMIT that never
-    arrived: CommitOutcomeUnknownError; the retry with the same key finds the stored turn and
-    writes nothing (``created=False``): exactly one turn."""
-    result = outcome("answer to COMMIT lost (COMMIT stored)", "postgresql")
-    with (
-        ConversationStore(proxy.url(pg.url), timeout=DEADLINE) as store,
-        ConversationStore(pg.url, timeout=10) as direct,
-    ):
+    """The other side of an unknown outcome: COMMIT (or the one query of a commit, which the
+    server commits as it ends) reaches the server and is committed, its answer is lost
+    (replies black-holed). The client cannot tell this from one that never arrived:
+    CommitOutcomeUnknownError; the retry with the same key finds the stored turn and writes
+    nothing (``created=False``): exactly one turn."""
+    result = outcome(f"answer to COMMIT lost (COMMIT stored), {shape}", "postgresql")
+    victim = (
+        ConversationStore(proxy.url(pg.url), timeout=DEADLINE)
+        if shape == "one query"
+        else stepwise(proxy.url(pg.url), timeout=DEADLINE)
+    )
+    with victim as store, ConversationStore(pg.url, timeout=10) as direct:
         conv = store.create_conversation()
-        n = len(statements_of_a_commit(store, conv))
+        statements = statements_of_a_commit(store, conv)
+        if shape == "one query":
+            assert statements[0].startswith("SELECT set_config(") and len(statements) == 2
+        n = 1 if shape == "one query" else len(statements)
         turn = make_turn(CALLS, response_id="answer-lost")
         with at_statement(store.engine, n, proxy.blackhole_replies):
             started = time.monotonic()
@@ -527,7 +546,7 @@ def test_reset_connection(
     pg: PrivatePostgres, proxy: Proxy, where: str, outcome: Callable[[str, str], Outcome]
 ) -> None:
     result = outcome(f"connection reset (RST) {where}", "postgresql")
-    with ConversationStore(proxy.url(pg.url), timeout=DEADLINE) as store:
+    with stepwise(proxy.url(pg.url), timeout=DEADLINE) as store:
         conv = store.create_conversation()
         statements = statements_of_a_commit(store, conv)
         n = len(statements) if where == "at COMMIT" else 2

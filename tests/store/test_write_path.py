@@ -143,13 +143,16 @@ def test_foreign_key_checks_stay_index_probes_on_a_grown_table(pg_url: sa.URL) -
 
 
 def test_a_commit_is_few_statements(store: ConversationStore) -> None:
-    """PostgreSQL: SET LOCAL, the lock, the query and the INSERT in one statement, COMMIT; SQLite: BEGIN
-    IMMEDIATE, one query, one INSERT per table, COMMIT (bench/floor.py's figures)."""
+    """PostgreSQL: one statement, the transaction's settings, the lock, the query and the INSERT
+    sent as one query that the server commits as it ends; SQLite: BEGIN IMMEDIATE, one query,
+    one INSERT per table, COMMIT (bench/floor.py's figures)."""
     conv = store.create_conversation()
     seen: list[str] = []
+    whole: list[str] = []
 
     def before(_c: Any, _cur: Any, statement: str, *_a: Any) -> None:
         seen.append(statement.split(None, 1)[0].upper())
+        whole.append(statement)
 
     sa.event.listen(store.engine, "before_cursor_execute", before)
     try:
@@ -157,8 +160,13 @@ def test_a_commit_is_few_statements(store: ConversationStore) -> None:
     finally:
         sa.event.remove(store.engine, "before_cursor_execute", before)
     if store.dialect == "postgresql":
-        # fsm's own BEGIN carries the transaction's settings
-        assert seen == ["BEGIN;", "SELECT", "WITH"], seen
+        # no BEGIN and no COMMIT: the settings (local to the statement's implicit transaction),
+        # the conversation's lock, then the reading with the insert, each its own statement
+        assert seen == ["SELECT"], seen
+        parts = whole[0].split("; ")
+        assert parts[0].startswith("SELECT set_config('enable_seqscan', 'off', true)"), parts[0]
+        assert parts[1].endswith("FOR UPDATE") and f"'{conv}'" in parts[1], parts[1]
+        assert parts[2].startswith("WITH st (x, p, a, s, l, sl, e)"), parts[2][:80]
     else:
         assert seen == ["BEGIN", "SELECT", "INSERT", "INSERT", "INSERT"], seen
     assert store.history(conv)[-1]["content"] == "ok"
@@ -220,7 +228,10 @@ def test_the_write_statements_stay_within_psycopg_s_statement_cache(
         store.commit(pending, recording=Outcome(1, result="b"))
     finally:
         sa.event.remove(store.engine, "before_cursor_execute", before)
+    assert any(params == 0 for _, params in seen)  # the commits' one queries, bound in text
     for statement, params in seen:
+        if params == 0:
+            continue  # sent without parameters: psycopg converts (and caches) nothing
         tables = len(re.findall(r"(?:FROM|INTO|JOIN) fsm_", statement))
         room = tables * (63 + 3)
         assert len(statement.encode()) + room <= 4096, (len(statement), tables, statement[:80])
@@ -228,17 +239,22 @@ def test_the_write_statements_stay_within_psycopg_s_statement_cache(
 
 
 def test_postgres_round_trips(store: ConversationStore) -> None:
-    """Counted on the wire (libpq's trace): a commit is 4 round trips (BEGIN with the
-    transaction's settings, the lock, the state with the insert, COMMIT), a read 4 (BEGIN with its
-    settings, two SELECTs, COMMIT), the ledger's begin 4 and its commit 4; psycopg sends no
-    BEGIN of its own."""
+    """Counted on the wire (libpq's trace): a commit is 1 round trip (one query: the
+    transaction's settings, the lock, the state with the insert; committed by the server as it
+    ends), and so is its retry that finds the turn stored (the query writes nothing, then the
+    commit reads the stored turn: 4 more); a read 4 (BEGIN with its settings, two SELECTs,
+    COMMIT), the ledger's begin 4 and its commit 4; psycopg sends no BEGIN of its own."""
     if store.dialect != "postgresql":
         pytest.skip("PostgreSQL round trips")
     conv = store.create_conversation()
     with round_trips(store.engine) as commit:
         store.commit_turn(conv, make_turn(response_id="trips"), ["ok"])
-    assert commit.total == 4, commit.trace
-    assert commit.trace[0].startswith('"BEGIN; SET LOCAL'), commit.trace
+    assert commit.total == 1, commit.trace
+    assert commit.trace[0].startswith('"SELECT set_config('), commit.trace
+    with round_trips(store.engine) as retry:
+        assert not store.commit_turn(conv, make_turn(response_id="trips"), ["ok"]).created
+    # then BEGIN, the lock, the state, the stored turn (two SELECTs), COMMIT
+    assert retry.total == 1 + 6, retry.trace
     with round_trips(store.engine) as read:
         store.history(conv)
     assert read.total == 4, read.trace
