@@ -24,7 +24,7 @@ from sqlalchemy.engine import URL, Connection
 from fsm.states import ToolCallState
 from fsm.store import plans, writes
 from fsm.store.codec import as_utc
-from fsm.store.deadline import Deadline
+from fsm.store.deadline import Deadline, server_refused
 from fsm.store.engine import display_url
 from fsm.store.engine_config import FIRST
 from fsm.store.errors import (
@@ -161,7 +161,7 @@ class StoreCore:
         """
         if deadline is None or isinstance(exc, CommitOutcomeUnknownError):
             return None
-        if deadline.committing and _refused(exc):
+        if deadline.committing and server_refused(exc):
             # the server answered the statement that commits with an error of its own: it
             # rolled the transaction back (a transaction begun at once: a read-only node, ...)
             deadline.committing = False
@@ -476,17 +476,24 @@ class StoreCore:
         seq: int,
         idempotency_key: str | None,
         outcome: Mapping[str, Any],
+        holder: str | None = None,
     ) -> CommittedTurn | None:
         """PostgreSQL: the tool ledger's commit of the pending turn it holds (under the
         conversation's lock, at ``seq``) in one statement: ``outcome`` (the binds ``l_c``,
         ``l_p``, ``l_pos``, ``l_state``, ``l_result``, ``l_parts``, ``l_error`` of
         :func:`fsm.store.writes.insert_turn`) recorded on its last call, the pending turn
         marked committed, the turn's rows inserted; ``None`` when that call was not
-        ``started`` (nothing written: the caller reads the store and decides)."""
+        ``started`` (nothing written: the caller reads the store and decides).
+
+        ``holder``: on a connection whose transaction is one statement
+        (:data:`fsm.store.engine_config.AT_ONCE`), the statement is sent after the lock of the
+        conversation and the turn, in one round trip, and writes only if the turn is still
+        pending and ``holder``'s (else ``None``, nothing written)."""
         message, call_rows, result_rows = turn_rows(conversation_id, plan, seq, idempotency_key)
-        written = self.insert_turn(
-            conn, message, call_rows, result_rows, ledger={**outcome, "l_seq": seq}
-        )
+        ledger = {**outcome, "l_seq": seq}
+        if holder is not None:
+            ledger["l_holder"] = holder
+        written = self.insert_turn(conn, message, call_rows, result_rows, ledger=ledger)
         return self._committed(conversation_id, plan, seq) if written else None
 
     def _insert_committed(
@@ -570,15 +577,18 @@ class StoreCore:
         n = len(call_rows)
         if self.postgres:
             columns, call_columns = _columns(message, call_rows, result_rows)
+            schema = writes.schema(conn)
+            held = ledger is not None and "l_holder" in ledger
             result = conn.execute(
                 writes.insert_turn(
-                    writes.schema(conn), columns, call_columns, ledger=ledger is not None
+                    schema, columns, call_columns, ledger=ledger is not None, held=held
                 ),
                 {
                     **writes.turn_params("m", columns, [message, *result_rows]),
                     **writes.turn_params("c", call_columns, call_rows),
                     **(ledger or {}),
                 },
+                execution_options={FIRST: writes.lock_held_first(schema)} if held else {},
             )
             return ledger is None or bool(result.all())
         assert ledger is None, "the ledger's one-statement commit is PostgreSQL's"
@@ -683,21 +693,6 @@ def _read_attempts(conn: Connection, conversation_id: str) -> list[dict[str, Any
             }
         )
     return [{**row, "tool_calls": by_attempt.get(row["id"], [])} for row in rows]
-
-
-def _refused(exc: BaseException) -> bool:
-    """Whether ``exc`` (or its cause) is an error the server answered with for a statement
-    (SQLSTATE outside the classes of a lost or ended session: 08, 57P0x), not a connection
-    lost without an answer."""
-    seen: list[BaseException] = []
-    error: BaseException | None = exc
-    while error is not None and error not in seen:
-        seen.append(error)
-        state = getattr(error, "sqlstate", None)
-        if isinstance(state, str) and state:
-            return not state.startswith(("08", "57P"))
-        error = error.__cause__ or error.__context__
-    return False
 
 
 def _same(plan: TurnPlan, idempotency_key: str | None) -> tuple[str | None, dict[str, Any]]:

@@ -30,7 +30,14 @@ from typing import Any, Final
 
 from fsm.store.errors import StoreError
 
-__all__ = ["DEFAULT_TIMEOUT", "Deadline", "InvalidTimeoutError", "check_timeout", "socket_fd"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "Deadline",
+    "InvalidTimeoutError",
+    "check_timeout",
+    "server_refused",
+    "socket_fd",
+]
 
 #: the default per-operation deadline of a store, in seconds (``timeout=`` of
 #: :class:`~fsm.store.ConversationStore` and :class:`~fsm.store.aio.AsyncConversationStore`)
@@ -154,3 +161,18 @@ def socket_fd(driver_connection: Any) -> int | None:
     except Exception:  # closed, or not a socket
         return None
     return fd if fd >= 0 else None
+
+
+def server_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) is an error the server answered with for a statement
+    (SQLSTATE outside the classes of a lost or ended session: 08, 57P0x), not a connection
+    lost without an answer."""
+    seen: list[BaseException] = []
+    error: BaseException | None = exc
+    while error is not None and error not in seen:
+        seen.append(error)
+        state = getattr(error, "sqlstate", None)
+        if isinstance(state, str) and state:
+            return not state.startswith(("08", "57P"))
+        error = error.__cause__ or error.__context__
+    return False

@@ -457,7 +457,10 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
                 statements.append(local)
             info.pop(_AT_ONCE_SETTINGS, None)
             info.pop(_LAST_RESULT, None)
-            if begin == "BEGIN" and connection.get_execution_options().get(AT_ONCE):
+            # the session's own level is the implicit transaction's (SQLAlchemy names it in
+            # the BEGIN of a connection it reset after a read at another level)
+            plain = ("BEGIN", f"BEGIN ISOLATION LEVEL {connection.dialect.default_isolation_level}")
+            if begin in plain and connection.get_execution_options().get(AT_ONCE):
                 settings = _set_config(tuple(statements[1:]))
                 if settings is not None and _open(connection):
                     info[_AT_ONCE_SETTINGS] = settings  # sent with the statement

@@ -105,9 +105,11 @@ class StoreCoreLike(Protocol):
         seq: int,
         idempotency_key: str | None,
         outcome: Mapping[str, Any],
+        holder: str | None = None,
     ) -> CommittedTurn | None:
         """PostgreSQL: the ledger's last outcome, its resolution and the turn in one statement
-        (``None``: the outcome was not recorded, nothing written)."""
+        (``None``: the outcome was not recorded, nothing written); ``holder``: sent at once
+        after the lock, and only while the turn is ``holder``'s."""
         ...
 
 

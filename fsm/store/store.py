@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Connection, Engine
@@ -79,6 +79,8 @@ __all__ = [
     "Results",
     "StoreCore",
 ]
+
+_T = TypeVar("_T")
 
 #: The isolation level of PostgreSQL read transactions: one snapshot for every statement.
 READ_SNAPSHOT = "REPEATABLE READ"
@@ -432,22 +434,12 @@ class ConversationStore(LedgerMethods):
         first, :class:`~fsm.store.errors.ConflictError` (retryable) is raised.
         """
         plan = self._core.plan_commit(conversation_id, turn, results, idempotency_key)
+        args = (conversation_id, plan, expected_seq, idempotency_key)
         with self._core.translate():
-            if self._at_once:
-                with self._write(at_once=True) as conn:
-                    if not began_at_once(conn):  # a transaction as any other
-                        return self._core.commit_turn(
-                            conn, conversation_id, plan, expected_seq, idempotency_key
-                        )
-                    committed = self._core.commit_turn_at_once(
-                        conn, conversation_id, plan, expected_seq, idempotency_key
-                    )
-                if committed is not None:
-                    return committed
-            with self._write() as conn:
-                return self._core.commit_turn(
-                    conn, conversation_id, plan, expected_seq, idempotency_key
-                )
+            return self._write_at_once(
+                lambda conn: self._core.commit_turn_at_once(conn, *args),
+                lambda conn: self._core.commit_turn(conn, *args),
+            )
 
     @store_write("import_history")
     def import_history(
@@ -650,6 +642,26 @@ class ConversationStore(LedgerMethods):
         """PostgreSQL, fsm's own engine on psycopg: a commit's common case is one statement
         sent in one round trip (:data:`~fsm.store.engine_config.AT_ONCE`)."""
         return self._engine in at_once_engines
+
+    def _write_at_once(
+        self,
+        at_once: Callable[[Connection], _T | None],
+        stepwise: Callable[[Connection], _T],
+    ) -> _T:
+        """A write whose common case is one query that the server commits as it ends
+        (PostgreSQL, fsm's own engine: :data:`~fsm.store.engine_config.AT_ONCE`): ``at_once``
+        sends that one statement and returns the result, or ``None`` when it wrote nothing;
+        then ``stepwise`` decides in a transaction as any other (also where a transaction
+        cannot begin at once, and on SQLite)."""
+        if self._at_once:
+            with self._write(at_once=True) as conn:
+                if not began_at_once(conn):  # a transaction as any other
+                    return stepwise(conn)
+                done = at_once(conn)
+            if done is not None:
+                return done
+        with self._write() as conn:
+            return stepwise(conn)
 
     @contextmanager
     def _write(self, *, at_once: bool = False) -> Iterator[Connection]:

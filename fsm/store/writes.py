@@ -55,6 +55,7 @@ __all__ = [
     "insert_turn",
     "lock",
     "lock_first",
+    "lock_held_first",
     "schema",
     "state",
     "turn_params",
@@ -205,6 +206,7 @@ def insert_turn(
     call_columns: tuple[str, ...],
     *,
     ledger: bool = False,
+    held: bool = False,
 ) -> sa.TextClause:
     """PostgreSQL: the ``messages`` rows (the assistant message, then one result per call) and
     the ``tool_calls`` rows of a turn, in one statement, in ``schema`` (``None``: the
@@ -224,7 +226,9 @@ def insert_turn(
     outcome; ``l_seq``: the turn's seq). The same statement records that outcome on the call,
     only if the call is ``started`` (an outcome is recorded once), and marks the pending turn
     committed at ``l_seq``; the rows go in only if the outcome was recorded. It returns a row
-    per message written: none when the call was not ``started`` (nothing written)."""
+    per message written: none when the call was not ``started`` (nothing written).
+    ``held`` (with ``ledger``): and only if the pending turn is still pending and the
+    holder's (bind ``l_holder``; a statement sent after :func:`lock_held_first`)."""
     quote = _QUOTE.quote
     name = functools.partial(_name, schema)
 
@@ -240,6 +244,12 @@ def insert_turn(
     binds = _array_binds(MESSAGES, message_columns, "m")
     ctes = []
     if ledger:
+        holder = (
+            f" AND EXISTS (SELECT FROM {name(PENDING_TURNS)} WHERE conversation_id = :l_c "
+            "AND id = :l_p AND state = 'pending' AND owner = :l_holder)"
+            if held
+            else ""
+        )
         finished = ", ".join(
             f"{column} = :l_{value}"
             for column, value in (
@@ -252,7 +262,7 @@ def insert_turn(
         ctes += [
             f"recorded AS (UPDATE {name(EXECUTIONS)} SET {finished}, "
             "finished_at = CURRENT_TIMESTAMP WHERE conversation_id = :l_c AND pending_id = :l_p "
-            f"AND position = :l_pos AND state = '{_STARTED}' RETURNING 1)",
+            f"AND position = :l_pos AND state = '{_STARTED}'{holder} RETURNING 1)",
             f"resolved AS (UPDATE {name(PENDING_TURNS)} SET state = '{_COMMITTED}', "
             "committed_seq = :l_seq, resolved_at = CURRENT_TIMESTAMP "
             "WHERE conversation_id = :l_c AND id = :l_p AND EXISTS (SELECT FROM recorded))",
@@ -268,6 +278,8 @@ def insert_turn(
             sa.bindparam("l_error", type_=e.error.type),
             sa.bindparam("l_seq", type_=PENDING_TURNS.c.committed_seq.type),
         ]
+        if held:
+            binds.append(sa.bindparam("l_holder", type_=PENDING_TURNS.c.owner.type))
         sql += " RETURNING 1"
     if call_columns:  # a turn with calls
         ctes.append(f"written_calls AS ({insert(TOOL_CALLS, call_columns, 'c')})")
@@ -284,6 +296,7 @@ def insert_pending(
     call_columns: tuple[str, ...],
     *,
     same: str | None = None,
+    exists: bool = False,
 ) -> sa.TextualSelect:
     """PostgreSQL: the tool ledger's pending turn and its calls' executions, in one statement
     in ``schema`` (as :func:`insert_turn`): the ``pending_turns`` row from binds
@@ -301,7 +314,8 @@ def insert_pending(
     (``d``), its last message's seq and open slots (``l``, ``sl``); the turn goes in (at the
     next seq, not a bind) only when there is neither, the last tool block is closed and the
     next seq is the one expected (bind ``expected``, NULL: any). Those four columns come first
-    in every row; the turn's are NULL when it did not go in."""
+    in every row; the turn's are NULL when it did not go in. ``exists`` (with ``same``): and
+    only if the conversation exists (a statement sent after :func:`lock_first`)."""
     quote = _QUOTE.quote
     name = functools.partial(_name, schema)
 
@@ -313,12 +327,13 @@ def insert_pending(
         source = f"VALUES ({', '.join(values)}, {_LEASE})"
     else:
         reading = _begin_state_sql(
-            schema, exists=False, same=same, extra=", CAST(:expected AS INTEGER)"
+            schema, exists=exists, same=same, extra=", CAST(:expected AS INTEGER)"
         )
         ctes += [
-            f"st (p, d, l, sl, e) AS ({reading})",
-            "o AS (SELECT coalesce(l + 1, 0) AS n FROM st WHERE p IS NULL AND d IS NULL "
-            "AND (l IS NULL OR sl = 0) AND (e IS NULL OR e = coalesce(l + 1, 0)))",
+            f"st ({'x, ' if exists else ''}p, d, l, sl, e) AS ({reading})",
+            f"o AS (SELECT coalesce(l + 1, 0) AS n FROM st WHERE {'x = 1 AND ' if exists else ''}"
+            "p IS NULL AND d IS NULL AND (l IS NULL OR sl = 0) "
+            "AND (e IS NULL OR e = coalesce(l + 1, 0)))",
         ]
         inserted.append("at_seq")
         source = f"SELECT {', '.join(values)}, o.n, {_LEASE} FROM o"
@@ -377,11 +392,25 @@ SEQ_COLUMNS: Final = frozenset({"seq", "prev_seq", "block_end_seq", "assistant_s
 
 
 @functools.lru_cache(maxsize=64)
-def lock_first(schema: str | None) -> str:
-    """PostgreSQL: :func:`lock` as the SQL sent first in the same query as a statement with a
-    bind ``cid`` (``%(cid)s``: see :data:`fsm.store.engine_config.FIRST`)."""
+def lock_first(schema: str | None, conversation: str = "cid") -> str:
+    """PostgreSQL: :func:`lock` as the SQL sent first in the same query as a statement whose
+    bind ``conversation`` is the conversation (see :data:`fsm.store.engine_config.FIRST`)."""
     conversations = _name(schema, cast(sa.Table, Conversation.__table__))
-    return f"SELECT 1 FROM {conversations} WHERE id = %(cid)s FOR UPDATE"
+    return f"SELECT 1 FROM {conversations} WHERE id = %({conversation})s FOR UPDATE"
+
+
+@functools.lru_cache(maxsize=64)
+def lock_held_first(schema: str | None) -> str:
+    """PostgreSQL: the tool ledger's pending turn (binds ``l_c``, ``l_p``) if still pending and
+    the holder's (``l_holder``), with the conversation's lock, as the SQL sent first in the
+    same query as :func:`insert_turn` with ``held`` (both rows locked, as the ledger's
+    ``owned_locked``; none when the turn is not held)."""
+    conversations = _name(schema, cast(sa.Table, Conversation.__table__))
+    return (
+        f"SELECT 1 FROM {_name(schema, PENDING_TURNS)} t JOIN {conversations} c "
+        "ON c.id = t.conversation_id WHERE t.conversation_id = %(l_c)s AND t.id = %(l_p)s "
+        "AND t.state = 'pending' AND t.owner = %(l_holder)s FOR UPDATE"
+    )
 
 
 @functools.lru_cache(maxsize=256)

@@ -119,8 +119,8 @@ def _answer_lost(store: ConversationStore) -> Iterator[None]:
     lost = {"once": False}
 
     @contextmanager
-    def write() -> Iterator[Any]:
-        with real() as conn:
+    def write(**kwargs: Any) -> Iterator[Any]:
+        with real(**kwargs) as conn:
             yield conn
         if not lost["once"]:
             lost["once"] = True
@@ -349,7 +349,9 @@ def test_steps_given_an_older_handle_do_what_the_store_holds(store: Conversation
     )
     statements.clear()
     assert store.commit(pending, recording=Outcome(1, result="y")).created
-    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    # (PostgreSQL: the statements of its one query)
+    parts = [part for s in statements for part in s.split("; ")]
+    reads = [s for s in parts if s.lstrip().upper().startswith("SELECT")]
     assert not any("fsm_tool_executions" in s for s in reads), reads
     assert [m.get("content") for m in store.history(cid2)[2:]] == ["x", "y"]
 
@@ -422,10 +424,13 @@ def test_begin_and_commit_are_one_statement_each_after_the_lock(store: Conversat
     statements.clear()
     pending = store.begin(cid, make_turn(CALLS), start=1)
     writes = [s for s in statements if not s.startswith("BEGIN")]
-    # PostgreSQL: the lock, then the reading and the insert; SQLite: the reading, 2 inserts
-    assert len(writes) == (2 if postgres else 3), writes
+    # PostgreSQL: one query (the settings, the lock, then the reading and the insert, only if
+    # the conversation exists); SQLite: the reading, 2 inserts
+    assert len(writes) == (1 if postgres else 3), writes
     if postgres:
-        assert writes[1].startswith("WITH st (p, d, l, sl, e) AS"), writes
+        parts = writes[0].split("; ")
+        assert parts[0].startswith("SELECT set_config(") and parts[1].endswith("FOR UPDATE")
+        assert parts[2].startswith("WITH st (x, p, d, l, sl, e) AS"), parts
     assert [(e.state, e.starts, e.started_by) for e in pending.executions] == [
         ("not_started", 0, None),
         ("started", 1, pending.owner),
@@ -444,8 +449,13 @@ def test_begin_and_commit_are_one_statement_each_after_the_lock(store: Conversat
     done = store.commit(pending, recording=Outcome(0, error="card declined"))
     writes = [s for s in statements if not s.startswith("BEGIN")]
     if postgres:
-        assert len(writes) == 2, writes  # the turn with its lock, then everything else
-        assert writes[1].startswith("WITH recorded AS (UPDATE fsm_tool_executions"), writes
+        # one query: the settings, the turn with the conversation's lock, then everything else
+        # (only while the turn is the holder's)
+        assert len(writes) == 1, writes
+        parts = writes[0].split("; ")
+        assert parts[1].startswith("SELECT 1 FROM fsm_pending_turns t JOIN"), parts
+        assert parts[1].endswith("FOR UPDATE"), parts
+        assert parts[2].startswith("WITH recorded AS (UPDATE fsm_tool_executions"), parts
     else:
         assert len(writes) == 5, writes  # the outcome, 3 inserts, the resolution
     assert done.created and done.seq == 1

@@ -241,9 +241,10 @@ def test_the_write_statements_stay_within_psycopg_s_statement_cache(
 def test_postgres_round_trips(store: ConversationStore) -> None:
     """Counted on the wire (libpq's trace): a commit is 1 round trip (one query: the
     transaction's settings, the lock, the state with the insert; committed by the server as it
-    ends), and so is its retry that finds the turn stored (the query writes nothing, then the
-    commit reads the stored turn: 4 more); a read 4 (BEGIN with its settings, two SELECTs,
-    COMMIT), the ledger's begin 4 and its commit 4; psycopg sends no BEGIN of its own."""
+    ends); its retry that finds the turn stored 7 (the query writes nothing, then the commit
+    reads the stored turn statement by statement); a read 4 (BEGIN with its settings, two
+    SELECTs, COMMIT); the ledger's begin 1 and its commit 1; psycopg sends no BEGIN of its
+    own."""
     if store.dialect != "postgresql":
         pytest.skip("PostgreSQL round trips")
     conv = store.create_conversation()
@@ -259,17 +260,19 @@ def test_postgres_round_trips(store: ConversationStore) -> None:
         store.history(conv)
     assert read.total == 4, read.trace
     assert read.trace[0].startswith('"BEGIN ISOLATION LEVEL REPEATABLE READ; SET LOCAL'), read.trace
-    # the tool ledger: begin is the BEGIN, the lock, the reading with the insert, COMMIT; the commit
-    # that records the last outcome the BEGIN, the owner's check with the lock, one statement
-    # for the rest, COMMIT
+    # the tool ledger: begin is one query (the settings, the lock, the reading with the
+    # insert); the commit that records the last outcome one query (the settings, the lock of
+    # the conversation and the turn, one statement for the rest, only while the turn is the
+    # holder's)
     from fsm.store.ledger import Outcome
 
     with round_trips(store.engine) as begin:
         pending = store.begin(conv, make_turn(response_id="ledger"), start=0)
-    assert begin.total == 4, begin.trace
+    assert begin.total == 1, begin.trace
+    assert begin.trace[0].startswith('"SELECT set_config('), begin.trace
     with round_trips(store.engine) as commit:
         done = store.commit(pending, recording=Outcome(0, result="sunny"))
-    assert commit.total == 4, commit.trace
+    assert commit.total == 1, commit.trace
     assert done.created and store.history(conv)[-1]["content"] == "sunny"
 
 

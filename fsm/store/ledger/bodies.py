@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 
 from fsm.parser import Turn
 from fsm.states import EXECUTION_OUTCOMES, execution_next, ledger_turn_next
-from fsm.store import plans, writes
+from fsm.store import plans
 from fsm.store.errors import (
     ConversationNotFoundError,
     IdempotencyMismatchError,
@@ -27,6 +27,7 @@ from fsm.store.history import (
     read_history,
     require_conversation,
 )
+from fsm.store.ledger.rows import begin_reading, begin_rows, insert_pending
 from fsm.store.ledger.statements import (
     built_turn,
     db_now,
@@ -41,7 +42,6 @@ from fsm.store.ledger.statements import (
 )
 from fsm.store.ledger.types import DEFAULT_LEASE, PendingTurn, Recording, plan_result
 from fsm.store.models import PendingTurnRow, ToolExecution
-from fsm.store.render import stored_items
 from fsm.toolcall import ToolCall
 
 if TYPE_CHECKING:
@@ -78,20 +78,14 @@ def begin_body(
     taken over, one whose lease holds raises :class:`~fsm.store.errors.TurnInProgressError`),
     and start call ``start`` in the same transaction (not on a turn taken over)."""
     owner = owner or secrets.token_hex(16)
-    turn_row, call_rows = _begin_rows(conversation_id, turn, calls, idempotency_key, owner, start)
+    turn_row, call_rows = begin_rows(conversation_id, turn, calls, idempotency_key, owner, start)
     # one query says whether this is the common case (a new turn: no pending turn, no earlier
     # commit of it); the others read what they need after it
-    params: dict[str, Any] = {"c": conversation_id}
-    if idempotency_key is not None:
-        same, params["key"] = "key", idempotency_key
-    elif turn.response_id:
-        same, params["response_id"], params["choice"] = "response", turn.response_id, turn.index
-    else:
-        same = "none"
+    same, params = begin_reading(conversation_id, turn, idempotency_key)
     if core.postgres:  # the conversation's row lock first: its writers queue here
         require_conversation(conn, conversation_id, lock=True)
         # the reading and, in the common case, the insert: one statement
-        begun, row = _insert_pending(
+        begun, row = insert_pending(
             conn, turn_row, call_rows, start, lease, same, {**params, "expected": expected_seq}
         )
         if begun is not None:
@@ -136,7 +130,7 @@ def begin_body(
     check_expected(conversation_id, expected_seq, seq)
     turn_row["at_seq"] = seq
     if core.postgres:
-        begun, _ = _insert_pending(conn, turn_row, call_rows, start, lease)
+        begun, _ = insert_pending(conn, turn_row, call_rows, start, lease)
         assert begun is not None
         return begun
     inserted = conn.execute(
@@ -160,83 +154,35 @@ def begin_body(
     return built_turn(conversation_id, inserted._mapping, executions)
 
 
-def _begin_rows(
+def begin_at_once(
+    conn: Connection,
     conversation_id: str,
     turn: Turn,
     calls: Sequence[ToolCall],
     idempotency_key: str | None,
+    expected_seq: int | None,
     owner: str,
-    start: int | None,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The ``pending_turns`` row of ``turn`` (all but its ``at_seq``) and the
-    ``tool_executions`` rows of its calls (all but the turn's keys), call ``start`` started."""
-    turn_row = {
-        "conversation_id": conversation_id,
-        "state": "pending",
-        "owner": owner,
-        "content": turn.content,
-        "reasoning": turn.reasoning,
-        "refusal": turn.refusal,
-        "model": turn.model,
-        "response_id": turn.response_id or None,
-        "choice": turn.index,
-        "finish_reason": turn.finish_reason,
-        "usage": plans.json_safe(turn.usage),
-        "idempotency_key": idempotency_key,
-        "n_calls": len(calls),
-        **dict(zip(("format", "provider_items"), stored_items(turn), strict=True)),
-    }
-    # the call ``start`` is inserted started (by this owner, now): one statement less than
-    # inserting it not started and starting it (the INSERT gave the turn its lease)
-    call_rows = [
-        {
-            "position": p,
-            **plans.call_columns(call),
-            "legacy": call.legacy,
-            "state": execution_next("not_started", "start") if p == start else "not_started",
-            "starts": int(p == start),
-            "started_by": owner if p == start else None,
-        }
-        for p, call in enumerate(calls)
-    ]
-    return turn_row, call_rows
-
-
-def _insert_pending(
-    conn: Connection,
-    row: dict[str, Any],
-    call_rows: list[dict[str, Any]],
-    start: int | None,
     lease: float,
-    same: str | None = None,
-    reading: dict[str, Any] | None = None,
-) -> tuple[PendingTurn | None, tuple[Any, ...]]:
-    """PostgreSQL: the pending turn ``row`` and its executions ``call_rows`` inserted by one
-    statement (:func:`fsm.store.writes.insert_pending`), the call ``start`` started: the
-    :class:`PendingTurn`. With ``same`` (and the ``reading``'s binds) the statement reads the
-    conversation first and inserts only in the common case: also what it read (pending id,
-    done id, last seq, open slots), and ``None`` for the turn when it did not go in."""
-    columns = tuple(call_rows[0]) if call_rows else ()
-    rows = conn.execute(
-        writes.insert_pending(writes.schema(conn), tuple(row), columns, same=same),
-        {
-            **{f"t_{column}": value for column, value in row.items()},
-            **writes.turn_params("e", columns, call_rows),
-            "e_started": [call["position"] == start for call in call_rows],
-            "lease": float(lease),
-            **(reading or {}),
-        },
-    ).all()
-    first = rows[0]._mapping
-    read = tuple(first[c] for c in ("p", "d", "l", "sl")) if same is not None else ()
-    if first["id"] is None:
-        return None, read
-    executions = tuple(
-        execution_of({c.name: found._mapping[f"e_{c.name}"] for c in writes.EXECUTIONS.c})
-        for found in rows
-        if found._mapping["e_position"] is not None
+    start: int | None,
+) -> PendingTurn | None:
+    """PostgreSQL, on a connection whose transaction is one statement
+    (:data:`fsm.store.engine_config.AT_ONCE`): :func:`begin_body`'s common case (a new turn)
+    in one round trip, the conversation's lock and then the reading with the insert, committed
+    by the server as it ends: the :class:`PendingTurn`, or ``None`` when it wrote nothing (the
+    caller runs :func:`begin_body`, which decides)."""
+    turn_row, call_rows = begin_rows(conversation_id, turn, calls, idempotency_key, owner, start)
+    same, params = begin_reading(conversation_id, turn, idempotency_key)
+    begun, _ = insert_pending(
+        conn,
+        turn_row,
+        call_rows,
+        start,
+        lease,
+        same,
+        {**params, "expected": expected_seq},
+        at_once=True,
     )
-    return built_turn(row["conversation_id"], first, (), handled=executions), read
+    return begun
 
 
 def pending_body(conn: Connection, conversation_id: str) -> PendingTurn | None:
@@ -655,13 +601,33 @@ def _commit_as_handled(
     return found
 
 
+def commit_at_once(
+    core: StoreCoreLike, conn: Connection, pending: PendingTurn, recording: Recording
+) -> CommittedTurn | None:
+    """PostgreSQL, on a connection whose transaction is one statement
+    (:data:`fsm.store.engine_config.AT_ONCE`): :func:`commit_recording_body`'s common case in
+    one round trip: the lock of the conversation and of the turn, then ``recording`` and the
+    turn written by :func:`_commit_in_one`'s statement, only if the turn is still pending and
+    ``pending``'s owner's; ``None`` when it wrote nothing (the caller runs
+    :func:`commit_recording_body`, which decides). A failure of that statement raises
+    :class:`CommitFailed` with the outcome not recorded (the server rolled it back)."""
+    if not isinstance(pending, PendingTurn):
+        return None
+    return _commit_in_one(core, conn, pending, recording, holder=pending.owner)
+
+
 def _commit_in_one(
-    core: StoreCoreLike, conn: Connection, handled: PendingTurn, recording: Recording
+    core: StoreCoreLike,
+    conn: Connection,
+    handled: PendingTurn,
+    recording: Recording,
+    holder: str | None = None,
 ) -> CommittedTurn | None:
     """PostgreSQL: ``recording`` on a call the handle shows started, the pending turn
     resolved and the turn with every call's outcome written to history, by one statement; or
     ``None`` (nothing written) when the other calls' outcomes are not all in the handle or the
-    store does not hold the call started: the caller goes on step by step."""
+    store does not hold the call started: the caller goes on step by step. ``holder``: see
+    :meth:`~fsm.store.history.StoreCoreLike.commit_ledger_turn`."""
     position, outcome, text, parts = recording
     if handled.executions[position].state != "started":
         return None
@@ -684,6 +650,7 @@ def _commit_in_one(
             stored.at_seq,
             stored.idempotency_key,
             {f"l_{key}": value for key, value in finished.items()},
+            holder,
         )
     except (StoreError, sa.exc.IntegrityError, sa.exc.DataError) as exc:
         raise CommitFailed(exc, recorded=True) from exc

@@ -5,7 +5,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
@@ -13,7 +13,7 @@ from contextlib import (
     contextmanager,
 )
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from sqlalchemy.engine import Connection
 
@@ -32,8 +32,10 @@ from fsm.store.history import (
 from fsm.store.ledger.bodies import (
     CommitFailed,
     abandon_body,
+    begin_at_once,
     begin_body,
     claim_body,
+    commit_at_once,
     commit_body,
     commit_recording_body,
     finished_body,
@@ -60,6 +62,8 @@ from fsm.toolcall import ToolCall
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
+
+_T = TypeVar("_T")
 
 
 # -- the stores' methods -------------------------------------------------------------------------
@@ -169,6 +173,11 @@ class LedgerMethods:
 
         def _write(self) -> AbstractContextManager[Connection]: ...
         def _reader(self) -> AbstractContextManager[Connection]: ...
+        def _write_at_once(
+            self,
+            at_once: Callable[[Connection], _T | None],
+            stepwise: Callable[[Connection], _T],
+        ) -> _T: ...
 
     def begin(
         self,
@@ -195,20 +204,13 @@ class LedgerMethods:
         first = start_position(calls, start)
         lease = check_lease(self.ledger_lease)
         owner = secrets.token_hex(16)  # kept across tries: a retry recognises its own begin
+        args = (conversation_id, single, calls, idempotency_key, expected_seq, owner, lease)
         for tried in range(1, _BEGIN_TRIES + 1):
             try:
-                with self._core.translate(), self._write() as conn:
-                    return begin_body(
-                        self._core,
-                        conn,
-                        conversation_id,
-                        single,
-                        calls,
-                        idempotency_key,
-                        expected_seq,
-                        owner,
-                        lease,
-                        first,
+                with self._core.translate():
+                    return self._write_at_once(
+                        lambda conn: begin_at_once(conn, *args, first),
+                        lambda conn: begin_body(self._core, conn, *args, first),
                     )
             except CommitOutcomeUnknownError:
                 if tried == _BEGIN_TRIES:
@@ -318,8 +320,10 @@ class LedgerMethods:
         outcome = to_recording(pending, recording)
         with self._core.translate():
             try:
-                with self._write() as conn:
-                    return commit_recording_body(self._core, conn, pending, outcome)
+                return self._write_at_once(
+                    lambda conn: commit_at_once(self._core, conn, pending, outcome),
+                    lambda conn: commit_recording_body(self._core, conn, pending, outcome),
+                )
             except CommitFailed as failed:
                 failure = failed
             if failure.recorded:  # rolled back with the commit: recorded alone
