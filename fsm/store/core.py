@@ -37,7 +37,7 @@ from fsm.store.errors import (
     StoreUnavailableError,
     ValueRejectedError,
 )
-from fsm.store.history import CommittedTurn, WriteState
+from fsm.store.history import BoundRows, CommittedTurn, WriteState
 from fsm.store.history import Corrupt as _Corrupt
 from fsm.store.history import check_expected as _check_expected
 from fsm.store.history import first_line as _first_line
@@ -343,6 +343,7 @@ class StoreCore:
         idempotency_key: str | None,
         *,
         ledger: bool = False,
+        bound: BoundRows | None = None,
     ) -> CommittedTurn:
         """Write a planned turn and its results (or return the stored copy of the same turn);
         ``ledger``: the tool ledger's commit of the conversation's pending turn, which it holds
@@ -354,7 +355,8 @@ class StoreCore:
         inserts only in the common case: no pending turn, no earlier commit of the same turn,
         the expected seq; else the state it read decides as below); on SQLite (whose ``BEGIN
         IMMEDIATE`` already holds the database's write lock) the query and one ``INSERT`` per
-        table."""
+        table, of the rows ``bound`` before the transaction when given
+        (:func:`fsm.store.sqlite_turn.bind_turn`)."""
         turn, assistant = plan.turn, plan.assistant
         if ledger and expected_seq is not None:
             # the tool ledger's commit of the pending turn it holds, under the conversation's
@@ -401,7 +403,10 @@ class StoreCore:
                 conversation_id, stored_at, cast("list[HistoryMessage]", stored), False
             )
         _check_expected(conversation_id, expected_seq, seq)
-        self._insert_committed(conn, conversation_id, plan, seq, idempotency_key)
+        if bound is not None:  # SQLite: bound before the transaction
+            bound.write(conn, seq)
+        else:
+            self._insert_committed(conn, conversation_id, plan, seq, idempotency_key)
         return self._committed(conversation_id, plan, seq)
 
     def _checked_insert(

@@ -201,6 +201,7 @@ def create_engine(
     busy_timeout: float = BUSY_TIMEOUT_SECONDS,
     schema: str | None = None,
     timeout: float | None = None,
+    one_query: bool = True,
     **kwargs: Any,
 ) -> Engine:
     """Create an engine for the store (``None`` means :func:`default_url`).
@@ -213,7 +214,13 @@ def create_engine(
     ``foreign_keys=False`` leaves SQLite's foreign keys off (only migrations want that: Alembic's
     batch mode copies tables). ``schema``: the PostgreSQL schema of fsm's tables (see
     :func:`store_schema`; applied as a ``schema_translate_map``, nothing is set on the session).
-    Extra keyword arguments go to :func:`sqlalchemy.create_engine`.
+    ``one_query=False`` (PostgreSQL): every write goes statement by statement (``BEGIN``, the
+    lock, the reading and the insert, ``COMMIT``) instead of the one query that the server
+    commits as it ends in the common case of ``commit_turn`` and the tool ledger's ``begin``
+    and ``commit``: 4 round trips instead of 1, and a connection lost before ``COMMIT`` is then
+    a known outcome (nothing written) rather than :class:`~fsm.store.errors.CommitOutcomeUnknownError`
+    (for turns with neither a response id nor an idempotency key, whose retry cannot be
+    recognised). Extra keyword arguments go to :func:`sqlalchemy.create_engine`.
     """
     parsed, kwargs = url_options(normalize_url(url), kwargs)
     in_schema = store_schema(schema, parsed)
@@ -221,7 +228,9 @@ def create_engine(
     kwargs = pool_kwargs(parsed, kwargs)
     if parsed.get_backend_name() == "sqlite":
         make_parent(parsed)
-    profile = store_profile(foreign_keys=foreign_keys, busy_timeout=busy_timeout, timeout=timeout)
+    profile = store_profile(
+        foreign_keys=foreign_keys, busy_timeout=busy_timeout, timeout=timeout, one_query=one_query
+    )
     engine = build_engine(parsed, profile, postgres_kwargs(parsed, kwargs, timeout), busy_timeout)
     return _in_schema(engine, in_schema)
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import random
-import re
 import select
 import sqlite3
 import time
@@ -55,8 +53,8 @@ WRITE = "fsm_write"
 #: in :data:`at_once_engines`): the transaction is one statement, sent in one round trip
 #: together with the transaction's settings, and the server commits it as the statement ends
 #: (no ``BEGIN``, no ``COMMIT``: a query of several statements is one implicit transaction).
-#: See :func:`_at_once_statement`. When the connection cannot (a ``BEGIN`` with an isolation
-#: level, a socket the server already closed) the transaction begins as any other
+#: See :func:`_at_once_statement`. When the connection cannot (a socket the server already
+#: closed, a connection in autocommit) the transaction begins as any other
 #: (:func:`began_at_once` tells which).
 AT_ONCE: Final = "fsm_at_once"
 #: execution option of the statement of an :data:`AT_ONCE` transaction: SQL run before it in
@@ -144,13 +142,22 @@ class _Profile:
     #: trip as its settings (:func:`_begin_statement`); only on fsm's own engines, never on a
     #: host's engine given to :func:`configure_engine`
     postgres_own_begin: bool = False
+    #: PostgreSQL (psycopg, sync, with ``postgres_own_begin``): a write's common case may be
+    #: one query that the server commits as it ends (:data:`AT_ONCE`)
+    postgres_one_query: bool = False
 
 
 def store_profile(
-    *, foreign_keys: bool, busy_timeout: float, wal: bool = True, timeout: float | None = None
+    *,
+    foreign_keys: bool,
+    busy_timeout: float,
+    wal: bool = True,
+    timeout: float | None = None,
+    one_query: bool = True,
 ) -> _Profile:
     """The store's engines (sync and async): foreign keys, the busy timeout, WAL (readers never
-    block the writer), ``synchronous=NORMAL``; on PostgreSQL the per-transaction deadline."""
+    block the writer), ``synchronous=NORMAL``; on PostgreSQL the per-transaction deadline, and
+    with ``one_query`` writes whose common case is one query (:data:`AT_ONCE`)."""
     journal = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL") if wal else ()
     return _Profile(
         sqlite_pragmas=(
@@ -164,6 +171,7 @@ def store_profile(
         postgres_deadline_ms=None if timeout is None else server_deadline_ms(timeout),
         postgres_every_transaction=_POSTGRES_EVERY_TRANSACTION,
         postgres_own_begin=True,
+        postgres_one_query=one_query,
         sqlite_write_wait=busy_timeout,
     )
 
@@ -435,7 +443,7 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
             "lock_timeout": max(1, deadline_ms * 9 // 10),
             "idle_in_transaction_session_timeout": deadline_ms,
         }
-    if own_begin and not engine.dialect.is_async:
+    if own_begin and profile.postgres_one_query and not engine.dialect.is_async:
         at_once_engines.add(engine)
         event.listen(engine, "before_cursor_execute", _at_once_statement, retval=True)
         event.listen(engine, "after_cursor_execute", _at_once_result)
@@ -457,14 +465,16 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
                 statements.append(local)
             info.pop(_AT_ONCE_SETTINGS, None)
             info.pop(_LAST_RESULT, None)
-            # the session's own level is the implicit transaction's (SQLAlchemy names it in
-            # the BEGIN of a connection it reset after a read at another level)
-            plain = ("BEGIN", f"BEGIN ISOLATION LEVEL {connection.dialect.default_isolation_level}")
-            if begin in plain and connection.get_execution_options().get(AT_ONCE):
-                settings = _set_config(tuple(statements[1:]))
-                if settings is not None and _open(connection):
-                    info[_AT_ONCE_SETTINGS] = settings  # sent with the statement
-                    return
+            if (
+                begin is not None
+                and connection.get_execution_options().get(AT_ONCE)
+                and _open(connection)
+            ):
+                # the query's implicit transaction takes the BEGIN's modes as SET TRANSACTION
+                modes = begin.removeprefix("BEGIN")
+                first = [f"SET TRANSACTION{modes}"] if modes else []
+                info[_AT_ONCE_SETTINGS] = "; ".join(first + statements[1:])  # sent with it
+                return
             if statements:
                 # one round trip: without parameters psycopg sends them as one query
                 connection.exec_driver_sql("; ".join(statements))
@@ -533,24 +543,6 @@ def began_at_once(connection: Connection) -> bool:
     return settings is not None and settings is not _SENT
 
 
-def _set_config(statements: tuple[str, ...]) -> str | None:
-    """The ``SET LOCAL name = value`` ``statements`` (each may hold several, joined by ``; ``)
-    as one ``SELECT set_config(name, value, true), ...`` (a query whose first statement
-    returns a row, which SQLAlchemy's result needs); ``None`` if one is something else."""
-    return _set_config_of(tuple(part for s in statements for part in s.split("; ") if part))
-
-
-@functools.lru_cache(maxsize=64)
-def _set_config_of(parts: tuple[str, ...]) -> str | None:
-    calls = []
-    for part in parts:
-        found = re.fullmatch(r"SET LOCAL (\w+) = (\w+)", part)
-        if found is None:
-            return None
-        calls.append(f"set_config('{found[1]}', '{found[2]}', true)")
-    return f"SELECT {', '.join(calls)}" if calls else "SELECT 1"
-
-
 def _open(connection: Connection) -> bool:
     """Whether the server has sent nothing on ``connection``'s socket since its last answer
     (an idle session it closed, by a restart or a failover, has: an end of file or a
@@ -577,7 +569,8 @@ def _at_once_statement(
 ) -> tuple[str, Any]:
     """``before_cursor_execute`` (retval) of the engines in :data:`at_once_engines`: the
     statement of an :data:`AT_ONCE` transaction is sent after the transaction's settings
-    (``set_config(..., true)``) and its :data:`FIRST`, in one query: one round trip; the
+    (``SET TRANSACTION`` with the modes its ``BEGIN`` would have had, the ``SET LOCAL``s) and
+    its :data:`FIRST`, in one query: one round trip; the
     values are bound in the query's text by psycopg (``ClientCursor``: a query of several
     statements takes no parameters). A second statement in such a transaction, or a
     :data:`FIRST` in another, is an error of fsm's."""
@@ -593,9 +586,11 @@ def _at_once_statement(
     driver = conn.connection.driver_connection
     assert isinstance(driver, psycopg.Connection)
     bind = psycopg.ClientCursor(driver).mogrify
-    parts = [settings, bind(statement, parameters)]
+    parts = [bind(statement, parameters)]
     if first is not None:
-        parts.insert(1, bind(first, parameters))
+        parts.insert(0, bind(first, parameters))
+    if settings:
+        parts.insert(0, settings)
     info[_AT_ONCE_SETTINGS] = _SENT
     info[_LAST_RESULT] = True
     return "; ".join(parts), None
@@ -621,7 +616,7 @@ def search_path_per_transaction(engine: Engine, schema: str) -> None:
 #: key of a pooled PostgreSQL connection's ``info``: its per-transaction ``SET LOCAL``s
 _LOCAL_DEADLINE: Final = "fsm_local_deadline"
 #: key of a PostgreSQL connection's ``info`` in an :data:`AT_ONCE` transaction: the settings
-#: its statement is sent after (:func:`_set_config`), then :data:`_SENT`
+#: its statement is sent after, then :data:`_SENT`
 _AT_ONCE_SETTINGS: Final = "fsm_at_once_settings"
 _SENT: Final = "sent"
 #: key of a PostgreSQL connection's ``info``: the statement just sent was several

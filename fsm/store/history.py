@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from fsm.store.plans import TurnPlan
 
 __all__ = [
+    "BoundRows",
     "CommittedTurn",
     "Corrupt",
     "StoreCoreLike",
@@ -68,6 +69,14 @@ class CommittedTurn:
     def next_seq(self) -> int:
         """The seq right after this turn's last result."""
         return self.seq + len(self.messages)
+
+
+class BoundRows(Protocol):
+    """A turn's rows bound before the transaction (:class:`fsm.store.sqlite_turn.BoundTurn`)."""
+
+    def write(self, conn: Connection, seq: int) -> None:
+        """Insert the turn at ``seq``."""
+        ...
 
 
 class StoreCoreLike(Protocol):

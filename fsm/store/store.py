@@ -35,7 +35,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Connection, Engine
 
 from fsm.parser import Anomaly, ParseResult, Turn
-from fsm.store import transaction
+from fsm.store import transaction, writes
 from fsm.store.bound import BoundStore
 from fsm.store.core import ConversationInfo, StoreCore
 from fsm.store.deadline import DEFAULT_TIMEOUT, Deadline, check_timeout
@@ -66,6 +66,7 @@ from fsm.store.plans import (
     Results,
 )
 from fsm.store.render import HistoryFormat, check_format
+from fsm.store.sqlite_turn import bind_turn
 from fsm.telemetry import store_write
 from fsm.types import AnthropicMessage, ResponsesItem
 from fsm.types import Message as HistoryMessage
@@ -435,10 +436,19 @@ class ConversationStore(LedgerMethods):
         """
         plan = self._core.plan_commit(conversation_id, turn, results, idempotency_key)
         args = (conversation_id, plan, expected_seq, idempotency_key)
+        bound = None
+        if not self._core.postgres:  # the rows bound before BEGIN IMMEDIATE takes the lock
+            bound = bind_turn(
+                self._engine.dialect,
+                writes.schema(self._writer),
+                conversation_id,
+                plan,
+                idempotency_key,
+            )
         with self._core.translate():
             return self._write_at_once(
                 lambda conn: self._core.commit_turn_at_once(conn, *args),
-                lambda conn: self._core.commit_turn(conn, *args),
+                lambda conn: self._core.commit_turn(conn, *args, bound=bound),
             )
 
     @store_write("import_history")

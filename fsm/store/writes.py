@@ -38,7 +38,7 @@ from typing import Any, Final, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from fsm.states import execution_next, ledger_turn_next
 from fsm.store.models import Conversation, Message, PendingTurnRow, ToolCallRow, ToolExecution
@@ -49,6 +49,7 @@ __all__ = [
     "MESSAGES",
     "SEQ_COLUMNS",
     "TOOL_CALLS",
+    "at_seq",
     "checked_insert_turn",
     "insert_pending",
     "insert_row",
@@ -77,9 +78,9 @@ def _cid() -> sa.BindParameter[str]:
     return sa.bindparam("cid", type_=Conversation.__table__.c.id.type)
 
 
-def schema(conn: Connection) -> str | None:
-    """The schema ``conn`` maps fsm's tables to (its ``schema_translate_map``), for the text
-    statements here; ``None``: the ``search_path``."""
+def schema(conn: Connection | Engine) -> str | None:
+    """The schema ``conn`` (or an engine's connections) maps fsm's tables to (its
+    ``schema_translate_map``), for the text statements here; ``None``: the ``search_path``."""
     translate = conn.get_execution_options().get("schema_translate_map") or {}
     return cast("str | None", translate.get(None))
 
@@ -476,6 +477,35 @@ def checked_insert_turn(
     ctes.append(f"w AS ({insert(MESSAGES, message_columns, 'm')} RETURNING 1)")
     sql = f"WITH {', '.join(ctes)} SELECT p, a, s, l, sl, (SELECT count(*) FROM w) FROM st"
     return sa.text(sql).bindparams(*binds).columns()
+
+
+def at_seq(columns: tuple[str, ...], row: tuple[Any, ...], seq: int) -> tuple[Any, ...]:
+    """``row`` (values of ``columns``) of a turn built for seq 1, moved to ``seq``: what
+    :func:`checked_insert_turn` does in SQL (the :data:`SEQ_COLUMNS` move by ``seq - 1``; a turn
+    at seq 0 has no predecessor: ``prev_seq`` and ``prev_slots_left`` NULL)."""
+    shift = seq - 1
+    if not shift:
+        return row
+    values = list(row)
+    moved, prev, slots = _seq_positions(columns)
+    for i in moved:
+        if values[i] is not None:
+            values[i] += shift
+    if prev is not None and values[prev] == -1:  # the assistant message of a turn at seq 0
+        values[prev] = None
+        if slots is not None:
+            values[slots] = None
+    return tuple(values)
+
+
+@functools.lru_cache(maxsize=64)
+def _seq_positions(columns: tuple[str, ...]) -> tuple[tuple[int, ...], int | None, int | None]:
+    """Where :func:`at_seq`'s columns are in ``columns``: the moved ones, ``prev_seq``,
+    ``prev_slots_left``."""
+    moved = tuple(i for i, c in enumerate(columns) if c in SEQ_COLUMNS)
+    prev = columns.index("prev_seq") if "prev_seq" in columns else None
+    slots = columns.index("prev_slots_left") if "prev_slots_left" in columns else None
+    return moved, prev, slots
 
 
 #: the columns :func:`checked_insert_turn` reads by name (the others by position: shorter)

@@ -257,13 +257,12 @@ def test_postgres_sessions_carry_no_fsm_setting(engine_name: str, db_url: sa.URL
     parts = [part for statement in seen for part in statement.split("; ")]
     sets = [s for s in parts if s.upper().startswith("SET")]
     assert sets and all(s.startswith("SET LOCAL ") for s in sets), sets
-    assert all(s.startswith("BEGIN; SET LOCAL ") for s in seen if "SET LOCAL" in s), seen
+    # (commit_turn's one query has no BEGIN: its implicit transaction takes them)
+    assert all(s.startswith(("BEGIN; SET LOCAL ", "SET LOCAL ")) for s in seen if "SET LOCAL" in s)
     # each write transaction begins with it (with the store's deadline, in the same round
-    # trip): create_conversation; commit_turn's one statement sets them local to itself
+    # trip): create_conversation, then commit_turn
     plan = [s for s in sets if s.startswith("SET LOCAL enable_seqscan = off")]
-    assert len(plan) == 1, sets
-    local = [s for s in parts if s.startswith("SELECT set_config('enable_seqscan', 'off', true)")]
-    assert len(local) == 1 and "set_config('statement_timeout'" in local[0], parts
+    assert len(plan) == 2, sets
     readonly = create_readonly_engine(db_url)
     try:
         with readonly.connect() as conn:

@@ -168,13 +168,14 @@ def assert_recovered(store: ConversationStore, conv: str, before: dict[str, Any]
 
 def stepwise(url: sa.URL | str) -> ConversationStore:
     """A store whose commits are statement by statement on PostgreSQL (BEGIN, the lock, the
-    turn, COMMIT), as on an engine whose ``BEGIN`` names its isolation level: the commit's
+    turn, COMMIT), as on an engine created
+    with ``one_query=False``: the commit's
     common case is otherwise one query that the server commits as it ends, with no point
     inside the transaction where the client waits (see the tests after these)."""
     url = sa.make_url(url)
     if url.get_backend_name() != "postgresql":
         return ConversationStore(url)
-    return ConversationStore(engine=create_engine(url, isolation_level="READ COMMITTED"))
+    return ConversationStore(engine=create_engine(url, one_query=False))
 
 
 # -- PostgreSQL: the backend is terminated while the transaction is open -----------------------
@@ -470,7 +471,7 @@ def test_a_commit_terminated_while_its_query_waits_on_the_server(
                         pid = watch.execute(
                             sa.text(
                                 "SELECT pid FROM pg_stat_activity WHERE wait_event_type = "
-                                "'Lock' AND query LIKE 'SELECT set_config(%'"
+                                "'Lock' AND query LIKE 'SET LOCAL enable_seqscan = off;%'"
                             )
                         ).scalar()
                         time.sleep(0.02)

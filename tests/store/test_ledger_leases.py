@@ -429,8 +429,8 @@ def test_begin_and_commit_are_one_statement_each_after_the_lock(store: Conversat
     assert len(writes) == (1 if postgres else 3), writes
     if postgres:
         parts = writes[0].split("; ")
-        assert parts[0].startswith("SELECT set_config(") and parts[1].endswith("FOR UPDATE")
-        assert parts[2].startswith("WITH st (x, p, d, l, sl, e) AS"), parts
+        assert parts[0].startswith("SET LOCAL ") and parts[-2].endswith("FOR UPDATE"), parts
+        assert parts[-1].startswith("WITH st (x, p, d, l, sl, e) AS"), parts
     assert [(e.state, e.starts, e.started_by) for e in pending.executions] == [
         ("not_started", 0, None),
         ("started", 1, pending.owner),
@@ -453,9 +453,9 @@ def test_begin_and_commit_are_one_statement_each_after_the_lock(store: Conversat
         # (only while the turn is the holder's)
         assert len(writes) == 1, writes
         parts = writes[0].split("; ")
-        assert parts[1].startswith("SELECT 1 FROM fsm_pending_turns t JOIN"), parts
-        assert parts[1].endswith("FOR UPDATE"), parts
-        assert parts[2].startswith("WITH recorded AS (UPDATE fsm_tool_executions"), parts
+        assert parts[-2].startswith("SELECT 1 FROM fsm_pending_turns t JOIN"), parts
+        assert parts[-2].endswith("FOR UPDATE"), parts
+        assert parts[-1].startswith("WITH recorded AS (UPDATE fsm_tool_executions"), parts
     else:
         assert len(writes) == 5, writes  # the outcome, 3 inserts, the resolution
     assert done.created and done.seq == 1

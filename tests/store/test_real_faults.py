@@ -195,12 +195,13 @@ def pg(cluster: PrivatePostgres) -> Iterator[PrivatePostgres]:
 
 def stepwise(url: str, **kwargs: float) -> ConversationStore:
     """A store whose commits go statement by statement (BEGIN with the settings, the lock, the
-    turn, COMMIT), as on an engine whose ``BEGIN`` names its isolation level: the faults below
+    turn, COMMIT), as on an engine created
+    with ``one_query=False``: the faults below
     are injected between them. A default store's commit is one query the server commits as it
     ends (``test_commit_stored_but_its_answer_lost``, ``test_faults.py``)."""
     timeout = kwargs.pop("timeout")
     return ConversationStore(
-        engine=create_engine(url, isolation_level="READ COMMITTED", timeout=timeout),
+        engine=create_engine(url, one_query=False, timeout=timeout),
         timeout=timeout,
     )
 
@@ -492,7 +493,10 @@ def test_commit_stored_but_its_answer_lost(
         conv = store.create_conversation()
         statements = statements_of_a_commit(store, conv)
         if shape == "one query":
-            assert statements[0].startswith("SELECT set_config(") and len(statements) == 2
+            assert (
+                statements[0].startswith("SET LOCAL enable_seqscan = off; ")
+                and len(statements) == 2
+            )
         n = 1 if shape == "one query" else len(statements)
         turn = make_turn(CALLS, response_id="answer-lost")
         with at_statement(store.engine, n, proxy.blackhole_replies):

@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 
 from bench.roundtrips import round_trips
-from fsm.store import ConversationStore, upgrade
+from fsm.store import ConversationStore, audit, upgrade
 from tests.helpers.store import empty_database, make_turn, pg_partitions
 
 GROWN = 20_000
@@ -162,14 +162,47 @@ def test_a_commit_is_few_statements(store: ConversationStore) -> None:
     if store.dialect == "postgresql":
         # no BEGIN and no COMMIT: the settings (local to the statement's implicit transaction),
         # the conversation's lock, then the reading with the insert, each its own statement
-        assert seen == ["SELECT"], seen
+        assert seen == ["SET"], seen
         parts = whole[0].split("; ")
-        assert parts[0].startswith("SELECT set_config('enable_seqscan', 'off', true)"), parts[0]
-        assert parts[1].endswith("FOR UPDATE") and f"'{conv}'" in parts[1], parts[1]
-        assert parts[2].startswith("WITH st (x, p, a, s, l, sl, e)"), parts[2][:80]
+        assert parts[0] == "SET LOCAL enable_seqscan = off", parts
+        assert all(p.startswith("SET LOCAL ") for p in parts[:-2]), parts
+        assert parts[-2].endswith("FOR UPDATE") and f"'{conv}'" in parts[-2], parts[-2]
+        assert parts[-1].startswith("WITH st (x, p, a, s, l, sl, e)"), parts[-1][:80]
     else:
         assert seen == ["BEGIN", "SELECT", "INSERT", "INSERT", "INSERT"], seen
     assert store.history(conv)[-1]["content"] == "ok"
+
+
+def test_sqlite_binds_a_turn_s_rows_before_begin_immediate(store: ConversationStore) -> None:
+    """SQLite: under the write lock only the state query and the inserts run; each table's
+    rows arrive bound (driver SQL, no compiling or bind processing under the lock), the calls
+    and the results in one ``executemany`` each, and what is stored is what the turn says."""
+    if store.dialect != "sqlite":
+        pytest.skip("SQLite's write lock")
+    conv = store.create_conversation()
+    store.append(conv, [{"role": "user", "content": "pay and email"}])
+    calls = (("call_a", "pay", '{"invoice": 1}'), ("call_b", "email", '{"to": "x@y"}'))
+    seen: list[tuple[str, bool, bool]] = []
+
+    def before(_c: Any, _cur: Any, statement: str, _p: Any, context: Any, many: bool) -> None:
+        seen.append((statement.split(None, 1)[0].upper(), context.compiled is None, many))
+
+    sa.event.listen(store.engine, "before_cursor_execute", before)
+    try:
+        parts = [{"type": "text", "text": "sent"}]
+        done = store.commit_turn(
+            conv, make_turn(calls, response_id="b1"), ["paid", {"content": parts}]
+        )
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", before)
+    assert seen[1][0] == "SELECT" and seen[2:] == [
+        ("INSERT", True, False),  # the assistant message
+        ("INSERT", True, True),  # the calls
+        ("INSERT", True, True),  # the results
+    ], seen
+    assert done.seq == 1 and store.history(conv)[1:] == done.messages
+    assert done.messages[2]["content"] == parts
+    assert list(audit.check(store.engine)) == []
 
 
 def test_the_checked_insert_moves_exactly_the_columns_that_move_with_the_seq() -> None:
@@ -186,6 +219,12 @@ def test_the_checked_insert_moves_exactly_the_columns_that_move_with_the_seq() -
         message, calls, results = core.turn_rows("c", plan, seq, "k")
         return [message, *calls, *results]
 
+    # writes.at_seq (SQLite's rows bound before the lock) moves them the same way
+    for seq in (0, 1, 2, 8):
+        for built, want in zip(rows(1), rows(seq), strict=True):
+            columns = tuple(built)
+            moved = writes.at_seq(columns, tuple(built.values()), seq)
+            assert moved == tuple(want[c] for c in columns), (seq, columns)
     base, later, first = rows(1), rows(8), rows(0)
     for one, other, at_zero in zip(base, later, first, strict=True):
         moved = {c for c in one if one[c] != other[c]}
@@ -238,6 +277,11 @@ def test_the_write_statements_stay_within_psycopg_s_statement_cache(
         assert params <= 50, (params, statement[:80])
 
 
+#: a query whose transaction's settings come first (after a read, the connection's isolation
+#: level, which SQLAlchemy set back to the session's, comes as SET TRANSACTION)
+_SETTINGS_FIRST = r'"(SET TRANSACTION ISOLATION LEVEL READ COMMITTED; )?SET LOCAL enable_seq'
+
+
 def test_postgres_round_trips(store: ConversationStore) -> None:
     """Counted on the wire (libpq's trace): a commit is 1 round trip (one query: the
     transaction's settings, the lock, the state with the insert; committed by the server as it
@@ -251,7 +295,7 @@ def test_postgres_round_trips(store: ConversationStore) -> None:
     with round_trips(store.engine) as commit:
         store.commit_turn(conv, make_turn(response_id="trips"), ["ok"])
     assert commit.total == 1, commit.trace
-    assert commit.trace[0].startswith('"SELECT set_config('), commit.trace
+    assert re.match(_SETTINGS_FIRST, commit.trace[0]), commit.trace
     with round_trips(store.engine) as retry:
         assert not store.commit_turn(conv, make_turn(response_id="trips"), ["ok"]).created
     # then BEGIN, the lock, the state, the stored turn (two SELECTs), COMMIT
@@ -269,7 +313,7 @@ def test_postgres_round_trips(store: ConversationStore) -> None:
     with round_trips(store.engine) as begin:
         pending = store.begin(conv, make_turn(response_id="ledger"), start=0)
     assert begin.total == 1, begin.trace
-    assert begin.trace[0].startswith('"SELECT set_config('), begin.trace
+    assert re.match(_SETTINGS_FIRST, begin.trace[0]), begin.trace
     with round_trips(store.engine) as commit:
         done = store.commit(pending, recording=Outcome(0, result="sunny"))
     assert commit.total == 1, commit.trace
