@@ -418,16 +418,22 @@ class StoreCore:
         params: Mapping[str, Any],
         expected_seq: int | None,
         idempotency_key: str | None,
+        *,
+        at_once: bool = False,
     ) -> CommittedTurn | WriteState:
         """PostgreSQL: after the conversation's lock, the state a commit needs and the turn's
         rows in one statement (:func:`fsm.store.writes.checked_insert_turn`), which inserts
         them in the common case: the :class:`CommittedTurn`; else (nothing written) the
-        :class:`WriteState` for the caller to decide on."""
-        _require(conn, conversation_id, lock=True)
+        :class:`WriteState` for the caller to decide on. ``at_once``: the lock is sent with the
+        statement, in the one query of an :data:`~fsm.store.engine_config.AT_ONCE` transaction
+        (and the rows go in only if the conversation exists)."""
+        if not at_once:
+            _require(conn, conversation_id, lock=True)
         message, call_rows, result_rows = turn_rows(conversation_id, plan, 1, idempotency_key)
         columns, call_columns = _columns(message, call_rows, result_rows)
+        schema = writes.schema(conn)
         row = conn.execute(
-            writes.checked_insert_turn(writes.schema(conn), same, columns, call_columns),
+            writes.checked_insert_turn(schema, same, columns, call_columns, exists=at_once),
             {
                 "cid": conversation_id,
                 **params,
@@ -435,6 +441,7 @@ class StoreCore:
                 **writes.turn_params("m", columns, [message, *result_rows]),
                 **writes.turn_params("c", call_columns, call_rows),
             },
+            execution_options={FIRST: writes.lock_first(schema)} if at_once else {},
         ).one()
         found = WriteState.read(row[:-1])
         if row[-1]:  # written, at the next seq
@@ -455,23 +462,10 @@ class StoreCore:
         ends: the :class:`CommittedTurn`, or ``None`` when it wrote nothing (not the common
         case: the caller runs :meth:`commit_turn`, which decides)."""
         same, params = _same(plan, idempotency_key)
-        message, call_rows, result_rows = turn_rows(conversation_id, plan, 1, idempotency_key)
-        columns, call_columns = _columns(message, call_rows, result_rows)
-        schema = writes.schema(conn)
-        row = conn.execute(
-            writes.checked_insert_turn(schema, same, columns, call_columns, exists=True),
-            {
-                "cid": conversation_id,
-                **params,
-                "expected": expected_seq,
-                **writes.turn_params("m", columns, [message, *result_rows]),
-                **writes.turn_params("c", call_columns, call_rows),
-            },
-            execution_options={FIRST: writes.lock_first(schema)},
-        ).one()
-        if not row[-1]:
-            return None
-        return self._committed(conversation_id, plan, WriteState.read(row[:-1]).next_seq())
+        checked = self._checked_insert(
+            conn, conversation_id, plan, same, params, expected_seq, idempotency_key, at_once=True
+        )
+        return checked if isinstance(checked, CommittedTurn) else None
 
     def commit_ledger_turn(
         self,

@@ -570,10 +570,9 @@ def _at_once_statement(
     """``before_cursor_execute`` (retval) of the engines in :data:`at_once_engines`: the
     statement of an :data:`AT_ONCE` transaction is sent after the transaction's settings
     (``SET TRANSACTION`` with the modes its ``BEGIN`` would have had, the ``SET LOCAL``s) and
-    its :data:`FIRST`, in one query: one round trip; the
-    values are bound in the query's text by psycopg (``ClientCursor``: a query of several
-    statements takes no parameters). A second statement in such a transaction, or a
-    :data:`FIRST` in another, is an error of fsm's."""
+    its :data:`FIRST`, in one query: one round trip. The values are bound in the query's text
+    by psycopg (``ClientCursor``: a query of several statements takes no parameters). A second
+    statement in such a transaction, or a :data:`FIRST` in another, is an error of fsm's."""
     info = conn.connection.info
     settings = info.get(_AT_ONCE_SETTINGS)
     first = context.execution_options.get(FIRST)

@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 
 from bench.roundtrips import round_trips
-from fsm.store import ConversationStore, audit, upgrade
+from fsm.store import ConversationStore, audit, create_engine, upgrade
 from tests.helpers.store import empty_database, make_turn, pg_partitions
 
 GROWN = 20_000
@@ -318,6 +318,33 @@ def test_postgres_round_trips(store: ConversationStore) -> None:
         done = store.commit(pending, recording=Outcome(0, result="sunny"))
     assert commit.total == 1, commit.trace
     assert done.created and store.history(conv)[-1]["content"] == "sunny"
+
+
+def test_postgres_one_query_takes_the_engine_s_modes_or_is_turned_off(
+    store: ConversationStore,
+) -> None:
+    """An engine at another isolation level sends it first in the one query (``SET
+    TRANSACTION``: the query's implicit transaction runs at it); ``create_engine(...,
+    one_query=False)`` commits statement by statement (4 round trips, ``BEGIN`` first), where a
+    connection lost before ``COMMIT`` is a known outcome."""
+    if store.dialect != "postgresql":
+        pytest.skip("PostgreSQL round trips")
+    url = store.engine.url.render_as_string(hide_password=False)
+    conv = store.create_conversation()
+    with ConversationStore(engine=create_engine(url, isolation_level="SERIALIZABLE")) as strict:
+        with round_trips(strict.engine) as commit:
+            strict.commit_turn(conv, make_turn(response_id="serializable"), ["ok"])
+        assert commit.total == 1, commit.trace
+        assert commit.trace[0].startswith('"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; SET')
+    with ConversationStore(engine=create_engine(url, one_query=False)) as stepwise:
+        with round_trips(stepwise.engine) as commit:
+            stepwise.commit_turn(conv, make_turn(response_id="stepwise"), ["ok"])
+        assert commit.total == 4, commit.trace
+        assert commit.trace[0].startswith('"BEGIN; SET LOCAL'), commit.trace
+        with round_trips(stepwise.engine) as begin:
+            stepwise.begin(conv, make_turn(response_id="stepwise-ledger"))
+        assert begin.total == 4, begin.trace
+    assert [m.get("content") for m in store.history(conv) if m["role"] == "tool"] == ["ok", "ok"]
 
 
 def test_sqlite_writers_of_a_process_take_turns(tmp_path: Path) -> None:
