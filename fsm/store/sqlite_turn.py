@@ -62,7 +62,23 @@ def bind_turn(
     idempotency_key: str | None,
 ) -> BoundTurn:
     """The rows of ``plan`` bound for ``dialect`` (SQLite), in ``schema`` (``None``: the
-    main database): see the module."""
+    main database): see the module. A value its column's type cannot take raises
+    :class:`sqlalchemy.exc.StatementError`, as it would at execution."""
+    try:
+        return _bind(dialect, schema, conversation_id, plan, idempotency_key)
+    except sa.exc.StatementError:
+        raise
+    except Exception as exc:
+        raise sa.exc.StatementError(str(exc), None, None, exc) from exc
+
+
+def _bind(
+    dialect: Dialect,
+    schema: str | None,
+    conversation_id: str,
+    plan: TurnPlan,
+    idempotency_key: str | None,
+) -> BoundTurn:
     message, call_rows, result_rows = turn_rows(conversation_id, plan, 1, idempotency_key)
     tables: list[tuple[sa.Table, list[dict[str, Any]]]] = [(writes.MESSAGES, [message])]
     if call_rows:

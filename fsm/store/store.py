@@ -436,16 +436,16 @@ class ConversationStore(LedgerMethods):
         """
         plan = self._core.plan_commit(conversation_id, turn, results, idempotency_key)
         args = (conversation_id, plan, expected_seq, idempotency_key)
-        bound = None
-        if not self._core.postgres:  # the rows bound before BEGIN IMMEDIATE takes the lock
-            bound = bind_turn(
-                self._engine.dialect,
-                writes.schema(self._writer),
-                conversation_id,
-                plan,
-                idempotency_key,
-            )
         with self._core.translate():
+            bound = None
+            if not self._core.postgres:  # the rows bound before BEGIN IMMEDIATE takes the lock
+                bound = bind_turn(
+                    self._engine.dialect,
+                    writes.schema(self._writer),
+                    conversation_id,
+                    plan,
+                    idempotency_key,
+                )
             return self._write_at_once(
                 lambda conn: self._core.commit_turn_at_once(conn, *args),
                 lambda conn: self._core.commit_turn(conn, *args, bound=bound),
