@@ -144,8 +144,11 @@ class PoolerError(StoreUnavailableError):
 class CommitOutcomeUnknownError(StoreUnavailableError):
     """The connection was lost while COMMIT was in flight: the write may or may not be stored.
 
-    Retry the same call with the same idempotency key (a turn's ``response_id`` or
-    ``idempotency_key``): the store then commits it exactly once, or returns the stored turn.
+    On PostgreSQL a commit's common case is one query that the server commits as it ends (see
+    :func:`fsm.store.create_engine`, ``one_query``): a connection lost while that query is in
+    flight is this error too. Retry the same call with the same idempotency key (a turn's
+    ``response_id`` or ``idempotency_key``): the store then commits it exactly once, or
+    returns the stored turn.
     """
 
     #: the command line's exit status: retry with the same key
