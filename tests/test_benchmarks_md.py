@@ -229,3 +229,31 @@ def test_floor_section(text: str) -> None:
         assert re.fullmatch(r"\d+\.\d\d", row[7]), row
     goals = section.split("The goals of issue 31", 1)[1]
     assert re.search(r"^- (met|NOT met): PostgreSQL commit <= 2x the floor", goals, re.M), goals
+
+
+def test_floor_goals_say_what_is_priced() -> None:
+    """bench/floor.py's goals: a goal the floor itself misses is marked priced, with why; one
+    the floor meets is not."""
+    from bench import floor
+
+    def run(ours: float, theirs: float, base: float) -> floor.SingleRun:
+        return floor.SingleRun(
+            "PostgreSQL", best={floor.FSM: ours, floor.LANGCHAIN: theirs, floor.FLOOR: base}
+        )
+
+    def crowd(p99: float, base_p99: float) -> floor.ConcurrentRun:
+        return floor.ConcurrentRun(
+            "SQLite",
+            16,
+            floor.Throughput(500.0, 0.003, p99),
+            floor.Throughput(1000.0, 0.001, base_p99),
+            processes=True,
+        )
+
+    below = floor.goals([run(0.0025, 0.001, 0.0017)], [crowd(0.120, 0.110)])
+    assert "NOT met: PostgreSQL commit faster than LangChain" in below[1]
+    assert "priced: LangChain's commit is faster than the floor itself" in below[1]
+    assert "NOT met: SQLite" in below[2] and "priced: the floor's own p99" in below[2]
+    above = floor.goals([run(0.0025, 0.002, 0.0017)], [crowd(0.120, 0.030)])
+    assert "NOT met" in above[1] and "priced" not in above[1]
+    assert "NOT met" in above[2] and "priced" not in above[2]
