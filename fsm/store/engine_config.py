@@ -553,6 +553,10 @@ def _open(connection: Connection) -> bool:
     if fd is None:
         return False
     try:
+        if hasattr(select, "poll"):  # any descriptor (select() takes none above 1023)
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            return not poller.poll(0)
         readable, _, _ = select.select([fd], [], [], 0)
     except (OSError, ValueError):
         return False

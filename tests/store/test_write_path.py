@@ -13,6 +13,7 @@ fsm (index probes) and once through a bare connection (sequential scans of the g
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -345,6 +346,33 @@ def test_postgres_one_query_takes_the_engine_s_modes_or_is_turned_off(
             stepwise.begin(conv, make_turn(response_id="stepwise-ledger"))
         assert begin.total == 4, begin.trace
     assert [m.get("content") for m in store.history(conv) if m["role"] == "tool"] == ["ok", "ok"]
+
+
+def test_postgres_one_query_on_a_socket_past_descriptor_1023(store: ConversationStore) -> None:
+    """A busy service holds many files: a connection whose socket is past descriptor 1023
+    (which ``select()`` cannot watch) still commits in one round trip."""
+    import resource
+
+    if store.dialect != "postgresql":
+        pytest.skip("PostgreSQL round trips")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the process may open {hard} files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        url = store.engine.url.render_as_string(hide_password=False)
+        with ConversationStore(url) as busy:
+            conv = busy.create_conversation()
+            with busy.engine.connect() as conn:
+                assert conn.connection.driver_connection.pgconn.socket > 1023
+            with round_trips(busy.engine) as commit:
+                busy.commit_turn(conv, make_turn(response_id="many-files"), ["ok"])
+            assert commit.total == 1, commit.trace
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_sqlite_writers_of_a_process_take_turns(tmp_path: Path) -> None:
