@@ -11,6 +11,7 @@ in. Not part of the public API.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -186,26 +187,7 @@ def read_history(
     history the model would refuse.
     """
     m, t = Message, ToolCallRow
-    raw = sa.Text
-    postgres = conn.dialect.name == "postgresql"
-    query = (
-        sa.select(
-            m.seq,
-            sa.type_coerce(m.role, raw),
-            sa.type_coerce(m.content, raw),
-            # PostgreSQL: the json as its text (psycopg would parse it); SQLite: as stored
-            sa.cast(m.content_parts, raw) if postgres else sa.type_coerce(m.content_parts, raw),
-            sa.type_coerce(m.name, raw),
-            sa.type_coerce(m.refusal, raw),
-            sa.type_coerce(m.reasoning, raw) if include_reasoning else sa.null(),
-            sa.type_coerce(m.tool_call_id, raw),
-            m.n_calls,
-            m.assistant_seq,
-            m.call_position,
-        )
-        .where(m.conversation_id == conversation_id)
-        .order_by(m.seq)
-    )
+    query = _messages_query(conn.dialect.name == "postgresql", include_reasoning)
     if turn_at is not None:
         turn_calls = (
             sa.select(m.n_calls)
@@ -232,7 +214,7 @@ def read_history(
             .scalar_subquery()
         )
         query = query.where(m.seq >= sa.func.coalesce(owner, first))
-    rows = _fetch(conn, query)
+    rows = _fetch(conn, query, conversation_id)
     messages: list[dict[str, Any]] = []
     append = messages.append
     calls_of: dict[int, list[dict[str, Any]]] = {}
@@ -363,24 +345,12 @@ def read_history(
         raise Corrupt("seq_gap", f"message {turn_at} cannot be read")
     whole = last is None and turn_at is None
     if calls_of or (whole and messages):
-        calls_query = (
-            sa.select(
-                t.assistant_seq,
-                t.position,
-                sa.type_coerce(t.call_id, raw),
-                sa.type_coerce(t.type, raw),
-                sa.type_coerce(t.name, raw),
-                sa.type_coerce(t.arguments, raw),
-                sa.type_coerce(t.state, raw),
-            )
-            .where(t.conversation_id == conversation_id)
-            .order_by(t.assistant_seq, t.position)
-        )
+        calls_query = _calls_query()
         if not whole:  # a window: the calls of its messages (a whole read checks them all)
             calls_query = calls_query.where(
                 t.assistant_seq >= min(calls_of), t.assistant_seq <= max(calls_of)
             )
-        calls = _fetch(conn, calls_query)
+        calls = _fetch(conn, calls_query, conversation_id)
         for assistant_seq, position, call_id, kind, name, arguments, state in calls:
             target = calls_of.get(assistant_seq) if type(assistant_seq) is int else None
             if target is None:
@@ -452,17 +422,67 @@ def read_history(
     return messages
 
 
-def _fetch(conn: Connection, query: sa.Executable) -> Sequence[Any]:
-    """All rows of ``query`` as the driver's tuples: the columns are read as the driver
-    returns them anyway (no type processing), and SQLAlchemy's ``Row`` objects would cost a
-    third of a long read. A driver error while fetching (SQLite steps the statement in
-    ``fetchall``) is met again through SQLAlchemy's own fetch, whose error handling types it."""
-    result = conn.execute(query)
+@functools.cache
+def _messages_query(postgres: bool, include_reasoning: bool) -> sa.Select[Any]:
+    """:func:`read_history`'s SELECT of a conversation's messages (bind ``cid``), built once
+    per engine kind: building a statement costs about as much as SQLAlchemy's execution of
+    it once compiled."""
+    m, raw = Message, sa.Text
+    query = (
+        sa.select(
+            m.seq,
+            sa.type_coerce(m.role, raw),
+            sa.type_coerce(m.content, raw),
+            # PostgreSQL: the json as its text (psycopg would parse it); SQLite: as stored
+            sa.cast(m.content_parts, raw) if postgres else sa.type_coerce(m.content_parts, raw),
+            sa.type_coerce(m.name, raw),
+            sa.type_coerce(m.refusal, raw),
+            sa.type_coerce(m.reasoning, raw) if include_reasoning else sa.null(),
+            sa.type_coerce(m.tool_call_id, raw),
+            m.n_calls,
+            m.assistant_seq,
+            m.call_position,
+        )
+        .where(m.conversation_id == sa.bindparam("cid", type_=m.conversation_id.type))
+        .order_by(m.seq)
+    )
+    return cast("sa.Select[Any]", query)
+
+
+@functools.cache
+def _calls_query() -> sa.Select[Any]:
+    """:func:`read_history`'s SELECT of a conversation's tool calls (bind ``cid``), built
+    once."""
+    t, raw = ToolCallRow, sa.Text
+    query = (
+        sa.select(
+            t.assistant_seq,
+            t.position,
+            sa.type_coerce(t.call_id, raw),
+            sa.type_coerce(t.type, raw),
+            sa.type_coerce(t.name, raw),
+            sa.type_coerce(t.arguments, raw),
+            sa.type_coerce(t.state, raw),
+        )
+        .where(t.conversation_id == sa.bindparam("cid", type_=t.conversation_id.type))
+        .order_by(t.assistant_seq, t.position)
+    )
+    return cast("sa.Select[Any]", query)
+
+
+def _fetch(conn: Connection, query: sa.Executable, conversation_id: str) -> Sequence[Any]:
+    """All rows of ``query`` (bind ``cid``: the conversation) as the driver's tuples: the
+    columns are read as the driver returns them anyway (no type processing), and
+    SQLAlchemy's ``Row`` objects would cost a third of a long read. A driver error while
+    fetching (SQLite steps the statement in ``fetchall``) is met again through SQLAlchemy's
+    own fetch, whose error handling types it."""
+    params = {"cid": conversation_id}
+    result = conn.execute(query, params)
     try:
         return result.cursor.fetchall()
     except conn.dialect.loaded_dbapi.Error:
         result.close()
-    return conn.execute(query).all()
+    return conn.execute(query, params).all()
 
 
 def read_provider(
