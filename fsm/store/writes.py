@@ -22,7 +22,11 @@ executing it costs once it is compiled; so every statement a write sends is buil
   ledger's commit adds its last outcome and the pending turn's resolution to the same statement;
 * :func:`checked_insert_turn`: PostgreSQL's ``commit_turn``, :func:`state` and the insert in one
   statement after the lock, the rows inserted only in the common case the state shows;
-* :func:`insert_pending`: PostgreSQL, the tool ledger's pending turn and its executions.
+* :func:`insert_pending`: PostgreSQL, the tool ledger's pending turn and its executions;
+* :func:`lock_first`, :func:`lock_held_first`: PostgreSQL, the lock as the SQL sent first in
+  the one query of a write begun at once (:data:`fsm.store.engine_config.AT_ONCE`);
+* :func:`at_seq`: a turn's row built for seq 1 moved to its seq, as
+  :func:`checked_insert_turn` does in SQL (SQLite's rows bound before the write lock).
 
 The lookup of an earlier commit uses ``min(seq + 0)``, not ``min(seq)``: with a bare ``min(seq)``
 SQLite (and PostgreSQL, by its estimates) may walk the primary key in seq order looking for the
