@@ -64,21 +64,6 @@ def bind_turn(
     """The rows of ``plan`` bound for ``dialect`` (SQLite), in ``schema`` (``None``: the
     main database): see the module. A value its column's type cannot take raises
     :class:`sqlalchemy.exc.StatementError`, as it would at execution."""
-    try:
-        return _bind(dialect, schema, conversation_id, plan, idempotency_key)
-    except sa.exc.StatementError:
-        raise
-    except Exception as exc:
-        raise sa.exc.StatementError(str(exc), None, None, exc) from exc
-
-
-def _bind(
-    dialect: Dialect,
-    schema: str | None,
-    conversation_id: str,
-    plan: TurnPlan,
-    idempotency_key: str | None,
-) -> BoundTurn:
     message, call_rows, result_rows = turn_rows(conversation_id, plan, 1, idempotency_key)
     tables: list[tuple[sa.Table, list[dict[str, Any]]]] = [(writes.MESSAGES, [message])]
     if call_rows:
@@ -86,23 +71,26 @@ def _bind(
     inserts = []
     for table, rows in tables:
         columns = tuple(rows[0])
-        processors = _processors(dialect, table, columns)
-        inserts.append(
-            _Insert(
-                _insert_sql(schema, table, columns),
-                columns,
-                tuple(
-                    tuple(
-                        value if process is None or value is None else process(value)
-                        for process, value in zip(
-                            processors, (row[c] for c in columns), strict=True
-                        )
-                    )
-                    for row in rows
-                ),
-            )
-        )
+        sql = _insert_sql(schema, table, columns)
+        inserts.append(_Insert(sql, columns, _bound(dialect, table, columns, rows)))
     return BoundTurn(tuple(inserts))
+
+
+def _bound(
+    dialect: Dialect, table: sa.Table, columns: tuple[str, ...], rows: list[dict[str, Any]]
+) -> tuple[tuple[Any, ...], ...]:
+    """``rows``' values of ``columns``, each processed as its column's type."""
+    processors = _processors(dialect, table, columns)
+    try:
+        return tuple(
+            tuple(
+                value if process is None or value is None else process(value)
+                for process, value in zip(processors, (row[c] for c in columns), strict=True)
+            )
+            for row in rows
+        )
+    except Exception as exc:  # as SQLAlchemy raises it at execution
+        raise sa.exc.StatementError(str(exc), None, None, exc) from exc
 
 
 @functools.lru_cache(maxsize=64)
