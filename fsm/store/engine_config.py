@@ -464,7 +464,6 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
             if local:
                 statements.append(local)
             info.pop(_AT_ONCE_SETTINGS, None)
-            info.pop(_LAST_RESULT, None)
             if (
                 begin is not None
                 and connection.get_execution_options().get(AT_ONCE)
@@ -595,14 +594,14 @@ def _at_once_statement(
     if settings:
         parts.insert(0, settings)
     info[_AT_ONCE_SETTINGS] = _SENT
-    info[_LAST_RESULT] = True
     return "; ".join(parts), None
 
 
 def _at_once_result(conn: Connection, cursor: Any, *_args: Any) -> None:
     """``after_cursor_execute`` of :func:`_at_once_statement`: the result SQLAlchemy reads is
-    the last statement's (psycopg has them all, positioned on the first)."""
-    if conn.connection.info.pop(_LAST_RESULT, False):
+    the last statement's (psycopg has them all, positioned on the first). The query just sent
+    is the only statement of its transaction: any other would have been refused."""
+    if conn.connection.info.get(_AT_ONCE_SETTINGS) is _SENT:
         while cursor.nextset():
             pass
 
@@ -622,5 +621,3 @@ _LOCAL_DEADLINE: Final = "fsm_local_deadline"
 #: its statement is sent after, then :data:`_SENT`
 _AT_ONCE_SETTINGS: Final = "fsm_at_once_settings"
 _SENT: Final = "sent"
-#: key of a PostgreSQL connection's ``info``: the statement just sent was several
-_LAST_RESULT: Final = "fsm_last_result"

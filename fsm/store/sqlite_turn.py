@@ -16,12 +16,11 @@ events and error handling see them as any statement).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, Dialect
 
 from fsm.store import writes
@@ -71,7 +70,7 @@ def bind_turn(
     inserts = []
     for table, rows in tables:
         columns = tuple(rows[0])
-        sql = _insert_sql(schema, table, columns)
+        sql = writes.insert_values(schema, table, columns)
         inserts.append(_Insert(sql, columns, _bound(dialect, table, columns, rows)))
     return BoundTurn(tuple(inserts))
 
@@ -100,24 +99,10 @@ def _processors(
     """Each column's bind processor for ``dialect`` (``None``: the value goes as it is; the seq
     columns are integers, which SQLite's driver takes as they are)."""
     found = tuple(table.c[c].type.bind_processor(dialect) for c in columns)
-    moved = [c for c, p in zip(columns, found, strict=True) if p is not None and c in _MOVED]
+    moved = [
+        c
+        for c, p in zip(columns, found, strict=True)
+        if p is not None and c in writes.MOVED_COLUMNS
+    ]
     assert not moved, f"a seq column with a bind processor: {moved}"
     return found
-
-
-#: the columns :func:`fsm.store.writes.at_seq` changes
-_MOVED: frozenset[str] = writes.SEQ_COLUMNS | {"prev_slots_left"}
-
-
-#: quotes identifiers as SQLite needs them
-_SQLITE = sqlite.dialect()
-
-
-@functools.lru_cache(maxsize=64)
-def _insert_sql(schema: str | None, table: sa.Table, columns: Sequence[str]) -> str:
-    quote = _SQLITE.identifier_preparer.quote
-    name = quote(table.name) if schema is None else f"{quote(schema)}.{quote(table.name)}"
-    return (
-        f"INSERT INTO {name} ({', '.join(quote(c) for c in columns)}) "
-        f"VALUES ({', '.join('?' for _ in columns)})"
-    )

@@ -51,6 +51,7 @@ __all__ = [
     "BY_KEY",
     "BY_RESPONSE",
     "MESSAGES",
+    "MOVED_COLUMNS",
     "SEQ_COLUMNS",
     "TOOL_CALLS",
     "at_seq",
@@ -58,6 +59,7 @@ __all__ = [
     "insert_pending",
     "insert_row",
     "insert_turn",
+    "insert_values",
     "lock",
     "lock_first",
     "lock_held_first",
@@ -196,6 +198,17 @@ def _binds(table: sa.Table, conversation: str, same: str | None) -> list[Any]:
             sa.bindparam("choice", type_=c.choice.type),
         ]
     return binds
+
+
+@functools.lru_cache(maxsize=64)
+def insert_values(schema: str | None, table: sa.Table, columns: tuple[str, ...]) -> str:
+    """``INSERT INTO table (columns) VALUES (?, ...)`` in ``schema`` (``None``: the main
+    database), as driver SQL for SQLite (qmark placeholders)."""
+    quote = _QUOTE.quote
+    return (
+        f"INSERT INTO {_name(schema, table)} ({', '.join(quote(c) for c in columns)}) "
+        f"VALUES ({', '.join('?' for _ in columns)})"
+    )
 
 
 @functools.cache
@@ -394,6 +407,9 @@ _COMMITTED: Final = ledger_turn_next("pending", "commit")
 
 #: the columns of a turn's rows whose values move with the turn's seq (:func:`checked_insert_turn`)
 SEQ_COLUMNS: Final = frozenset({"seq", "prev_seq", "block_end_seq", "assistant_seq"})
+#: the columns :func:`checked_insert_turn` and :func:`at_seq` change when they move a turn to its
+#: seq (:func:`checked_insert_turn` reads them by name, the others by position: shorter)
+MOVED_COLUMNS: Final = SEQ_COLUMNS | {"prev_slots_left"}
 
 
 @functools.lru_cache(maxsize=64)
@@ -458,7 +474,7 @@ def checked_insert_turn(
                 return f"u.{column} + o.n - 1"
             return f"u.a{columns.index(column)}"
 
-        aliases = ", ".join(c if c in _NAMED else f"a{i}" for i, c in enumerate(columns))
+        aliases = ", ".join(c if c in MOVED_COLUMNS else f"a{i}" for i, c in enumerate(columns))
         return (
             f"INSERT INTO {name(table)} ({', '.join(quote(c) for c in columns)}) "
             f"SELECT {', '.join(value(c) for c in columns)} "
@@ -510,10 +526,6 @@ def _seq_positions(columns: tuple[str, ...]) -> tuple[tuple[int, ...], int | Non
     prev = columns.index("prev_seq") if "prev_seq" in columns else None
     slots = columns.index("prev_slots_left") if "prev_slots_left" in columns else None
     return moved, prev, slots
-
-
-#: the columns :func:`checked_insert_turn` reads by name (the others by position: shorter)
-_NAMED: Final = SEQ_COLUMNS | {"prev_slots_left"}
 
 
 def _arrays(table: sa.Table, columns: tuple[str, ...], prefix: str) -> str:

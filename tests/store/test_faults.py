@@ -215,24 +215,18 @@ def _terminated_mid_transaction(store: ConversationStore, point: str) -> None:
     try:
         assert paused.wait(TIMEOUT), "the writer never reached its pause point"
         # autocommit: pg_stat_activity is a snapshot per transaction
-        killer = sa.create_engine(
+        watcher = sa.create_engine(
             store.engine.url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT"
         )
         try:
-            with killer.connect() as conn:
+            with watcher.connect() as conn:
                 state = conn.execute(
                     sa.text("SELECT state FROM pg_stat_activity WHERE pid = :pid"), backend
                 ).scalar_one()
                 assert state == "idle in transaction"
-                assert conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), backend).scalar()
-                deadline = time.monotonic() + TIMEOUT
-                while conn.execute(
-                    sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), backend
-                ).scalar_one():
-                    assert time.monotonic() < deadline, "the backend did not go away"
-                    time.sleep(0.02)
         finally:
-            killer.dispose()
+            watcher.dispose()
+        _terminate(store.engine.url, backend["pid"])
     finally:
         release.set()
         thread.join(TIMEOUT)
