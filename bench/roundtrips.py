@@ -34,26 +34,27 @@ class Counted:
 
 
 @contextmanager
-def round_trips(engine: sa.Engine) -> Iterator[Counted]:
-    """Count the round trips of ``engine``'s connections (sync psycopg) while the block runs."""
+def round_trips(engine: Any) -> Iterator[Counted]:
+    """Count the round trips of ``engine``'s connections (psycopg: a sync engine, or an
+    asyncio one) while the block runs."""
     import psycopg
 
+    engine = getattr(engine, "sync_engine", engine)
     counted = Counted()
     traced: dict[int, IO[str]] = {}
 
     def on_checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
         out = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by _read at checkin)
         traced[id(dbapi_connection)] = out
-        dbapi_connection.pgconn.trace(out.fileno())
-        dbapi_connection.pgconn.set_trace_flags(
-            psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE
-        )
+        pgconn = _driver(dbapi_connection).pgconn
+        pgconn.trace(out.fileno())
+        pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
 
     def on_checkin(dbapi_connection: Any, _record: Any) -> None:
         out = traced.pop(id(dbapi_connection), None)
         if out is None:
             return
-        dbapi_connection.pgconn.untrace()
+        _driver(dbapi_connection).pgconn.untrace()
         _read(out, counted)
 
     sa.event.listen(engine, "checkout", on_checkout)
@@ -63,6 +64,11 @@ def round_trips(engine: sa.Engine) -> Iterator[Counted]:
     finally:
         sa.event.remove(engine, "checkout", on_checkout)
         sa.event.remove(engine, "checkin", on_checkin)
+
+
+def _driver(dbapi_connection: Any) -> Any:
+    """psycopg's connection: itself, or the one SQLAlchemy's asyncio adaptation wraps."""
+    return getattr(dbapi_connection, "driver_connection", dbapi_connection)
 
 
 def _read(out: IO[str], counted: Counted) -> None:

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any, Literal, cast, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import pool
@@ -64,6 +64,7 @@ from fsm.store.engine import (
     store_schema,
     sync_url,
 )
+from fsm.store.engine_config import AT_ONCE, at_once_engines, began_at_once
 from fsm.store.errors import (
     ConversationExistsError,
     ConversationNotFoundError,
@@ -87,6 +88,8 @@ __all__ = [
     "create_async_engine",
     "sync_url",
 ]
+
+_T = TypeVar("_T")
 
 
 class AsyncConversationStore(AsyncLedgerMethods):
@@ -389,12 +392,13 @@ class AsyncConversationStore(AsyncLedgerMethods):
         incomplete turns raise :class:`~fsm.errors.IncompleteTurnError`, retries are
         idempotent, a stale ``expected_seq`` raises :class:`~fsm.store.errors.ConflictError`)."""
         plan = self._core.plan_commit(conversation_id, turn, results, idempotency_key)
+        args = (conversation_id, plan, expected_seq, idempotency_key)
         await self.open()
         with self._core.translate():
-            async with self._write() as conn:
-                return await conn.run_sync(
-                    self._core.commit_turn, conversation_id, plan, expected_seq, idempotency_key
-                )
+            return await self._write_at_once(
+                lambda conn: self._core.commit_turn_at_once(conn, *args),
+                lambda conn: self._core.commit_turn(conn, *args),
+            )
 
     @store_write("import_history")
     async def import_history(
@@ -518,8 +522,33 @@ class AsyncConversationStore(AsyncLedgerMethods):
             async with self._transaction(conn, write=False) as conn:
                 yield conn
 
+    @property
+    def _at_once(self) -> bool:
+        """PostgreSQL, fsm's own engine on psycopg: a commit's common case is one statement
+        sent in one round trip (:data:`~fsm.store.engine_config.AT_ONCE`)."""
+        return self._engine.sync_engine in at_once_engines
+
+    async def _write_at_once(
+        self,
+        at_once: Callable[[Connection], _T | None],
+        stepwise: Callable[[Connection], _T],
+    ) -> _T:
+        """The sync store's ``_write_at_once``, awaited: ``at_once`` (run in the write's
+        greenlet) sends the one statement of the common case and returns the result, or
+        ``None`` when it wrote nothing; then ``stepwise`` decides in a transaction as any other
+        (also where a transaction cannot begin at once, and on SQLite)."""
+        if self._at_once:
+            async with self._write(at_once=True) as conn:
+                if not _began_at_once(conn):  # a transaction as any other
+                    return await conn.run_sync(stepwise)
+                done = await conn.run_sync(at_once)
+            if done is not None:
+                return done
+        async with self._write() as conn:
+            return await conn.run_sync(stepwise)
+
     @asynccontextmanager
-    async def _write(self) -> AsyncIterator[AsyncConnection]:
+    async def _write(self, *, at_once: bool = False) -> AsyncIterator[AsyncConnection]:
         """A write transaction (``BEGIN IMMEDIATE`` on SQLite), under the deadline.
 
         SQLite: the store's tasks take turns (an :class:`asyncio.Lock`) before ``BEGIN
@@ -541,7 +570,7 @@ class AsyncConversationStore(AsyncLedgerMethods):
         try:
             async with (
                 self._writer.connect() as conn,
-                self._transaction(conn, write=True) as conn,
+                self._transaction(conn, write=True, at_once=at_once) as conn,
             ):
                 yield conn
         finally:
@@ -550,17 +579,21 @@ class AsyncConversationStore(AsyncLedgerMethods):
 
     @asynccontextmanager
     async def _transaction(
-        self, conn: AsyncConnection, *, write: bool
+        self, conn: AsyncConnection, *, write: bool, at_once: bool = False
     ) -> AsyncIterator[AsyncConnection]:
         """Begin, run the body, commit, under the deadline, as the sync store's
         ``_transaction`` (a lost connection is told apart by
-        :meth:`~fsm.store.store.StoreCore.failed`)."""
+        :meth:`~fsm.store.store.StoreCore.failed`; ``at_once`` as there)."""
         deadline = None
         if self._core.postgres:
             raw = await conn.get_raw_connection()
             deadline = Deadline(self._timeout, raw.driver_connection)
+        if at_once:
+            conn = await conn.execution_options(**{AT_ONCE: True})
         try:
             async with conn.begin():  # rolls back on any error, of COMMIT too
+                if deadline is not None and at_once and _began_at_once(conn):
+                    deadline.committing = True
                 yield conn
                 if deadline is not None:
                     deadline.committing = write
@@ -575,6 +608,12 @@ class AsyncConversationStore(AsyncLedgerMethods):
                 if deadline.fired and not conn.invalidated:
                     # the deadline passed (maybe just as the call ended): the socket is shut
                     await conn.invalidate()
+
+
+def _began_at_once(conn: AsyncConnection) -> bool:
+    """:func:`~fsm.store.engine_config.began_at_once` of an asyncio connection."""
+    sync = conn.sync_connection
+    return sync is not None and began_at_once(sync)
 
 
 def _configured(conn: Connection) -> Connection:

@@ -276,9 +276,11 @@ def create_async_engine(
     busy_timeout: float = BUSY_TIMEOUT_SECONDS,
     schema: str | None = None,
     timeout: float | None = None,
+    one_query: bool = True,
     **kwargs: Any,
 ) -> AsyncEngine:
-    """An asyncio engine configured like :func:`create_engine` (``timeout`` as there).
+    """An asyncio engine configured like :func:`create_engine` (``timeout`` and
+    ``one_query`` as there).
 
     SQLite (``aiosqlite``): foreign keys on, WAL, ``synchronous=NORMAL``, the busy timeout, and
     transactions begun by fsm (``BEGIN IMMEDIATE`` for writes). PostgreSQL (psycopg): no
@@ -300,7 +302,9 @@ def create_async_engine(
     kwargs = postgres_kwargs(parsed, kwargs, timeout)
     engine = sa_engine(sa_create_async_engine, parsed, kwargs)
     if sqlite or engine.dialect.driver.startswith("psycopg"):  # not asyncpg: it differs
-        profile = store_profile(foreign_keys=True, busy_timeout=busy_timeout, timeout=timeout)
+        profile = store_profile(
+            foreign_keys=True, busy_timeout=busy_timeout, timeout=timeout, one_query=one_query
+        )
         configure(engine.sync_engine, profile)
     faults.hook(engine.sync_engine)
     if in_schema is not None:

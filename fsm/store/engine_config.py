@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import collections
+import functools
 import json
 import math
 import random
 import select
 import sqlite3
 import time
+import types
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -101,8 +104,8 @@ CONFIGURED: Final = "fsm_configured"
 #: The engines :func:`configure_engine` set up (so a second call is a no-op).
 configured_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
-#: fsm's own PostgreSQL engines on psycopg (sync): the ones whose connections take the
-#: :data:`AT_ONCE` and :data:`FIRST` options.
+#: fsm's own PostgreSQL engines on psycopg (sync, and the sync side of asyncio ones): the ones
+#: whose connections take the :data:`AT_ONCE` and :data:`FIRST` options.
 at_once_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
@@ -443,7 +446,11 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
             "lock_timeout": max(1, deadline_ms * 9 // 10),
             "idle_in_transaction_session_timeout": deadline_ms,
         }
-    if own_begin and profile.postgres_one_query and not engine.dialect.is_async:
+    if (
+        own_begin
+        and profile.postgres_one_query
+        and (not engine.dialect.is_async or _async_results_reachable())
+    ):
         at_once_engines.add(engine)
         event.listen(engine, "before_cursor_execute", _at_once_statement, retval=True)
         event.listen(engine, "after_cursor_execute", _at_once_result)
@@ -586,8 +593,11 @@ def _at_once_statement(
     import psycopg  # only engines on psycopg are here
 
     driver = conn.connection.driver_connection
-    assert isinstance(driver, psycopg.Connection)
-    bind = psycopg.ClientCursor(driver).mogrify
+    if isinstance(driver, psycopg.AsyncConnection):
+        bind = psycopg.AsyncClientCursor(driver).mogrify  # binds in text: nothing awaited
+    else:
+        assert isinstance(driver, psycopg.Connection)
+        bind = psycopg.ClientCursor(driver).mogrify
     parts = [bind(statement, parameters)]
     if first is not None:
         parts.insert(0, bind(first, parameters))
@@ -601,9 +611,47 @@ def _at_once_result(conn: Connection, cursor: Any, *_args: Any) -> None:
     """``after_cursor_execute`` of :func:`_at_once_statement`: the result SQLAlchemy reads is
     the last statement's (psycopg has them all, positioned on the first). The query just sent
     is the only statement of its transaction: any other would have been refused."""
-    if conn.connection.info.get(_AT_ONCE_SETTINGS) is _SENT:
+    if conn.connection.info.get(_AT_ONCE_SETTINGS) is not _SENT:
+        return
+    if not conn.dialect.is_async:
         while cursor.nextset():
             pass
+        return
+    # SQLAlchemy's asyncio adaptation of psycopg's cursor fetched the rows of the first result
+    # as the query ended (``_rows``, read by its fetch methods); its ``nextset`` cannot move
+    # (SQLAlchemy 2.0 leaves ``_rows`` as they were, 2.1 awaits psycopg's synchronous
+    # ``nextset``). So psycopg's own cursor moves, and the rows of the last result are fetched
+    # for the adaptation as it fetches them: its layout is checked once, when an engine is set
+    # up (:func:`_async_results_reachable`; an engine where it is not so sends no one query).
+    raw = cursor._cursor
+    while raw.nextset():
+        pass
+    cursor._rows = collections.deque(_await(raw.fetchall()) if raw.description else ())
+
+
+def _await(awaitable: Any) -> Any:
+    """``awaitable``'s result, from the synchronous code SQLAlchemy's asyncio layer runs in a
+    greenlet (as its adaptations of the drivers do)."""
+    try:
+        from sqlalchemy.util import await_  # SQLAlchemy 2.1
+    except ImportError:  # 2.0
+        from sqlalchemy.util import await_only as await_
+    return await_(awaitable)
+
+
+@functools.cache
+def _async_results_reachable() -> bool:
+    """Whether SQLAlchemy's asyncio adaptation of psycopg's cursor has the layout
+    :func:`_at_once_result` reads: psycopg's cursor as ``_cursor``, the fetched rows as
+    ``_rows`` (SQLAlchemy 2.0.33 to 2.1 have it; a release without it sends no one query)."""
+    try:
+        from sqlalchemy.dialects.postgresql.psycopg import AsyncAdapt_psycopg_cursor
+    except ImportError:  # pragma: no cover - every supported SQLAlchemy has it
+        return False
+    return all(
+        isinstance(getattr(AsyncAdapt_psycopg_cursor, name, None), types.MemberDescriptorType)
+        for name in ("_cursor", "_rows")
+    )
 
 
 def search_path_per_transaction(engine: Engine, schema: str) -> None:

@@ -404,3 +404,49 @@ def test_a_writer_that_waits_too_long_gets_a_retryable_busy_error(db_url: sa.URL
         run(body())
     finally:
         blocker.dispose()
+
+
+def test_postgres_writes_are_one_round_trip(url: str) -> None:
+    """PostgreSQL, counted on the wire (libpq's trace): the asyncio store's commit is one
+    query, as the sync store's (the settings, the lock, the reading with the insert; committed
+    by the server as it ends), on every SQLAlchemy it supports; its retry that finds the turn
+    stored reads it statement by statement (7); the ledger's begin and its commit one each; an
+    engine created with ``one_query=False`` commits statement by statement (4)."""
+    from bench.roundtrips import round_trips
+    from fsm.store.engine import create_async_engine
+    from fsm.store.ledger import Outcome
+
+    if not url.startswith("postgresql"):
+        pytest.skip("PostgreSQL round trips")
+
+    async def body() -> None:
+        async with AsyncConversationStore(url) as store:
+            conv = await store.create_conversation()
+            turn = make_turn(TWO_CALLS, response_id="trips")
+            with round_trips(store.engine) as commit:
+                done = await store.commit_turn(conv, turn, ["5", "6"])
+            assert done.created and commit.total == 1, commit.trace
+            assert commit.trace[0].startswith('"SET LOCAL enable_seqscan = off'), commit.trace
+            with round_trips(store.engine) as retry:
+                again = await store.commit_turn(conv, turn, ["5", "6"])
+            assert not again.created and again.messages == done.messages
+            assert retry.total == 7, retry.trace
+            with round_trips(store.engine) as begin:
+                pending = await store.begin(conv, make_turn(response_id="ledger"), start=0)
+            assert begin.total == 1, begin.trace
+            with round_trips(store.engine) as ledger_commit:
+                committed = await store.commit(pending, recording=Outcome(0, result="sunny"))
+            assert committed.created and ledger_commit.total == 1, ledger_commit.trace
+            history = await store.history(conv)
+            assert [m.get("content") for m in history if m["role"] == "tool"] == ["5", "6", "sunny"]
+        engine = create_async_engine(url, one_query=False)
+        try:
+            async with AsyncConversationStore(engine=engine) as stepwise:
+                with round_trips(stepwise.engine) as commit:
+                    await stepwise.commit_turn(conv, make_turn(response_id="stepwise"), ["ok"])
+                assert commit.total == 4, commit.trace
+                assert commit.trace[0].startswith('"BEGIN; SET LOCAL'), commit.trace
+        finally:
+            await engine.dispose()
+
+    run(body())

@@ -385,28 +385,40 @@ def test_black_hole_raises_within_the_deadline_and_frees_the_lock(
     assert result.untyped == 0
 
 
-@pytest.mark.parametrize("where", ["mid-transaction", "at COMMIT"])
+@pytest.mark.parametrize("where", ["mid-transaction", "at COMMIT", "the one query"])
 def test_async_store_black_hole_and_crash(
     pg: PrivatePostgres, proxy: Proxy, where: str, outcome: Callable[[str, str], Outcome]
 ) -> None:
     """The asyncio store under the same faults: a black hole raises within the deadline (the
     event loop is never blocked: a ticker runs meanwhile), a server crash raises at once; both
-    typed, and the retry with the same key lands once."""
+    typed, and the retry with the same key lands once. Mid-transaction and at COMMIT on
+    engines whose commits go statement by statement (``one_query=False``); "the one query": a
+    default engine's commit, one query the server commits as it ends (its outcome is unknown
+    once sent, as at COMMIT)."""
     import asyncio
 
     from fsm.store.aio import AsyncConversationStore
+    from fsm.store.engine import create_async_engine
 
     result = outcome(f"async store: black hole, then server SIGKILL, {where}", "postgresql")
+    one_query = where == "the one query"
 
     async def scenario() -> None:
+        victim_engine = create_async_engine(
+            proxy.url(pg.url), timeout=DEADLINE, one_query=one_query
+        )
+        direct_engine = create_async_engine(pg.url, timeout=10, one_query=one_query)
         async with (
-            AsyncConversationStore(proxy.url(pg.url), timeout=DEADLINE) as victim,
-            AsyncConversationStore(pg.url, timeout=10) as direct,
+            AsyncConversationStore(engine=victim_engine, timeout=DEADLINE) as victim,
+            AsyncConversationStore(engine=direct_engine, timeout=10) as direct,
+            contextlib.AsyncExitStack() as engines,
         ):
+            engines.push_async_callback(victim_engine.dispose)
+            engines.push_async_callback(direct_engine.dispose)
             conv = await victim.create_conversation()
             with stepwise(pg.url, timeout=10) as sync_store:  # the async store's statements
                 statements = statements_of_a_commit(sync_store, conv)
-            n = len(statements) if where == "at COMMIT" else 3
+            n = {"at COMMIT": len(statements), "mid-transaction": 3, "the one query": 1}[where]
             ticks = 0
 
             async def ticker() -> None:
@@ -427,7 +439,9 @@ def test_async_store_black_hole_and_crash(
             result.error(failed.value)
             result.raised.append(raised)
             assert raised < DEADLINE + 1.5 and ticks >= 10, (raised, ticks)
-            assert isinstance(failed.value, CommitOutcomeUnknownError) == (where == "at COMMIT")
+            assert isinstance(failed.value, CommitOutcomeUnknownError) == (
+                where != "mid-transaction"
+            )
             proxy.forward()
             # the server crashes at the same point of the retry
             crash_turn = make_turn(CALLS, response_id=f"async-crash-{where}")
@@ -438,7 +452,9 @@ def test_async_store_black_hole_and_crash(
                 await direct.commit_turn(conv, crash_turn, TOOL_RESULTS)
             result.injected += 1
             result.error(crashed.value)
-            assert isinstance(crashed.value, CommitOutcomeUnknownError) == (where == "at COMMIT")
+            assert isinstance(crashed.value, CommitOutcomeUnknownError) == (
+                where != "mid-transaction"
+            )
             pg.start()
             restarted = time.monotonic()
             for retry in (turn, crash_turn):

@@ -355,6 +355,11 @@ class AsyncLedgerMethods:
         async def open(self) -> Any: ...
         def _write(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
         def _reader(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+        async def _write_at_once(
+            self,
+            at_once: Callable[[Connection], _T | None],
+            stepwise: Callable[[Connection], _T],
+        ) -> _T: ...
 
     async def begin(
         self,
@@ -370,25 +375,15 @@ class AsyncLedgerMethods:
         first = start_position(calls, start)
         lease = check_lease(self.ledger_lease)
         owner = secrets.token_hex(16)
+        args = (conversation_id, single, calls, idempotency_key, expected_seq, owner, lease)
         await self.open()
         for tried in range(1, _BEGIN_TRIES + 1):
             try:
                 with self._core.translate():
-                    async with self._write() as conn:
-                        return await conn.run_sync(
-                            lambda c: begin_body(
-                                self._core,
-                                c,
-                                conversation_id,
-                                single,
-                                calls,
-                                idempotency_key,
-                                expected_seq,
-                                owner,
-                                lease,
-                                first,
-                            )
-                        )
+                    return await self._write_at_once(
+                        lambda conn: begin_at_once(conn, *args, first),
+                        lambda conn: begin_body(self._core, conn, *args, first),
+                    )
             except CommitOutcomeUnknownError:
                 if tried == _BEGIN_TRIES:
                     raise
@@ -504,17 +499,18 @@ class AsyncLedgerMethods:
         """:meth:`ConversationStore.commit <fsm.store.ConversationStore.commit>`, awaited."""
         outcome = None if recording is None else to_recording(pending, recording)
         await self.open()
+        if outcome is None:
+            with self._core.translate():
+                async with self._write() as conn:
+                    return await conn.run_sync(lambda c: commit_body(self._core, c, pending))
         with self._core.translate():
             try:
-                async with self._write() as conn:
-                    if outcome is None:
-                        return await conn.run_sync(lambda c: commit_body(self._core, c, pending))
-                    return await conn.run_sync(
-                        lambda c: commit_recording_body(self._core, c, pending, outcome)
-                    )
+                return await self._write_at_once(
+                    lambda conn: commit_at_once(self._core, conn, pending, outcome),
+                    lambda conn: commit_recording_body(self._core, conn, pending, outcome),
+                )
             except CommitFailed as failed:
                 failure = failed
-            assert outcome is not None
             if failure.recorded:  # rolled back with the commit: recorded alone
                 async with self._write() as conn:
                     await conn.run_sync(lambda c: finished_body(self._core, c, pending, *outcome))
