@@ -59,6 +59,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from mdsection import replace_section
+from roundtrips import round_trips
 from sqlalchemy import event
 
 from fsm import parse
@@ -98,6 +99,10 @@ class Figures:
     async_read_s: float | None = None
     floor_read_s: float | None = None
     async_floor_s: float | None = None  # the same floor through the asyncio driver
+    #: fsm only: the asyncio store's write (best pass, seconds per turn) and, on PostgreSQL,
+    #: the round trips of one of its commits on the wire
+    async_write_s: float | None = None
+    async_round_trips: int | None = None
 
 
 @dataclass
@@ -164,7 +169,9 @@ def bench_fsm(url: sa.URL, turns: int) -> Figures:
         floor = floor_reader(url, long)
         assert floor() == store.history(long), "the floor does not build fsm's messages"
         best_read_s, floor_read_s = interleaved(lambda: store.history(long), floor)
-        async_read_s, async_floor_s = bench_fsm_async(url, long, floor)
+        async_read_s, async_floor_s, async_write_s, async_trips = bench_fsm_async(
+            url, long, floor, turns
+        )
 
         orphan = store.create_conversation()
         try:
@@ -172,7 +179,17 @@ def bench_fsm(url: sa.URL, turns: int) -> Figures:
             refused = "stored"
         except StoreError as exc:
             refused = f"refused ({type(exc).__name__})"
-    return Figures(write_s, read_s, refused, best_read_s, async_read_s, floor_read_s, async_floor_s)
+    return Figures(
+        write_s,
+        read_s,
+        refused,
+        best_read_s,
+        async_read_s,
+        floor_read_s,
+        async_floor_s,
+        async_write_s,
+        async_trips,
+    )
 
 
 def interleaved(ours: Callable[[], object], floor: Callable[[], object]) -> tuple[float, float]:
@@ -189,13 +206,30 @@ def interleaved(ours: Callable[[], object], floor: Callable[[], object]) -> tupl
 
 
 def bench_fsm_async(
-    url: sa.URL, conversation: str, floor: Callable[[], object]
-) -> tuple[float, float]:
+    url: sa.URL, conversation: str, floor: Callable[[], object], turns: int
+) -> tuple[float, float, float, int | None]:
     """The best ``AsyncConversationStore.history()`` of the same conversation and the best of
-    its asyncio floor (:func:`async_floor_reader`), interleaved."""
+    its asyncio floor (:func:`async_floor_reader`), interleaved; then the asyncio store's write
+    as :func:`bench_fsm` times the sync store's, and (PostgreSQL) the round trips of a commit."""
     from fsm.store.aio import AsyncConversationStore
 
-    async def run() -> tuple[float, float]:
+    async def write(store: AsyncConversationStore) -> tuple[float, int | None]:
+        passes = []
+        for p in range(WRITE_PASSES):
+            conv = await store.create_conversation()
+            prepared = [make_turn(3, f"async-p{p}r{i}") for i in range(turns)]
+            start = time.perf_counter()
+            for turn in prepared:
+                await store.commit_turn(conv, turn, RESULTS)
+            passes.append((time.perf_counter() - start) / turns)
+        trips = None
+        if store.dialect == "postgresql":
+            with round_trips(store.engine) as counted:
+                await store.commit_turn(conv, make_turn(3, "async-trips"), RESULTS)
+            trips = counted.total
+        return min(passes), trips
+
+    async def run() -> tuple[float, float, float, int | None]:
         async_floor = await async_floor_reader(url, conversation)
         try:
             async with AsyncConversationStore(url) as store:
@@ -210,7 +244,7 @@ def bench_fsm_async(
                     start = time.perf_counter()
                     await async_floor.read()
                     best_floor = min(best_floor, time.perf_counter() - start)
-                return best, best_floor
+                return (best, best_floor, *await write(store))
         finally:
             await async_floor.close()
 
@@ -536,9 +570,17 @@ def _write(f: Figures) -> str:
     return f"{_ms(f.write_s)}/turn ({1 / f.write_s:,.0f} turns/s)"
 
 
+def _async_write(f: Figures) -> str:
+    assert f.async_write_s is not None
+    trips = "" if f.async_round_trips is None else f", {f.async_round_trips} round trip(s)"
+    return f"{_ms(f.async_write_s)}/turn ({1 / f.async_write_s:,.0f} turns/s{trips})"
+
+
 def report(run: EngineRun) -> None:
     print(f"{run.engine}:")
     print(f"  fsm  write (1 assistant + 3 calls + 3 results): {_write(run.fsm)}")
+    if run.fsm.async_write_s is not None:
+        print(f"  fsm  write, asyncio store: {_async_write(run.fsm)}")
     print(f"  fsm  history() of {HISTORY_MESSAGES:,} messages: {_ms(run.fsm.read_s)}")
     f = run.fsm
     if f.best_read_s and f.async_read_s and f.floor_read_s:
@@ -639,6 +681,13 @@ def render_md(
                 ours = run.fsm.write_s if workload == "write" else run.fsm.read_s
                 theirs = peer.write_s if workload == "write" else peer.read_s
                 cells += [_ms(theirs), f"{ours / theirs:.2f}"]
+            lines.append("| " + " | ".join([run.engine, label, *cells]) + " |")
+        if run.fsm.async_write_s is not None:
+            trips = run.fsm.async_round_trips
+            label = "write, per turn, asyncio store" + (
+                "" if trips is None else f" ({trips} round trip{'s' if trips != 1 else ''})"
+            )
+            cells = [_ms(run.fsm.async_write_s)] + ["-", "-"] * len(PEERS)
             lines.append("| " + " | ".join([run.engine, label, *cells]) + " |")
     lines.append("")
     lines += floor_table(runs)
