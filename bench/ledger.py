@@ -5,6 +5,7 @@ Run from the repository root::
     python bench/ledger.py                       # SQLite (a temporary file), 150 turns each
     python bench/ledger.py --url postgresql+psycopg://postgres@127.0.0.1/test   # own schema
     python bench/ledger.py --turns 300 --json    # one JSON object on stdout
+    python bench/ledger.py --url postgresql+psycopg://postgres@127.0.0.1/test --write-md
 
 One writer, one process, the two paths alternating by round on conversations of their own, the
 same turn (two tool calls, as the demo's ``add`` and ``multiply``) and the same results:
@@ -22,6 +23,15 @@ divided by its turns; the figure is the median of ``--rounds`` rounds. ``transac
 and ``statements/turn`` count one turn's transactions and statements (``append`` included),
 from the engine's events.
 
+Where the time goes (``steps``): each store call of the two paths timed on its own over one
+more round (``append``, ``begin``, ``started``, ``commit``; ``append``, ``commit_turn``), split
+into the time inside the driver's statements (SQLAlchemy's ``before_cursor_execute`` to
+``after_cursor_execute``) and the rest (fsm's and SQLAlchemy's Python, the pool, the
+transaction's ``COMMIT``). ``--write-md`` runs SQLite and, with ``--url``, PostgreSQL and
+writes the "## Tool ledger" section of BENCHMARKS.md: the figures, and the agent loop's default
+they decide (issue 31: the ledger by default once a ledger turn costs at most 2x a plain
+commit, on every engine: one default for every store).
+
 ``--writers N`` (say 16) measures how each path scales: N writer processes (and then one), each
 running its turns on conversations of its own, started together; turns/s over the wall time
 from the start to the last writer's end, each turn's latency (p50, p99), and the scaling
@@ -32,6 +42,7 @@ when its scaling is at least ``commit_turn``'s.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import multiprocessing
 import statistics
@@ -47,10 +58,22 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from fsm.api import parse_file
-from fsm.replay import EXAMPLES_DIR
-from fsm.store import ConversationStore, upgrade
-from fsm.store.ledger import Outcome
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # imported as bench.ledger (the tests)
+    sys.path.insert(0, str(HERE))
+
+from mdsection import replace_section  # noqa: E402
+
+from fsm.api import parse_file  # noqa: E402
+from fsm.replay import EXAMPLES_DIR  # noqa: E402
+from fsm.store import ConversationStore, upgrade  # noqa: E402
+from fsm.store.ledger import Outcome  # noqa: E402
+
+BENCHMARKS = HERE.parent / "BENCHMARKS.md"
+SECTION = "## Tool ledger"
+#: the agent loop uses the ledger by default once a ledger turn costs at most this many plain
+#: commits on every engine (issue 31)
+DEFAULT_BOUND = 2.0
 
 TURN = parse_file(EXAMPLES_DIR / "parallel_add_multiply.sse").turn(0)
 RESULTS = ["6912", "408"]
@@ -120,6 +143,65 @@ def _counts(store: ConversationStore, path: str) -> tuple[int, int]:
     return count["begin"], count["statements"]
 
 
+class _Clock:
+    """The time inside the driver's statements while it is attached to an engine."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine, self.inside, self._at = engine, 0.0, 0.0
+
+    def __enter__(self) -> _Clock:
+        event.listen(self.engine, "before_cursor_execute", self._before)
+        event.listen(self.engine, "after_cursor_execute", self._after)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        event.remove(self.engine, "before_cursor_execute", self._before)
+        event.remove(self.engine, "after_cursor_execute", self._after)
+
+    def _before(self, *_args: Any) -> None:
+        self._at = time.perf_counter()
+
+    def _after(self, *_args: Any) -> None:
+        self.inside += time.perf_counter() - self._at
+
+
+def steps(store: ConversationStore, turns: int) -> dict[str, dict[str, float]]:
+    """Each store call of a ledger turn and of a plain turn, timed on its own over ``turns``
+    turns: ms per call, and ms of it inside the driver's statements."""
+    totals: dict[str, list[float]] = {}
+
+    def timed(name: str, clock: _Clock, call: Any, *args: Any, **kwargs: Any) -> Any:
+        inside, started = clock.inside, time.perf_counter()
+        result = call(*args, **kwargs)
+        spent = totals.setdefault(name, [0.0, 0.0])
+        spent[0] += time.perf_counter() - started
+        spent[1] += clock.inside - inside
+        return result
+
+    cids = [store.create_conversation() for _ in range(2 * turns)]
+    with _Clock(store.engine) as clock:
+        for i in range(turns):
+            cid = cids[i]
+            timed("ledger: append", clock, store.append, cid, [USER])
+            pending = timed("ledger: begin", clock, store.begin, cid, TURN, start=0)
+            with store.heartbeat(pending):
+                pending = timed(
+                    "ledger: started", clock, store.started, pending, 1,
+                    recording=Outcome(0, result=RESULTS[0]),
+                )  # fmt: skip
+                timed(
+                    "ledger: commit", clock, store.commit, pending,
+                    recording=Outcome(1, result=RESULTS[1]),
+                )  # fmt: skip
+            cid = cids[turns + i]
+            timed("commit_turn: append", clock, store.append, cid, [USER])
+            timed("commit_turn: commit_turn", clock, store.commit_turn, cid, TURN, RESULTS)
+    return {
+        name: {"ms": round(wall / turns * 1000, 3), "driver_ms": round(inside / turns * 1000, 3)}
+        for name, (wall, inside) in totals.items()
+    }
+
+
 def measure(url: str, turns: int, rounds: int) -> dict[str, Any]:
     with ConversationStore(url) as store:
         for path in PATHS:  # warm-up
@@ -139,7 +221,78 @@ def measure(url: str, turns: int, rounds: int) -> dict[str, Any]:
         base = out["commit_turn"]["ms_per_turn"]
         out["ratio"] = round(out["ledger"]["ms_per_turn"] / base, 2)
         out["ratio_steps"] = round(out["ledger_steps"]["ms_per_turn"] / base, 2)
+        out["steps"] = steps(store, turns)
         return out
+
+
+# -- BENCHMARKS.md -------------------------------------------------------------------------------
+def default_verdict(results: list[dict[str, Any]]) -> str:
+    """The agent loop's default the figures decide (see :data:`DEFAULT_BOUND`)."""
+    above = [r for r in results if r["ratio"] > DEFAULT_BOUND]
+    if not above:
+        return (
+            f"Every engine is within {DEFAULT_BOUND:g}x: the agent loop's default can be the "
+            "ledger."
+        )
+    names = ", ".join(f"{_ENGINES[r['engine']]} {r['ratio']:.2f}x" for r in above)
+    return (
+        f"Above {DEFAULT_BOUND:g}x: {names}. The agent loop's default stays `ledger=False` on "
+        "every engine (one default for every store: a loop that moves from SQLite to "
+        "PostgreSQL keeps its behaviour); pass `ledger=True` for tools with side effects. "
+        "Priced: a ledger turn is durable at each step (the pending turn before the first tool, "
+        "each outcome before the next tool starts, then the commit: 4 transactions with the "
+        "user's message against `commit_turn`'s 2), and the steps above show where the time "
+        "goes: on SQLite each transaction takes the database's write lock and commits to the "
+        "WAL, and most of each step is Python (fsm's and SQLAlchemy's), not the driver."
+    )
+
+
+_ENGINES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
+
+
+def render_md(results: list[dict[str, Any]], argv: list[str], rounds: int) -> str:
+    """The "## Tool ledger" section of BENCHMARKS.md."""
+    lines = [
+        SECTION,
+        "",
+        f"Generated by `python bench/ledger.py {' '.join(argv)}` on "
+        f"{datetime.date.today().isoformat()}. Do not edit by hand: rerun the script (it "
+        "replaces this section only).",
+        "",
+        "One writer, one process: a turn of two tool calls stored by `commit_turn` (the plain "
+        "agent loop: the user's message, then the turn with its results), by the ledger as "
+        "`run_agent_loop(ledger=True)` does (the user's message, `begin` with the first call "
+        "started, each outcome recorded with the next start, the last with the commit), and by "
+        "the ledger with every step its own transaction. Median of "
+        f"{rounds} rounds, the paths alternating; ratios are over `commit_turn`'s time.",
+        "",
+        "| engine | path | ms/turn | transactions | statements | / commit_turn |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        base = r["commit_turn"]["ms_per_turn"]
+        for path in PATHS:
+            m = r[path]
+            lines.append(
+                f"| {_ENGINES[r['engine']]} | {path} | {m['ms_per_turn']:.2f} | "
+                f"{m['transactions_per_turn']} | {m['statements_per_turn']} | "
+                f"{m['ms_per_turn'] / base:.2f} |"
+            )
+    lines += [
+        "",
+        "Where the time goes: each store call timed on its own over one more round (ms per "
+        "call; in the driver: inside its statements, the rest is Python, the pool and the "
+        "transaction's COMMIT).",
+        "",
+        "| engine | call | ms | in the driver |",
+        "| --- | --- | --- | --- |",
+    ]
+    for r in results:
+        for name, m in r["steps"].items():
+            lines.append(
+                f"| {_ENGINES[r['engine']]} | {name} | {m['ms']:.3f} | {m['driver_ms']:.3f} |"
+            )
+    return "\n".join([*lines, "", default_verdict(results), ""])
 
 
 # -- many writers ------------------------------------------------------------------------------
@@ -232,6 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per path (default 3)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     parser.add_argument(
+        "--write-md",
+        action="store_true",
+        help=f"SQLite and (with a PostgreSQL --url) PostgreSQL, written as the '{SECTION}' "
+        f"section of {BENCHMARKS.name}",
+    )
+    parser.add_argument(
         "--writers", type=int, default=0, help="measure scaling with this many writer processes"
     )
     args = parser.parse_args(argv)
@@ -241,14 +400,20 @@ def main(argv: list[str] | None = None) -> int:
             return scaling(url, args.writers, args.turns)
         return measure(url, args.turns, args.rounds)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.url and sa.make_url(args.url).get_backend_name() == "postgresql":
-            with _schema(args.url) as url:
-                result = run(url)
-        else:
-            url = args.url or f"sqlite:///{Path(tmp) / 'bench.db'}"
-            upgrade(url)
-            result = run(url)
+    postgres = bool(args.url) and sa.make_url(args.url).get_backend_name() == "postgresql"
+    if args.write_md:
+        if args.writers:
+            parser.error("--write-md measures one writer: drop --writers")
+        results = [_on_sqlite(None, run)] + ([_on_postgres(args.url, run)] if postgres else [])
+        for result in results:
+            _print(result)
+        shown = [f"--turns {args.turns}", f"--rounds {args.rounds}", "--write-md"]
+        if postgres:
+            shown.insert(0, "--url URL")
+        replace_section(BENCHMARKS, SECTION, render_md(results, shown, args.rounds))
+        print(f"wrote the '{SECTION}' section of {BENCHMARKS}")
+        return 0
+    result = _on_postgres(args.url, run) if postgres else _on_sqlite(args.url, run)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -266,6 +431,23 @@ def main(argv: list[str] | None = None) -> int:
                 )
             print(f"  {path:12} scaling {r['scaling']:.2f}")
         return 0
+    _print(result)
+    return 0
+
+
+def _on_sqlite(url: str | None, run: Any) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        url = url or f"sqlite:///{Path(tmp) / 'bench.db'}"
+        upgrade(url)
+        return dict(run(url))
+
+
+def _on_postgres(server: str, run: Any) -> dict[str, Any]:
+    with _schema(server) as url:
+        return dict(run(url))
+
+
+def _print(result: dict[str, Any]) -> None:
     print(f"{result['engine']}, one writer, {result['turns']} turns per round (2 calls each)")
     for path in PATHS:
         r = result[path]
@@ -277,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         f"  ledger / commit_turn: {result['ratio']:.2f}x "
         f"(every step its own transaction: {result['ratio_steps']:.2f}x)"
     )
-    return 0
+    for name, m in result["steps"].items():
+        print(f"  {name:26} {m['ms']:7.3f} ms, in the driver {m['driver_ms']:.3f} ms")
 
 
 if __name__ == "__main__":

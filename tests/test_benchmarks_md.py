@@ -257,3 +257,58 @@ def test_floor_goals_say_what_is_priced() -> None:
     above = floor.goals([run(0.0025, 0.002, 0.0017)], [crowd(0.120, 0.030)])
     assert "NOT met" in above[1] and "priced" not in above[1]
     assert "NOT met" in above[2] and "priced" not in above[2]
+
+
+LEDGER = "## Tool ledger"
+LEDGER_HEAD = ["engine", "path", "ms/turn", "transactions", "statements", "/ commit_turn"]
+
+
+def test_ledger_section_and_the_agent_loop_s_default(text: str) -> None:
+    """The section of ``python bench/ledger.py --write-md``: each path's time per turn and its
+    ratio to ``commit_turn`` on each engine, where each store call's time goes, and the verdict
+    on the agent loop's default, which ``run_agent_loop`` and its asyncio twin really have:
+    the ledger exactly when every engine's ledger turn is within 2x of ``commit_turn``."""
+    import inspect
+
+    from bench import ledger as bench_ledger
+    from fsm.agent import arun_agent_loop, run_agent_loop
+
+    section = text.split(LEDGER, 1)[1].split("\n## ", 1)[0]
+    assert "python bench/ledger.py" in section
+    head, body = table_after(section, "")
+    assert head == LEDGER_HEAD
+    assert {row[0] for row in body} >= {"SQLite"} and {row[1] for row in body} == set(
+        bench_ledger.PATHS
+    ), body
+    ratios = {}
+    for row in body:
+        assert re.fullmatch(r"\d+\.\d\d", row[2]) and re.fullmatch(r"\d+\.\d\d", row[5]), row
+        assert row[3].isdigit() and row[4].isdigit(), row
+        if row[1] == "ledger":
+            ratios[row[0]] = float(row[5])
+    steps = section.split("Where the time goes", 1)[1]
+    head, body = table_after(steps, "")
+    assert head == ["engine", "call", "ms", "in the driver"]
+    assert {row[1] for row in body} >= {
+        "ledger: begin",
+        "ledger: commit",
+        "commit_turn: commit_turn",
+    }
+    within = all(ratio <= bench_ledger.DEFAULT_BOUND for ratio in ratios.values())
+    for loop in (run_agent_loop, arun_agent_loop):
+        assert inspect.signature(loop).parameters["ledger"].default is within, (loop, ratios)
+    assert ("stays `ledger=False`" in section) is not within, section
+
+
+def test_ledger_verdict() -> None:
+    """bench/ledger.py's verdict names each engine above the bound and says why the default
+    stays off; within it on every engine, it says the default can be the ledger."""
+    from bench import ledger as bench_ledger
+
+    above = bench_ledger.default_verdict(
+        [{"engine": "sqlite", "ratio": 2.27}, {"engine": "postgresql", "ratio": 1.6}]
+    )
+    assert above.startswith("Above 2x: SQLite 2.27x.") and "stays `ledger=False`" in above
+    assert "PostgreSQL" not in above.split(".")[0]
+    within = bench_ledger.default_verdict([{"engine": "sqlite", "ratio": 1.9}])
+    assert "can be the ledger" in within and "stays" not in within
