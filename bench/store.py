@@ -103,6 +103,7 @@ class Figures:
     #: the round trips of one of its commits on the wire
     async_write_s: float | None = None
     async_round_trips: int | None = None
+    async_statements: int | None = None  # the statements of one asyncio commit
 
 
 @dataclass
@@ -169,7 +170,7 @@ def bench_fsm(url: sa.URL, turns: int) -> Figures:
         floor = floor_reader(url, long)
         assert floor() == store.history(long), "the floor does not build fsm's messages"
         best_read_s, floor_read_s = interleaved(lambda: store.history(long), floor)
-        async_read_s, async_floor_s, async_write_s, async_trips = bench_fsm_async(
+        async_read_s, async_floor_s, async_write_s, async_trips, async_statements = bench_fsm_async(
             url, long, floor, turns
         )
 
@@ -189,6 +190,7 @@ def bench_fsm(url: sa.URL, turns: int) -> Figures:
         async_floor_s,
         async_write_s,
         async_trips,
+        async_statements,
     )
 
 
@@ -207,13 +209,14 @@ def interleaved(ours: Callable[[], object], floor: Callable[[], object]) -> tupl
 
 def bench_fsm_async(
     url: sa.URL, conversation: str, floor: Callable[[], object], turns: int
-) -> tuple[float, float, float, int | None]:
+) -> tuple[float, float, float, int | None, int]:
     """The best ``AsyncConversationStore.history()`` of the same conversation and the best of
     its asyncio floor (:func:`async_floor_reader`), interleaved; then the asyncio store's write
-    as :func:`bench_fsm` times the sync store's, and (PostgreSQL) the round trips of a commit."""
+    as :func:`bench_fsm` times the sync store's, the statements of one of its commits and (on
+    PostgreSQL) that commit's round trips."""
     from fsm.store.aio import AsyncConversationStore
 
-    async def write(store: AsyncConversationStore) -> tuple[float, int | None]:
+    async def write(store: AsyncConversationStore) -> tuple[float, int | None, int]:
         passes = []
         for p in range(WRITE_PASSES):
             conv = await store.create_conversation()
@@ -222,14 +225,25 @@ def bench_fsm_async(
             for turn in prepared:
                 await store.commit_turn(conv, turn, RESULTS)
             passes.append((time.perf_counter() - start) / turns)
-        trips = None
-        if store.dialect == "postgresql":
-            with round_trips(store.engine) as counted:
-                await store.commit_turn(conv, make_turn(3, "async-trips"), RESULTS)
-            trips = counted.total
-        return min(passes), trips
+        trips, statements = None, 0
 
-    async def run() -> tuple[float, float, float, int | None]:
+        def counted_statement(*_args: Any) -> None:
+            nonlocal statements
+            statements += 1
+
+        event.listen(store.engine.sync_engine, "before_cursor_execute", counted_statement)
+        try:
+            if store.dialect == "postgresql":
+                with round_trips(store.engine) as counted:
+                    await store.commit_turn(conv, make_turn(3, "async-trips"), RESULTS)
+                trips = counted.total
+            else:
+                await store.commit_turn(conv, make_turn(3, "async-trips"), RESULTS)
+        finally:
+            event.remove(store.engine.sync_engine, "before_cursor_execute", counted_statement)
+        return min(passes), trips, statements
+
+    async def run() -> tuple[float, float, float, int | None, int]:
         async_floor = await async_floor_reader(url, conversation)
         try:
             async with AsyncConversationStore(url) as store:
@@ -573,7 +587,10 @@ def _write(f: Figures) -> str:
 def _async_write(f: Figures) -> str:
     assert f.async_write_s is not None
     trips = "" if f.async_round_trips is None else f", {f.async_round_trips} round trip(s)"
-    return f"{_ms(f.async_write_s)}/turn ({1 / f.async_write_s:,.0f} turns/s{trips})"
+    return (
+        f"{_ms(f.async_write_s)}/turn ({1 / f.async_write_s:,.0f} turns/s, "
+        f"{f.async_statements} statements{trips})"
+    )
 
 
 def report(run: EngineRun) -> None:
@@ -690,6 +707,7 @@ def render_md(
             cells = [_ms(run.fsm.async_write_s)] + ["-", "-"] * len(PEERS)
             lines.append("| " + " | ".join([run.engine, label, *cells]) + " |")
     lines.append("")
+    lines += async_write_note(runs)
     lines += floor_table(runs)
     orphan = runs[0]
     verdicts = [f"fsm {orphan.fsm.orphan}"] + [
@@ -732,6 +750,38 @@ def render_md(
         f"start, {loads[1]} at the end. Packages: {packages}.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def async_write_note(runs: list[EngineRun]) -> list[str]:
+    """Why the asyncio store's write costs more than the sync store's where it does (SQLite:
+    aiosqlite runs each driver call in its thread), or nothing (the lines, a blank line last)."""
+    slow = [
+        run
+        for run in runs
+        if run.engine == "SQLite" and run.fsm.async_write_s and run.fsm.async_statements
+        if run.fsm.async_write_s > 1.5 * run.fsm.write_s
+    ]
+    if not slow:
+        return []
+    f = slow[0].fsm
+    assert f.async_write_s is not None
+    agents = slow[0].peers.get(AGENTS)
+    peer = (
+        f"; {PEER_LABELS[AGENTS]}, asyncio on aiosqlite too, takes {_ms(agents.write_s)}"
+        if isinstance(agents, Figures)
+        else ""
+    )
+    return [
+        f"The asyncio store's write on SQLite ({_ms(f.async_write_s)} per turn against the sync "
+        f"store's {_ms(f.write_s)}{peer}): priced. aiosqlite runs every call of the driver in its "
+        "own thread, each call a trip through the event loop, and SQLAlchemy's asyncio "
+        "adaptation makes three or four calls per statement (a cursor, execute, the rows, "
+        f"close): {f.async_statements} statements per commit (`BEGIN IMMEDIATE` included), then "
+        "the COMMIT and the pool's reset, about 18 trips where the sync store makes none. The "
+        "same rows and checks; PostgreSQL's asyncio commit is one round trip, as the sync "
+        "store's.",
+        "",
+    ]
 
 
 def floor_table(runs: list[EngineRun]) -> list[str]:

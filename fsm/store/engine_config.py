@@ -7,6 +7,7 @@ import functools
 import json
 import math
 import random
+import re
 import select
 import sqlite3
 import time
@@ -449,7 +450,7 @@ def _configure_postgres(engine: Engine, profile: _Profile) -> None:
     if (
         own_begin
         and profile.postgres_one_query
-        and (not engine.dialect.is_async or _async_results_reachable())
+        and (not engine.dialect.is_async or _async_one_query())
     ):
         at_once_engines.add(engine)
         event.listen(engine, "before_cursor_execute", _at_once_statement, retval=True)
@@ -622,7 +623,7 @@ def _at_once_result(conn: Connection, cursor: Any, *_args: Any) -> None:
     # (SQLAlchemy 2.0 leaves ``_rows`` as they were, 2.1 awaits psycopg's synchronous
     # ``nextset``). So psycopg's own cursor moves, and the rows of the last result are fetched
     # for the adaptation as it fetches them: its layout is checked once, when an engine is set
-    # up (:func:`_async_results_reachable`; an engine where it is not so sends no one query).
+    # up (:func:`_async_one_query`; an engine where it is not so sends no one query).
     raw = cursor._cursor
     while raw.nextset():
         pass
@@ -639,11 +640,28 @@ def _await(awaitable: Any) -> Any:
     return await_(awaitable)
 
 
+#: the first psycopg that cancels the server's query when the task awaiting it is cancelled
+_ASYNC_CANCELS: Final = (3, 1, 9)
+
+
 @functools.cache
-def _async_results_reachable() -> bool:
-    """Whether SQLAlchemy's asyncio adaptation of psycopg's cursor has the layout
-    :func:`_at_once_result` reads: psycopg's cursor as ``_cursor``, the fetched rows as
-    ``_rows`` (SQLAlchemy 2.0.33 to 2.1 have it; a release without it sends no one query)."""
+def _async_one_query() -> bool:
+    """Whether an asyncio engine's writes can be one query (:data:`AT_ONCE`):
+
+    * psycopg cancels the query on the server when the task awaiting it is cancelled (3.1.9
+      and later). Before, the query runs on, and one query commits on its own once it has the
+      conversation's lock: a task cancelled while it waited would write anyway. (Statement by
+      statement, the cancelled transaction's connection is dropped and nothing is written.)
+    * SQLAlchemy's asyncio adaptation of psycopg's cursor has the layout
+      :func:`_at_once_result` reads: psycopg's cursor as ``_cursor``, the fetched rows as
+      ``_rows`` (SQLAlchemy 2.0.33 to 2.1 have it).
+
+    Where either is not so, the asyncio store writes statement by statement."""
+    import psycopg
+
+    release = tuple(int(part) for part in re.findall(r"\d+", psycopg.__version__)[:3])
+    if release < _ASYNC_CANCELS:
+        return False
     try:
         from sqlalchemy.dialects.postgresql.psycopg import AsyncAdapt_psycopg_cursor
     except ImportError:  # pragma: no cover - every supported SQLAlchemy has it

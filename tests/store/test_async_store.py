@@ -409,34 +409,44 @@ def test_a_writer_that_waits_too_long_gets_a_retryable_busy_error(db_url: sa.URL
 def test_postgres_writes_are_one_round_trip(url: str) -> None:
     """PostgreSQL, counted on the wire (libpq's trace): the asyncio store's commit is one
     query, as the sync store's (the settings, the lock, the reading with the insert; committed
-    by the server as it ends), on every SQLAlchemy it supports; its retry that finds the turn
-    stored reads it statement by statement (7); the ledger's begin and its commit one each; an
-    engine created with ``one_query=False`` commits statement by statement (4)."""
+    by the server as it ends), on every SQLAlchemy it supports, with psycopg 3.1.9 or later
+    (which cancels the server's query when its task is cancelled; before, 4 round trips: see
+    ``fsm.store.engine_config``); its retry that finds the turn stored reads it statement by
+    statement (7); the ledger's begin and its commit one each; an engine created with
+    ``one_query=False`` commits statement by statement (4)."""
+    import psycopg
+
     from bench.roundtrips import round_trips
     from fsm.store.engine import create_async_engine
+    from fsm.store.engine_config import at_once_engines
     from fsm.store.ledger import Outcome
 
     if not url.startswith("postgresql"):
         pytest.skip("PostgreSQL round trips")
+    release = tuple(int(part) for part in re.findall(r"\d+", psycopg.__version__)[:3])
+    one_query = release >= (3, 1, 9)
 
     async def body() -> None:
         async with AsyncConversationStore(url) as store:
+            assert (store.engine.sync_engine in at_once_engines) is one_query
             conv = await store.create_conversation()
             turn = make_turn(TWO_CALLS, response_id="trips")
             with round_trips(store.engine) as commit:
                 done = await store.commit_turn(conv, turn, ["5", "6"])
-            assert done.created and commit.total == 1, commit.trace
-            assert commit.trace[0].startswith('"SET LOCAL enable_seqscan = off'), commit.trace
+            assert done.created and commit.total == (1 if one_query else 4), commit.trace
+            first = '"SET LOCAL enable_seqscan = off' if one_query else '"BEGIN; SET LOCAL'
+            assert commit.trace[0].startswith(first), commit.trace
             with round_trips(store.engine) as retry:
                 again = await store.commit_turn(conv, turn, ["5", "6"])
             assert not again.created and again.messages == done.messages
-            assert retry.total == 7, retry.trace
+            assert retry.total == (7 if one_query else 6), retry.trace
             with round_trips(store.engine) as begin:
                 pending = await store.begin(conv, make_turn(response_id="ledger"), start=0)
-            assert begin.total == 1, begin.trace
+            assert begin.total == (1 if one_query else 4), begin.trace
             with round_trips(store.engine) as ledger_commit:
                 committed = await store.commit(pending, recording=Outcome(0, result="sunny"))
-            assert committed.created and ledger_commit.total == 1, ledger_commit.trace
+            assert committed.created, ledger_commit.trace
+            assert ledger_commit.total == (1 if one_query else 4), ledger_commit.trace
             history = await store.history(conv)
             assert [m.get("content") for m in history if m["role"] == "tool"] == ["5", "6", "sunny"]
         engine = create_async_engine(url, one_query=False)
@@ -450,3 +460,59 @@ def test_postgres_writes_are_one_round_trip(url: str) -> None:
             await engine.dispose()
 
     run(body())
+
+
+def test_postgres_a_commit_cancelled_while_it_waits_for_the_lock_writes_nothing(
+    url: str, sync_store: ConversationStore
+) -> None:
+    """PostgreSQL: a task cancelled while its commit waits on the server for the
+    conversation's lock (another writer holds it) writes nothing: its one query is cancelled
+    on the server by psycopg (3.1.9 and later; with an older psycopg the asyncio store writes
+    statement by statement, and the cancelled transaction's connection is dropped). The store
+    stays usable, and the retry lands once."""
+    if not url.startswith("postgresql"):
+        pytest.skip("a wait on the server for a row lock is PostgreSQL's")
+    conv = sync_store.create_conversation()
+    holder = sync_store.engine.connect()
+    lock = holder.begin()
+    holder.execute(
+        sa.text("SELECT id FROM fsm_conversations WHERE id = :c FOR UPDATE"), {"c": conv}
+    )
+    holder_pid = holder.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+
+    async def body() -> None:
+        async with AsyncConversationStore(url) as store:
+            turn = make_turn(TWO_CALLS, response_id="cancelled")
+            task = asyncio.create_task(store.commit_turn(conv, turn, ["5", "6"]))
+            for _ in range(200):  # until the query waits for the lock on the server
+                await asyncio.sleep(0.01)
+                waiting = sync_store.engine.connect()
+                try:
+                    found = waiting.execute(
+                        sa.text(
+                            "SELECT count(*) FROM pg_stat_activity "
+                            "WHERE :holder = ANY(pg_blocking_pids(pid))"
+                        ),
+                        {"holder": holder_pid},
+                    ).scalar()
+                finally:
+                    waiting.close()
+                if found:
+                    break
+            else:
+                pytest.fail("the commit never waited for the lock")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            lock.rollback()
+            assert await store.history(conv) == []
+            assert (await store.commit_turn(conv, turn, ["5", "6"])).created
+            assert not (await store.commit_turn(conv, turn, ["5", "6"])).created
+            assert len(await store.history(conv)) == 3
+
+    try:
+        run(body())
+    finally:
+        if lock.is_active:
+            lock.rollback()
+        holder.close()
