@@ -439,6 +439,56 @@ def test_pgbouncer_transaction_pooling_with_fsm_defaults(components: Components)
     assert pooled.reads > 0 and pooled.acked
 
 
+def test_pgbouncer_transaction_pooling_asyncio_store(components: Components) -> None:
+    """The asyncio store through PgBouncer's transaction pooling (4 server sessions): a commit
+    is one round trip through the pooler (the settings, the lock and the write as one query),
+    and 8 tasks committing at once (``commit_turn`` and the ledger's ``begin``/``commit``
+    alternating) store every turn once, with 0 errors and none left pending."""
+    import asyncio
+
+    from bench.roundtrips import round_trips
+    from fsm.store.aio import AsyncConversationStore
+
+    tasks, turns = 8, 20
+
+    async def scenario() -> None:
+        async with AsyncConversationStore(components.bouncer.url) as store:
+            convs = [await store.create_conversation() for _ in range(tasks)]
+            with round_trips(store.engine) as one:
+                await store.commit_turn(convs[0], make_turn(response_id="pooled-trips"), ["ok"])
+            assert one.total == 1, one.trace
+
+            async def writer(task: int, conv: str) -> None:
+                for n in range(turns):
+                    turn = make_turn(response_id=f"pooled-{task}-{n}")
+                    if n % 2:
+                        pending = await store.begin(conv, turn, start=0)
+                        await store.commit(pending, recording=Outcome(0, result=f"{task}-{n}"))
+                    else:
+                        await store.commit_turn(conv, turn, [f"{task}-{n}"])
+
+            started = time.monotonic()
+            await asyncio.gather(*(writer(t, c) for t, c in enumerate(convs)))
+            elapsed = time.monotonic() - started
+            stored = Tally()
+            for task, conv in enumerate(convs):
+                results = [m["content"] for m in await store.history(conv) if m["role"] == "tool"]
+                expected = [f"{task}-{n}" for n in range(turns)]
+                assert results == (["ok", *expected] if task == 0 else expected), results
+                stored.acked[conv] = results
+            assert await store.pending(convs[0]) is None
+            report(
+                "PgBouncer 1.18, pool_mode=transaction, default_pool_size=4",
+                f"asyncio store: {tasks} tasks x {turns} turns (commit_turn and the ledger)",
+                "one store, 4 server sessions",
+                stored,
+                turns_per_s=round(tasks * turns / elapsed, 1),
+                round_trips_per_commit=one.total,
+            )
+
+    asyncio.run(scenario())
+
+
 def test_standby_reads_writes_and_promotion_under_a_commit_loop(
     components: Components,
 ) -> None:
