@@ -484,7 +484,7 @@ def test_postgres_a_commit_cancelled_while_it_waits_for_the_lock_writes_nothing(
         async with AsyncConversationStore(url) as store:
             turn = make_turn(TWO_CALLS, response_id="cancelled")
             task = asyncio.create_task(store.commit_turn(conv, turn, ["5", "6"]))
-            for _ in range(200):  # until the query waits for the lock on the server
+            for _ in range(500):  # until the query waits for the lock on the server
                 await asyncio.sleep(0.01)
                 waiting = sync_store.engine.connect()
                 try:
