@@ -365,7 +365,7 @@ class StoreCore:
             # (a raw write in between still meets the schema's keys)
             self._insert_committed(conn, conversation_id, plan, expected_seq, idempotency_key)
             return self._committed(conversation_id, plan, expected_seq)
-        same, params = _same(plan, idempotency_key)
+        same, params = writes.same_turn(plan.turn, idempotency_key)
         if self.postgres:
             checked = self._checked_insert(
                 conn, conversation_id, plan, same, params, expected_seq, idempotency_key
@@ -461,7 +461,7 @@ class StoreCore:
         :meth:`commit_turn`'s common case in one round trip, committed by the server as it
         ends: the :class:`CommittedTurn`, or ``None`` when it wrote nothing (not the common
         case: the caller runs :meth:`commit_turn`, which decides)."""
-        same, params = _same(plan, idempotency_key)
+        same, params = writes.same_turn(plan.turn, idempotency_key)
         checked = self._checked_insert(
             conn, conversation_id, plan, same, params, expected_seq, idempotency_key, at_once=True
         )
@@ -692,16 +692,6 @@ def _read_attempts(conn: Connection, conversation_id: str) -> list[dict[str, Any
             }
         )
     return [{**row, "tool_calls": by_attempt.get(row["id"], [])} for row in rows]
-
-
-def _same(plan: TurnPlan, idempotency_key: str | None) -> tuple[str | None, dict[str, Any]]:
-    """How a commit of ``plan`` finds an earlier commit of the same turn (see
-    :func:`fsm.store.writes.state`), with the binds of that reading."""
-    if idempotency_key is not None:
-        return writes.BY_KEY, {"key": idempotency_key}
-    if plan.turn.response_id:
-        return writes.BY_RESPONSE, {"response_id": plan.turn.response_id, "choice": plan.turn.index}
-    return None, {}
 
 
 def turn_rows(

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -146,8 +146,9 @@ class _Profile:
     #: trip as its settings (:func:`_begin_statement`); only on fsm's own engines, never on a
     #: host's engine given to :func:`configure_engine`
     postgres_own_begin: bool = False
-    #: PostgreSQL (psycopg, sync, with ``postgres_own_begin``): a write's common case may be
-    #: one query that the server commits as it ends (:data:`AT_ONCE`)
+    #: PostgreSQL (psycopg, with ``postgres_own_begin``; asyncio engines as
+    #: :func:`_async_one_query` says): a write's common case may be one query that the server
+    #: commits as it ends (:data:`AT_ONCE`)
     postgres_one_query: bool = False
 
 
@@ -627,17 +628,18 @@ def _at_once_result(conn: Connection, cursor: Any, *_args: Any) -> None:
     raw = cursor._cursor
     while raw.nextset():
         pass
-    cursor._rows = collections.deque(_await(raw.fetchall()) if raw.description else ())
+    cursor._rows = collections.deque(_awaiter()(raw.fetchall()) if raw.description else ())
 
 
-def _await(awaitable: Any) -> Any:
-    """``awaitable``'s result, from the synchronous code SQLAlchemy's asyncio layer runs in a
-    greenlet (as its adaptations of the drivers do)."""
+@functools.cache
+def _awaiter() -> Callable[[Any], Any]:
+    """SQLAlchemy's ``await_``: an awaitable's result, from the synchronous code its asyncio
+    layer runs in a greenlet (as its adaptations of the drivers do)."""
     try:
         from sqlalchemy.util import await_  # SQLAlchemy 2.1
     except ImportError:  # 2.0
         from sqlalchemy.util import await_only as await_
-    return await_(awaitable)
+    return cast("Callable[[Any], Any]", await_)
 
 
 #: the first psycopg that cancels the server's query when the task awaiting it is cancelled

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -46,6 +46,9 @@ from sqlalchemy.engine import Connection, Engine
 
 from fsm.states import execution_next, ledger_turn_next
 from fsm.store.models import Conversation, Message, PendingTurnRow, ToolCallRow, ToolExecution
+
+if TYPE_CHECKING:
+    from fsm.parser import Turn
 
 __all__ = [
     "BY_KEY",
@@ -63,6 +66,7 @@ __all__ = [
     "lock",
     "lock_first",
     "lock_held_first",
+    "same_turn",
     "schema",
     "state",
     "turn_params",
@@ -82,6 +86,17 @@ BY_RESPONSE: Final = "response"
 
 def _cid() -> sa.BindParameter[str]:
     return sa.bindparam("cid", type_=Conversation.__table__.c.id.type)
+
+
+def same_turn(turn: Turn, idempotency_key: str | None) -> tuple[str | None, dict[str, Any]]:
+    """How a write finds an earlier commit of ``turn``: by its idempotency key (:data:`BY_KEY`,
+    bind ``key``), else by its response id and choice (:data:`BY_RESPONSE`, binds
+    ``response_id``, ``choice``), else not at all (``None``); with the binds."""
+    if idempotency_key is not None:
+        return BY_KEY, {"key": idempotency_key}
+    if turn.response_id:
+        return BY_RESPONSE, {"response_id": turn.response_id, "choice": turn.index}
+    return None, {}
 
 
 def schema(conn: Connection | Engine) -> str | None:
@@ -347,12 +362,7 @@ def insert_pending(
         reading = _begin_state_sql(
             schema, exists=exists, same=same, extra=", CAST(:expected AS INTEGER)"
         )
-        ctes += [
-            f"st ({'x, ' if exists else ''}p, d, l, sl, e) AS ({reading})",
-            f"o AS (SELECT coalesce(l + 1, 0) AS n FROM st WHERE {'x = 1 AND ' if exists else ''}"
-            "p IS NULL AND d IS NULL AND (l IS NULL OR sl = 0) "
-            "AND (e IS NULL OR e = coalesce(l + 1, 0)))",
-        ]
+        ctes += _state_ctes(reading, "p, d, l, sl, e", "d", exists)
         inserted.append("at_seq")
         source = f"SELECT {', '.join(values)}, o.n, {_LEASE} FROM o"
         selected = ["st.p", "st.d", "st.l", "st.sl"]
@@ -484,11 +494,7 @@ def checked_insert_turn(
     # st: the state (p: the pending turn's id, a: its at_seq; s: where an earlier commit of
     # the same turn is; l, sl: the last message's seq and open slots; e: the expected seq);
     # o: the next seq, when the turn goes in
-    ctes = [
-        f"st ({'x, ' if exists else ''}p, a, s, l, sl, e) AS ({state_sql})",
-        f"o AS (SELECT coalesce(l + 1, 0) AS n FROM st WHERE {'x = 1 AND ' if exists else ''}"
-        "p IS NULL AND s IS NULL AND (l IS NULL OR sl = 0) AND (e IS NULL OR e = coalesce(l + 1, 0)))",
-    ]
+    ctes = _state_ctes(state_sql, "p, a, s, l, sl, e", "s", exists)
     binds = _array_binds(MESSAGES, message_columns, "m")
     binds += state_binds
     if call_columns:
@@ -497,6 +503,19 @@ def checked_insert_turn(
     ctes.append(f"w AS ({insert(MESSAGES, message_columns, 'm')} RETURNING 1)")
     sql = f"WITH {', '.join(ctes)} SELECT p, a, s, l, sl, (SELECT count(*) FROM w) FROM st"
     return sa.text(sql).bindparams(*binds).columns()
+
+
+def _state_ctes(reading: str, columns: str, earlier: str, exists: bool) -> list[str]:
+    """The CTEs ``st``, what ``reading`` returns (as ``columns``; first ``x``, whether the
+    conversation exists, with ``exists``), and ``o``, the next seq, only when the write goes in:
+    the conversation exists, no pending turn (``p``), no earlier commit of the same turn
+    (``earlier``), the last tool block closed (``l``, ``sl``), the expected seq (``e``)."""
+    where = "x = 1 AND " if exists else ""
+    return [
+        f"st ({'x, ' if exists else ''}{columns}) AS ({reading})",
+        f"o AS (SELECT coalesce(l + 1, 0) AS n FROM st WHERE {where}p IS NULL AND {earlier} IS "
+        "NULL AND (l IS NULL OR sl = 0) AND (e IS NULL OR e = coalesce(l + 1, 0)))",
+    ]
 
 
 def at_seq(columns: tuple[str, ...], row: tuple[Any, ...], seq: int) -> tuple[Any, ...]:

@@ -25,14 +25,11 @@ __all__ = ["begin_reading", "begin_rows", "insert_pending"]
 def begin_reading(
     conversation_id: str, turn: Turn, idempotency_key: str | None
 ) -> tuple[str, dict[str, Any]]:
-    """How begin finds an earlier ledger commit of ``turn`` (``"key"``, ``"response"`` or
-    ``"none"``: see :func:`fsm.store.writes.begin_state`), with the binds of that reading."""
-    params: dict[str, Any] = {"c": conversation_id}
-    if idempotency_key is not None:
-        return "key", {**params, "key": idempotency_key}
-    if turn.response_id:
-        return "response", {**params, "response_id": turn.response_id, "choice": turn.index}
-    return "none", params
+    """How begin finds an earlier ledger commit of ``turn`` (:func:`fsm.store.writes.same_turn`,
+    ``"none"`` for neither: see :func:`fsm.store.writes.begin_state`), with the binds of that
+    reading and the conversation (``c``)."""
+    same, params = writes.same_turn(turn, idempotency_key)
+    return same or "none", {"c": conversation_id, **params}
 
 
 def begin_rows(
