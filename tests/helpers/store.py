@@ -20,7 +20,8 @@ from pydantic import TypeAdapter
 
 from fsm import parse
 from fsm.parser import Turn
-from fsm.store import ConversationStore
+from fsm.store import ConversationStore, create_engine
+from fsm.store.deadline import DEFAULT_TIMEOUT
 from fsm.store.engine import normalize_url
 
 # -- PostgreSQL --------------------------------------------------------------------------------
@@ -109,6 +110,20 @@ def pg_schema_url(server: sa.URL) -> tuple[sa.URL, Callable[[], None]]:
 
 
 # -- turns and messages ----------------------------------------------------------------------
+
+
+def stepwise(url: sa.URL | str, timeout: float | None = None) -> ConversationStore:
+    """A store whose commits go statement by statement on PostgreSQL (``BEGIN`` with the
+    settings, the lock, the turn, ``COMMIT``), as on an engine created with
+    ``one_query=False``: the fault tests inject between those statements (a default store's
+    commit is one query that the server commits as it ends). ``timeout``: the engine's
+    server-side deadline and the store's (``None``: no server-side deadline, the store's
+    default). Elsewhere than PostgreSQL, a default store."""
+    url = sa.make_url(url)
+    if url.get_backend_name() != "postgresql":
+        return ConversationStore(url)
+    engine = create_engine(url, one_query=False, timeout=timeout)
+    return ConversationStore(engine=engine, timeout=DEFAULT_TIMEOUT if timeout is None else timeout)
 
 
 def make_turn(

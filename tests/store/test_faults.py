@@ -34,9 +34,9 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from bench import soak
-from fsm.store import ConversationStore, audit, create_engine
+from fsm.store import ConversationStore, audit
 from fsm.store.errors import CommitOutcomeUnknownError, StoreUnavailableError
-from tests.helpers.store import make_turn
+from tests.helpers.store import make_turn, stepwise
 
 TABLES = (
     "fsm_conversations",
@@ -166,18 +166,6 @@ def assert_recovered(store: ConversationStore, conv: str, before: dict[str, Any]
     assert list(audit.check(store.engine)) == []
 
 
-def stepwise(url: sa.URL | str) -> ConversationStore:
-    """A store whose commits are statement by statement on PostgreSQL (BEGIN, the lock, the
-    turn, COMMIT), as on an engine created
-    with ``one_query=False``: the commit's
-    common case is otherwise one query that the server commits as it ends, with no point
-    inside the transaction where the client waits (see the tests after these)."""
-    url = sa.make_url(url)
-    if url.get_backend_name() != "postgresql":
-        return ConversationStore(url)
-    return ConversationStore(engine=create_engine(url, one_query=False))
-
-
 # -- PostgreSQL: the backend is terminated while the transaction is open -----------------------
 @pytest.mark.parametrize(
     "engine_name", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
@@ -186,6 +174,24 @@ def stepwise(url: sa.URL | str) -> ConversationStore:
 def test_postgres_connection_terminated_mid_transaction(db_url: sa.URL, point: str) -> None:
     with stepwise(db_url) as store:
         _terminated_mid_transaction(store, point)
+
+
+def _committing(
+    store: ConversationStore, conv: str, name: str | None = None
+) -> tuple[threading.Thread, dict[str, Any]]:
+    """A started thread (named ``name``) committing the test's turn to ``conv``, and where it
+    leaves what the commit returned (``value``) or raised (``error``)."""
+    outcome: dict[str, Any] = {}
+
+    def writer() -> None:
+        try:
+            outcome["value"] = store.commit_turn(conv, the_turn(), RESULTS)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=writer, name=name)
+    thread.start()
+    return thread, outcome
 
 
 def _terminated_mid_transaction(store: ConversationStore, point: str) -> None:
@@ -201,17 +207,8 @@ def _terminated_mid_transaction(store: ConversationStore, point: str) -> None:
         paused.set()
         release.wait(TIMEOUT)
 
-    outcome: dict[str, Any] = {}
-
-    def writer() -> None:
-        try:
-            outcome["value"] = store.commit_turn(conv, the_turn(), RESULTS)
-        except BaseException as exc:
-            outcome["error"] = exc
-
     remove = add_pause(store.engine, point, on_pause)
-    thread = threading.Thread(target=writer, name="doomed-writer")
-    thread.start()
+    thread, outcome = _committing(store, conv, name="doomed-writer")
     try:
         assert paused.wait(TIMEOUT), "the writer never reached its pause point"
         # autocommit: pg_stat_activity is a snapshot per transaction
@@ -438,21 +435,12 @@ def test_a_commit_terminated_while_its_query_waits_on_the_server(
     conv = seed(store)
     before = dump(store.engine)
     holder = sa.create_engine(db_url, poolclass=sa.pool.NullPool)
-    outcome: dict[str, Any] = {}
-
-    def writer() -> None:
-        try:
-            outcome["value"] = store.commit_turn(conv, the_turn(), RESULTS)
-        except BaseException as exc:
-            outcome["error"] = exc
-
     try:
         with holder.connect() as conn:
             conn.execute(
                 sa.text("SELECT id FROM fsm_conversations WHERE id = :c FOR UPDATE"), {"c": conv}
             )
-            thread = threading.Thread(target=writer)
-            thread.start()
+            thread, outcome = _committing(store, conv)
             watcher = sa.create_engine(
                 db_url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT"
             )

@@ -47,7 +47,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from fsm.store import ConversationStore, audit, create_engine
+from fsm.store import ConversationStore, audit
 from fsm.store.errors import (
     CommitOutcomeUnknownError,
     DatabaseCorruptError,
@@ -64,7 +64,7 @@ from tests.helpers.faults import (
     postgres_unavailable,
     small_disk,
 )
-from tests.helpers.store import make_turn
+from tests.helpers.store import make_turn, stepwise
 
 CALLS = [("call_a", "add", '{"a": 2, "b": 3}'), ("call_b", "mul", '{"a": 4, "b": 5}')]
 TOOL_RESULTS = ["5", "20"]
@@ -191,19 +191,6 @@ def pg(cluster: PrivatePostgres) -> Iterator[PrivatePostgres]:
     yield cluster
     if cluster.postmaster_pid() is None:
         cluster.start()
-
-
-def stepwise(url: str, **kwargs: float) -> ConversationStore:
-    """A store whose commits go statement by statement (BEGIN with the settings, the lock, the
-    turn, COMMIT), as on an engine created
-    with ``one_query=False``: the faults below
-    are injected between them. A default store's commit is one query the server commits as it
-    ends (``test_commit_stored_but_its_answer_lost``, ``test_faults.py``)."""
-    timeout = kwargs.pop("timeout")
-    return ConversationStore(
-        engine=create_engine(url, one_query=False, timeout=timeout),
-        timeout=timeout,
-    )
 
 
 def statements_of_a_commit(store: ConversationStore, conv: str) -> list[str]:
